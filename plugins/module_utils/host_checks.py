@@ -38,7 +38,9 @@ def ffmpeg_sonames(ldconfig_output):
 def ffmpeg_releases(sonames):
     """Which FFmpeg releases are complete, and what each one lacks.
 
-    Returns {'complete': ['5'], 'missing': {'4': ['libavutil.so.56', ...], ...}}.
+    Returns {'complete': ['5'], 'missing': {'4': ['libavutil.so.56', ...], ...}, 'closest': {...}}, where
+    'closest' is the incomplete release lacking the fewest libraries (None when one is complete or
+    no FFmpeg library is present at all), for an error message that says what to install.
     """
     complete, missing = [], {}
     for release, wanted in FFMPEG_SONAMES.items():
@@ -47,7 +49,12 @@ def ffmpeg_releases(sonames):
             missing[release] = lacking
         else:
             complete.append(release)
-    return {"complete": complete, "missing": missing}
+    closest = None
+    partial = [(len(lacking), release) for release, lacking in missing.items() if len(lacking) < len(FFMPEG_LIBRARIES)]
+    if not complete and partial:
+        release = min(partial)[1]
+        closest = {"release": release, "missing": missing[release]}
+    return {"complete": complete, "missing": missing, "closest": closest}
 
 
 def nearest_existing_path(path):

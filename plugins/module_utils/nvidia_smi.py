@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-# --query-gpu fields, in the order asked; the parser maps columns by this order.
+# --query-gpu fields, in the order asked; the parser maps columns by this order. This is the query
+# of the real captures in tests/fixtures/nvidia-smi, so they are the parser's test input as they are.
 GPU_QUERY_FIELDS = (
     "index",
     "name",
@@ -24,6 +25,9 @@ GPU_QUERY_FIELDS = (
     "memory.used",
     "memory.free",
     "persistence_mode",
+    "temperature.gpu",
+    "power.draw",
+    "utilization.gpu",
 )
 # --query-compute-apps fields. nvidia-smi prints "used_memory" as "used_gpu_memory" in the header.
 APP_QUERY_FIELDS = ("pid", "process_name", "used_memory", "gpu_uuid")
@@ -80,6 +84,16 @@ def parse_mib(value, what):
     return int(match.group(1))
 
 
+def parse_unit_number(value, unit, what):
+    """'125.43 W' -> 125.43, '0 %' -> 0.0 (unit ' W' / ' %'); N/A -> None."""
+    if value in NOT_AVAILABLE:
+        return None
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*" + re.escape(unit), value)
+    if not match:
+        raise NvidiaSmiParseError("%s: %r is not a number in %s" % (what, value, unit))
+    return float(match.group(1))
+
+
 def parse_int(value, what):
     if not re.fullmatch(r"\d+", value):
         raise NvidiaSmiParseError("%s: %r is not an integer" % (what, value))
@@ -121,6 +135,9 @@ def parse_gpus(text):
                 "memory_used_mib": parse_mib(row["memory.used"], what + " memory.used"),
                 "memory_free_mib": parse_mib(row["memory.free"], what + " memory.free"),
                 "persistence_mode": parse_enabled(row["persistence_mode"], what + " persistence_mode"),
+                "temperature_c": None if row["temperature.gpu"] in NOT_AVAILABLE else parse_int(row["temperature.gpu"], what + " temperature.gpu"),
+                "power_draw_w": parse_unit_number(row["power.draw"], "W", what + " power.draw"),
+                "utilization_pct": parse_unit_number(row["utilization.gpu"], "%", what + " utilization.gpu"),
             }
         )
     return gpus
@@ -180,6 +197,30 @@ def version_at_least(found, required):
     return version_tuple(found) >= version_tuple(required)
 
 
+def inventory_lines(facts):
+    """Human-readable GPU inventory: a header line, one line per GPU, one per process."""
+    lines = ["driver %s, CUDA %s, %d GPU(s)" % (facts["driver_version"], facts["cuda_version"], facts["gpu_count"])]
+    for gpu in facts["gpus"]:
+        lines.append(
+            "GPU %d: %s, sm_%d, %s of %s MiB free, persistence %s, %s"
+            % (
+                gpu["index"],
+                gpu["name"],
+                gpu["sm"],
+                gpu["memory_free_mib"],
+                gpu["memory_total_mib"],
+                {True: "on", False: "off", None: "n/a"}[gpu["persistence_mode"]],
+                "%d process(es)" % len(gpu["processes"]) if gpu["processes"] else "idle",
+            )
+        )
+    for app in facts["processes"]:
+        lines.append(
+            "process %d (%s) holds %s MiB on GPU %d, unit %s"
+            % (app["pid"], app["name"], app["used_memory_mib"], app["gpu_index"], app["unit"] or "none")
+        )
+    return lines
+
+
 def gpu_facts(gpus_text, apps_text, version_text, unit_of_pid=None):
     """Assemble the facts from the three outputs.
 
@@ -199,10 +240,12 @@ def gpu_facts(gpus_text, apps_text, version_text, unit_of_pid=None):
         app["gpu_index"] = gpu["index"]
         app["unit"] = unit_of_pid(app["pid"]) if unit_of_pid else None
         gpu["processes"].append(app)
-    return {
+    facts = {
         "driver_version": version["driver_version"],
         "cuda_version": version["cuda_version"],
         "gpu_count": len(gpus),
         "gpus": gpus,
         "processes": apps,
     }
+    facts["summary"] = inventory_lines(facts)
+    return facts

@@ -93,7 +93,17 @@ ansible_facts:
               memory_used_mib: 0
               memory_free_mib: 97250
               persistence_mode: true
+              temperature_c: 31
+              power_draw_w: 14.87
+              utilization_pct: 0.0
               processes: []
+        summary:
+          description: The inventory as lines for people to read.
+          type: list
+          elements: str
+          sample:
+            - driver 580.159.04, CUDA 13.0, 8 GPU(s)
+            - "GPU 0: NVIDIA RTX PRO 6000 Blackwell Workstation Edition, sm_120, 97250 of 97887 MiB free, persistence on, idle"
         processes:
           description:
             - Compute processes on any GPU, with C(gpu_index) and the systemd C(unit) they run in

@@ -62,13 +62,15 @@ ansible_facts:
           description:
             - C(sonames) maps each FFmpeg library to the major versions the loader finds;
               C(complete) lists the FFmpeg releases with all seven libraries; C(missing) lists, per
-              incomplete release, the sonames it lacks.
+              incomplete release, the sonames it lacks; C(closest) is the incomplete release that
+              lacks the fewest (null when a release is complete or none is present).
           type: dict
           sample:
             sonames: {libavcodec: [59], libavdevice: [59], libavfilter: [8], libavformat: [59],
                       libavutil: [57], libswresample: [4], libswscale: [6]}
             complete: ["5"]
             missing: {"4": [libavutil.so.56]}
+            closest: null
         disk:
           description: Free and total MiB per requested path.
           type: list
