@@ -19,7 +19,7 @@ description:
   - Fails, with the command and its output, when nvidia-smi is missing, exits non-zero, or prints
     something the parser does not understand.
 author:
-  - ddtree.sglang contributors
+  - ddtree.sglang maintainers (@ddtree-sglang)
 options:
   nvidia_smi:
     description:
@@ -33,8 +33,10 @@ attributes:
     description: Only reads; runs the same in check mode.
   diff_mode:
     support: none
+    description: Changes nothing, so there is nothing to diff.
   facts:
     support: full
+    description: Sets C(ansible_facts.ddtree_gpu).
 notes:
   - The exact queries are listed in C(plugins/module_utils/nvidia_smi.py); the lab's nvidia-smi
     answers the same ones.

@@ -17,7 +17,7 @@ description:
   - Measures free disk space for the given paths; a path that does not exist yet is measured on
     its closest existing parent.
 author:
-  - ddtree.sglang contributors
+  - ddtree.sglang maintainers (@ddtree-sglang)
 options:
   disk_paths:
     description:
@@ -31,8 +31,10 @@ attributes:
     description: Only reads; runs the same in check mode.
   diff_mode:
     support: none
+    description: Changes nothing, so there is nothing to diff.
   facts:
     support: full
+    description: Sets C(ansible_facts.ddtree_host).
 seealso:
   - module: ddtree.sglang.gpu_facts
 """

@@ -1,7 +1,6 @@
 """Shared helpers for the collection's unit tests."""
 
 import json
-import os
 import stat
 from pathlib import Path
 

@@ -4,18 +4,18 @@ import os
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import host_checks
 
-DEBIAN12_FFMPEG = """\
-1234 libs found in cache `/etc/ld.so.cache'
-	libswscale.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libswscale.so.6
-	libswresample.so.4 (libc6,x86-64) => /lib/x86_64-linux-gnu/libswresample.so.4
-	libavutil.so.57 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavutil.so.57
-	libavformat.so.59 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavformat.so.59
-	libavfilter.so.8 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavfilter.so.8
-	libavdevice.so.59 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavdevice.so.59
-	libavcodec.so.59 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavcodec.so.59
-	libavahi-client.so.3 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavahi-client.so.3
-	libc.so.6 (libc6,x86-64, OS ABI: Linux 3.2.0) => /lib/x86_64-linux-gnu/libc.so.6
-"""
+DEBIAN12_FFMPEG = (
+    "1234 libs found in cache `/etc/ld.so.cache'\n"
+    "\tlibswscale.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libswscale.so.6\n"
+    "\tlibswresample.so.4 (libc6,x86-64) => /lib/x86_64-linux-gnu/libswresample.so.4\n"
+    "\tlibavutil.so.57 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavutil.so.57\n"
+    "\tlibavformat.so.59 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavformat.so.59\n"
+    "\tlibavfilter.so.8 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavfilter.so.8\n"
+    "\tlibavdevice.so.59 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavdevice.so.59\n"
+    "\tlibavcodec.so.59 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavcodec.so.59\n"
+    "\tlibavahi-client.so.3 (libc6,x86-64) => /lib/x86_64-linux-gnu/libavahi-client.so.3\n"
+    "\tlibc.so.6 (libc6,x86-64, OS ABI: Linux 3.2.0) => /lib/x86_64-linux-gnu/libc.so.6\n"
+)
 
 
 def test_debian12_has_complete_ffmpeg5():
