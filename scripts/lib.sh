@@ -24,7 +24,7 @@ content_hash() { cat "$@" | sha256sum | cut -c1-12; }
 # First python >= 3.12 found on PATH or under pyenv (ansible-core 2.21 needs it on the controller).
 find_controller_python() {
   local candidate
-  for candidate in "${DDTREE_PYTHON:-}" python3.13 python3.12 python3 \
+  for candidate in "${DDTREE_CONTROLLER_PYTHON:-}" python3.13 python3.12 python3 \
       "$HOME"/.pyenv/versions/3.13*/bin/python3 "$HOME"/.pyenv/versions/3.12*/bin/python3; do
     [ -n "$candidate" ] || continue
     command -v "$candidate" >/dev/null 2>&1 || [ -x "$candidate" ] || continue
