@@ -1,0 +1,145 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: stack_verify
+short_description: Prove an SGLang stack's ABI on the host it will serve from
+version_added: 0.1.0
+description:
+  - Runs a probe with the stack's own Python and returns the stack's ABI facts - the Python version;
+    torch's version and CUDA build, whether CUDA is available, the device count, torch's arch list and
+    the GPUs' compute capabilities; the versions of sglang, sglang-kernel, flashinfer-python, triton,
+    torchcodec and transformers; whether each expected module imports (C(sgl_kernel), C(torchcodec), ...);
+    the nvcc version.
+  - Fails, naming both sides, when the facts contradict the pin set or the host - a CUDA 12.8 torch
+    on a CUDA 13.0 pin set, a GPU whose compute capability torch's arch list cannot run, a kernel
+    package or torchcodec that cannot load, a driver older than the stack's CUDA.
+  - A CPU pin set (C(expected.gpu=false)) is checked as a CPU stack, with no GPU claims.
+  - The probe writes nothing (C(PYTHONDONTWRITEBYTECODE=1)): the stack stays as built.
+author:
+  - ddtree.sglang maintainers (@ddtree-sglang)
+options:
+  stack:
+    description: The stack's directory (a venv), for example C(/opt/sglang/stacks/3f2a9c1d0b7e).
+    type: path
+    required: true
+  expected:
+    description:
+      - What the pin set promises, usually the C(expect) section of its C(pinset.yml) plus the Python
+        version the lock was made for.
+      - Keys C(python), C(gpu) (bool), C(torch), C(torch_cuda) (null for CPU), C(nvcc) (optional),
+        C(packages) (distribution name to version), C(imports) (modules that must import).
+    type: dict
+    required: true
+  gpu_capabilities:
+    description:
+      - The host's GPUs' compute capabilities as nvidia-smi reports them (for example
+        C(ansible_facts.ddtree_gpu.gpus | map(attribute='compute_capability'))). Used for GPU pin sets.
+    type: list
+    elements: str
+    default: []
+  driver_cuda_version:
+    description: The CUDA version the driver supports (nvidia-smi's C(CUDA Version)). Used for GPU pin sets.
+    type: str
+  timeout:
+    description: Seconds the probe may take (imports of large packages can be slow on a cold disk).
+    type: int
+    default: 600
+attributes:
+  check_mode:
+    support: full
+    description: Only reads; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Changes nothing, so there is nothing to diff.
+seealso:
+  - module: ddtree.sglang.gpu_facts
+"""
+
+EXAMPLES = r"""
+- name: Verify the cu130 stack against the host's GPUs
+  ddtree.sglang.stack_verify:
+    stack: /opt/sglang/stacks/3f2a9c1d0b7e
+    expected:
+      python: "3.11"
+      gpu: true
+      torch: 2.14.1
+      torch_cuda: "13.0"
+      nvcc: "13.0"
+      packages: {sglang: 0.5.23, sglang-kernel: 0.4.10}
+      imports: [sgl_kernel, torchcodec]
+    gpu_capabilities: "{{ ansible_facts.ddtree_gpu.gpus | map(attribute='compute_capability') | list }}"
+    driver_cuda_version: "{{ ansible_facts.ddtree_gpu.cuda_version }}"
+"""
+
+RETURN = r"""
+facts:
+  description: The stack's ABI facts as the probe found them.
+  returned: when the probe ran
+  type: dict
+  sample:
+    python: 3.11.2
+    packages: {torch: 2.14.1, sglang: 0.5.23, sglang-kernel: 0.4.10, triton: 3.6.0}
+    torch: {version: 2.14.1+cu130, cuda: "13.0", cuda_available: true, device_count: 8,
+            arch_list: [sm_80, sm_90, sm_100, sm_120], capabilities: ["12.0"]}
+    imports: {sgl_kernel: {ok: true, error: null}}
+    nvcc: {path: /opt/sglang/stacks/3f2a9c1d0b7e/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc, version: "13.0"}
+contradictions:
+  description: Every contradiction found; empty when the stack is proven.
+  returned: always
+  type: list
+  elements: str
+  sample: ["torch 2.14.1+cu128 is a CUDA 12.8 build; the pin set needs CUDA 13.0"]
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.stack import PROBE_SOURCE, stack_contradictions
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            stack=dict(type="path", required=True),
+            expected=dict(type="dict", required=True),
+            gpu_capabilities=dict(type="list", elements="str", default=[]),
+            driver_cuda_version=dict(type="str"),
+            timeout=dict(type="int", default=600),
+        ),
+        supports_check_mode=True,
+    )
+    stack = module.params["stack"]
+    python = os.path.join(stack, "bin", "python")
+    if not os.access(python, os.X_OK):
+        module.fail_json(msg="stack %s has no executable bin/python; is it built?" % stack, contradictions=[])
+    imports = module.params["expected"].get("imports") or []
+    rc, stdout, stderr = module.run_command(
+        ["timeout", str(module.params["timeout"]), python, "-c", PROBE_SOURCE, json.dumps(imports)],
+        environ_update={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"},
+    )
+    if rc != 0:
+        module.fail_json(msg="the probe failed in stack %s (exit %d): %s" % (stack, rc, (stderr or stdout).strip()[-800:]),
+                         rc=rc, stdout=stdout, stderr=stderr, contradictions=[])
+    try:
+        facts = json.loads(stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        module.fail_json(msg="the probe in stack %s printed no JSON: %r" % (stack, stdout[-500:]), stderr=stderr, contradictions=[])
+    host = {"gpu_capabilities": module.params["gpu_capabilities"], "driver_cuda_version": module.params["driver_cuda_version"]}
+    problems = stack_contradictions(facts, module.params["expected"], host)
+    if problems:
+        module.fail_json(msg="stack %s contradicts its pin set or this host: %s" % (stack, "; ".join(problems)),
+                         facts=facts, contradictions=problems)
+    module.exit_json(changed=False, facts=facts, contradictions=[])
+
+
+if __name__ == "__main__":
+    main()
