@@ -1,0 +1,171 @@
+"""How ``--speculative-algorithm DDTREE`` goes through SGLang's server-argument resolution.
+
+Decision: DDTREE *is* DFLASH for everything but the verify step. So the first resolution step
+declares ``speculative_algorithm = "DFLASH"`` (SGLang's own ``declare_resolution``; the raw input
+on the record keeps saying DDTREE) and stores the DDTree settings on the record as bookkeeping.
+From then on SGLang's own code does all DFLASH setup unchanged, including everything FACTS.md
+lists as gaps of a plain plugin algorithm:
+
+* ``_handle_dflash`` runs (draft path check, num_steps = topk = 1, block size / draft-token count,
+  draft attention backend, max_running_requests 48);
+* the ~dozen places that compare the algorithm string with "DFLASH" (kv-cache, attention,
+  validation, LoRA, CP/TP sharing, model overrides, metrics, spec_utils, ...) see "DFLASH";
+* the scheduler and model runners build ``SpeculativeAlgorithm.DFLASH`` from the resolved config,
+  so target hidden-state capture, future maps, ``need_topk`` etc. are DFLASH's.
+
+The one runtime difference, the worker, is chosen by an AROUND hook on
+``SpeculativeAlgorithm.create_worker`` (see ``hooks.py``): DFLASH + DDTree settings on the record ->
+the DDTree worker. A record without DDTree settings gets SGLang's DFLASH worker, untouched.
+
+Both steps are wrapped through SGLang's ``register_resolution_hook`` (the supported plugin API for
+pipeline steps), not by patching the pipeline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Optional
+
+from . import settings as s
+from .flags import CLI_BOOKKEEPING_ATTR, is_ddtree_name
+
+logger = logging.getLogger(__name__)
+
+# Bookkeeping attributes on ServerArgs (leading underscore, not fields: SGLang's record allows
+# them at any time and pickles them to child processes with the record).
+REQUESTED_ATTR = "_ddtree_requested"  # DDTreeSettings.to_dict(), set when DDTREE is seen
+RESOLVED_ATTR = "_ddtree"  # ResolvedDDTree.to_dict(), set once the verify window is known
+
+# The first step of sglang.srt.arg_groups.pipeline.run_resolution_pipeline, and the step that
+# runs _handle_dflash. Both are in resolution_hooks._OVERRIDABLE_HOOKS in 0.5.23.
+FIRST_STEP = "handle_deprecated_dp_attention"
+SPECULATIVE_STEP = "handle_speculative_decoding"
+
+
+def _declare(server_args: Any, **fields: Any) -> None:
+    from sglang.srt.arg_groups.overrides import declare_resolution
+
+    declare_resolution(server_args, "ddtree", **fields)
+
+
+def _view(server_args: Any):
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    return resolving_view(server_args)
+
+
+def requested_settings(server_args: Any) -> Optional[s.DDTreeSettings]:
+    data = getattr(server_args, REQUESTED_ATTR, None)
+    return None if data is None else s.DDTreeSettings.from_dict(data)
+
+
+def resolved_settings(server_args: Any) -> Optional[s.ResolvedDDTree]:
+    """The DDTree settings a resolved record carries, or None (then it is not a DDTree server)."""
+    data = getattr(server_args, RESOLVED_ATTR, None) if server_args is not None else None
+    return None if data is None else s.ResolvedDDTree.from_dict(data)
+
+
+def canonicalize_ddtree(server_args: Any, environ: Optional[dict] = None) -> bool:
+    """If the algorithm is DDTREE: validate the DDTree settings and declare DFLASH.
+
+    Returns True when it did so. Raises DDTreeConfigError on a bad flag/variable value or a
+    hybrid target (unless allowed).
+    """
+    cfg = _view(server_args)
+    if not is_ddtree_name(cfg.speculative_algorithm):
+        return False
+    flags = getattr(server_args, CLI_BOOKKEEPING_ATTR, None) or {}
+    requested = s.resolve_settings(flags, os.environ if environ is None else environ)
+    allowed_reason = s.check_hybrid_target(cfg.model_path, requested)
+    if allowed_reason is not None:
+        logger.warning(
+            "DDTREE on a hybrid target (%s) because %s is set: unsupported and untested.",
+            allowed_reason,
+            requested.allow_hybrid_unsafe_source,
+        )
+    setattr(server_args, REQUESTED_ATTR, requested.to_dict())
+    _declare(server_args, speculative_algorithm="DFLASH")
+    logger.info(
+        "DDTREE: resolving as DFLASH (DFlash drafter and setup) with tree verification; "
+        "requested budget=%s (%s), top_k=%s (%s).",
+        "auto" if requested.budget is None else requested.budget,
+        requested.budget_source,
+        requested.top_k,
+        requested.top_k_source,
+    )
+    return True
+
+
+def _refusals(cfg: Any) -> list[str]:
+    """Options DDTREE does not support in this version (each a sentence naming the option)."""
+    from sglang.srt.runtime_context import attn_dp_enabled_of
+
+    out = []
+    if cfg.speculative_use_rejection_sampling:
+        out.append("--speculative-use-rejection-sampling (needs draft distributions per node)")
+    if cfg.speculative_use_block_verification:
+        out.append("--speculative-use-block-verification")
+    if cfg.speculative_adaptive:
+        out.append("--speculative-adaptive")
+    if cfg.speculative_draft_window_size is not None:
+        out.append("--speculative-draft-window-size (compact draft KV cache)")
+    if attn_dp_enabled_of(cfg):
+        out.append("DP attention (--attn-dp-size > 1)")
+    if str(cfg.disaggregation_mode) != "null":
+        out.append(f"--disaggregation-mode {cfg.disaggregation_mode}")
+    return out
+
+
+def finalize_ddtree(server_args: Any) -> Optional[s.ResolvedDDTree]:
+    """After DFLASH's setup ran: fix the budget against the verify window and check options."""
+    requested = requested_settings(server_args)
+    if requested is None:
+        return None
+    cfg = _view(server_args)
+    if cfg.speculative_algorithm != "DFLASH":
+        # e.g. --enable-return-aux-hidden-states turned speculative decoding off.
+        logger.info("DDTREE: speculative decoding resolved to %r; DDTree is off.", cfg.speculative_algorithm)
+        setattr(server_args, REQUESTED_ATTR, None)
+        return None
+    refused = _refusals(cfg)
+    if refused:
+        raise s.DDTreeConfigError(
+            "--speculative-algorithm DDTREE does not support: " + "; ".join(refused)
+        )
+    resolved = s.resolve_for_window(requested, cfg.speculative_num_draft_tokens)
+    setattr(server_args, RESOLVED_ATTR, resolved.to_dict())
+    logger.info(
+        "DDTREE: budget=%d, top_k=%d (effective %d), verify window=%d tokens per request "
+        "(tree %d + %d inert padding), CUDA graphs off for the tree verify forward.",
+        resolved.budget,
+        resolved.top_k,
+        resolved.effective_top_k,
+        resolved.window,
+        resolved.verify_width,
+        resolved.window - resolved.verify_width,
+    )
+    return resolved
+
+
+# ---- resolution-hook wrappers (fn(server_args, previous)) --------------------------------------
+
+
+def first_step_hook(server_args: Any, previous: Callable[[Any], None]) -> None:
+    canonicalize_ddtree(server_args)
+    previous(server_args)
+
+
+def speculative_step_hook(server_args: Any, previous: Callable[[Any], None]) -> None:
+    # A pipeline whose first step was replaced by another plugin without calling `previous`
+    # still gets DDTREE canonicalized here, before DFLASH's setup runs.
+    canonicalize_ddtree(server_args)
+    previous(server_args)
+    finalize_ddtree(server_args)
+
+
+def register_resolution_hooks() -> None:
+    from sglang.srt.arg_groups.resolution_hooks import register_resolution_hook
+
+    register_resolution_hook(FIRST_STEP)(first_step_hook)
+    register_resolution_hook(SPECULATIVE_STEP)(speculative_step_hook)

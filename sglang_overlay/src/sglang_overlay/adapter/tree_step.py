@@ -1,0 +1,100 @@
+"""One DDTree decode step, written against small "ports" so it runs with or without SGLang.
+
+The worker (``worker.py``) implements the ports with SGLang 0.5.23's DFlash machinery on a GPU;
+the tests implement them with toy models on CPU and SGLang's own Triton verify kernel, which is
+how the step's control flow is exercised here (a real GPU server could not be run).
+
+Order of one step (``bs`` requests, verify window ``W``, drafter block ``L + 1 == W``):
+
+1. ``draft_hidden``: DFlash's draft forward over ``[root, MASK x L]`` -> hidden ``[bs, W, H]``.
+2. ``head_topk``: rows 1..L through the target LM head -> per-position top-k log-probs.
+3. core: best-first tree per request under the budget, padded to ``W`` slots; SGLang's FULL
+   custom mask, positions ``prefix + depth`` and EAGLE verify links (``tree_verify``).
+4. ``verify``: the target's TARGET_VERIFY forward over the tree (eager, tree mask) ->
+   logits per row and the target hidden states DFlash's drafter conditions on.
+5. ``accept``: SGLang's tree acceptance (``eagle_sample``: greedy or target-only sampling).
+6. ``commit``: move the accepted rows' target KV to the front of the window and write the
+   drafter's KV for the committed tokens from the target hidden states of the accepted path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
+
+import torch
+
+from .settings import ResolvedDDTree
+from .tree_verify import AcceptedStep, TreeVerifyTensors, accepted_step, build_tree_verify_tensors
+
+
+class TreeStepPorts(Protocol):
+    def draft_hidden(self, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
+        """``[bs, W, H]`` the drafter's hidden states over the block ``[root, MASK, ...]``."""
+
+    def head_topk(self, hidden_rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[N, H]`` -> ``([N, k]`` float32 log-probs descending, ``[N, k]`` int64 ids)."""
+
+    def verify(self, tensors: TreeVerifyTensors) -> Any:
+        """Run the target over the tree; the result is handed to ``accept`` and ``commit``."""
+
+    def accept(self, tensors: TreeVerifyTensors, verified: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(predict [bs*W], accept_lens [bs] incl. bonus, accept_index [bs, W])``."""
+
+    def commit(self, tensors: TreeVerifyTensors, verified: Any, step: AcceptedStep) -> None:
+        """Make the KV caches (target and drafter) hold exactly the committed path."""
+
+
+@dataclass(frozen=True)
+class TreeStepResult:
+    tensors: TreeVerifyTensors
+    verified: Any
+    step: AcceptedStep
+
+
+def draft_topk_from_hidden(
+    ports: TreeStepPorts, hidden: torch.Tensor, k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-position top-k of the drafter's block rows 1..L: ``[bs, L, k]`` each."""
+    bs, width, size = (int(d) for d in hidden.shape)
+    rows = hidden[:, 1:, :].reshape(bs * (width - 1), size)
+    log_probs, token_ids = ports.head_topk(rows, k)
+    k_out = int(log_probs.shape[-1])
+    return log_probs.view(bs, width - 1, k_out), token_ids.view(bs, width - 1, k_out)
+
+
+def run_tree_step(
+    ports: TreeStepPorts,
+    settings: ResolvedDDTree,
+    root_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: Optional[torch.Tensor] = None,
+    builder: Optional[Callable[..., Any]] = None,
+) -> TreeStepResult:
+    """One DDTree decode step for a batch (see the module docstring).
+
+    ``builder`` replaces the core's batched tree builder (same signature and output).
+    """
+    hidden = ports.draft_hidden(root_tokens, prefix_lens)
+    if int(hidden.shape[1]) != settings.window:
+        raise RuntimeError(
+            f"DDTREE: drafter returned {int(hidden.shape[1])} rows per request, expected the "
+            f"verify window {settings.window}"
+        )
+    log_probs, token_ids = draft_topk_from_hidden(ports, hidden, settings.effective_top_k)
+    tensors = build_tree_verify_tensors(
+        log_probs,
+        token_ids,
+        root_tokens=root_tokens,
+        prefix_lens=prefix_lens,
+        budget=settings.budget,
+        top_k=settings.effective_top_k,
+        window=settings.window,
+        prefix_lens_cpu=prefix_lens_cpu,
+        builder=builder,
+    )
+    verified = ports.verify(tensors)
+    predict, accept_lens, accept_index = ports.accept(tensors, verified)
+    step = accepted_step(predict, accept_index, accept_lens, prefix_lens)
+    ports.commit(tensors, verified, step)
+    return TreeStepResult(tensors=tensors, verified=verified, step=step)

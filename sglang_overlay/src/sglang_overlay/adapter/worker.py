@@ -1,0 +1,447 @@
+"""The DDTree worker: SGLang 0.5.23's DFlash worker, drafting a tree instead of a chain.
+
+NOT RUN HERE: importing this module needs SGLang's GPU stack (it subclasses ``DFlashWorkerV2``),
+and a real SGLang GPU server could not be started where this was written. What runs without one
+is tested: the step's control flow (``tree_step.run_tree_step``) with toy models, the tensor glue
+(``tree_verify``) against SGLang's own Triton verify kernel, the worker selection hook and the
+CUDA-graph guard. See docs/adapter.md.
+
+What is DFlash's and what is new:
+
+* prefill (EXTEND), idle batches, draft-model loading, CUDA graphs of the *draft* forward, the
+  draft KV materialization and the draft input carried between steps: DFlash's code, unchanged;
+* decode: DFlash's draft forward over ``[root, MASK x L]`` (eager LM head, so the worker sees
+  the per-position distributions instead of a greedy chain) -> the core builds a best-first tree
+  per request -> the target verifies it as an NGRAM-style tree (``NgramVerifyInput`` with the
+  ancestor-only custom mask; never through a captured decode CUDA graph, see hooks.py) ->
+  SGLang's ``eagle_sample`` accepts (greedy or target-only sampling, all sampling params) ->
+  ``move_accept_tokens_to_target_kvcache`` compacts the target KV -> DFlash writes the drafter's
+  KV for the committed path from the target's hidden states of the accepted rows.
+
+The verify window stays DFlash's block size (``speculative_num_draft_tokens``), so every KV
+reservation, buffer and shape the scheduler sizes for DFLASH holds for DDTREE.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+from sglang.srt.lora.layers import unwrap_lora_layer
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import (
+    CaptureHiddenMode,
+    ForwardBatch,
+    ForwardMode,
+    enable_num_token_non_padded,
+)
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.speculative.dflash_utils import is_dense_head_weight
+from sglang.srt.speculative.dflash_worker_v2 import (
+    DFlashWorkerV2,
+    _resolve_dflash_embedding_module,
+)
+from sglang.srt.speculative.eagle_utils import eagle_sample
+from sglang.srt.speculative.ngram_info import NgramVerifyInput
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_utils import (
+    GrammarTree,
+    build_grammar_vocab_mask,
+    commit_mamba_states_after_verify,
+    draft_tp_context,
+    move_accept_tokens_to_target_kvcache,
+    prepare_mamba_track_for_verify,
+)
+
+from .hooks import TREE_VERIFY_MARKER, install_graph_guard
+from .resolution import resolved_settings
+from .settings import DDTreeConfigError, ResolvedDDTree
+from .tree_step import run_tree_step
+from .tree_verify import (
+    AcceptedStep,
+    TreeVerifyTensors,
+    dense_head_topk,
+    merge_shard_topk,
+    shard_topk_partial,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class DDTreeVerifyInput(NgramVerifyInput):
+    """SGLang's NGRAM tree-verify input, marked as DDTree's (the CUDA-graph guard keys on it)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        setattr(self, TREE_VERIFY_MARKER, True)
+        # Graph replays are refused for this input, and the verify always runs eagerly.
+        self.cuda_graph_compatible = False
+
+
+@dataclass
+class _Verified:
+    logits_output: Any
+    target_out: Any
+    # Filled by the acceptance (eagle_sample's outputs, as SGLang's KV mover wants them).
+    predict: Optional[torch.Tensor] = None
+    accept_index: Optional[torch.Tensor] = None
+
+
+class _WorkerPorts:
+    """``tree_step.TreeStepPorts`` on SGLang's machinery, for one batch."""
+
+    def __init__(self, worker: "DDTreeWorker", batch: ScheduleBatch, grammar_barrier, on_publish):
+        self.worker = worker
+        self.batch = batch
+        self.grammar_barrier = grammar_barrier
+        self.on_publish = on_publish
+        self.kv_loc_plan = None
+        self.window_loc_2d: Optional[torch.Tensor] = None
+
+    # 1. draft
+    def draft_hidden(self, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
+        hidden, self.kv_loc_plan, self.window_loc_2d = self.worker._draft_block_hidden(
+            self.batch, root_tokens, prefix_lens
+        )
+        return hidden
+
+    # 2. drafter distributions
+    def head_topk(self, hidden_rows: torch.Tensor, k: int):
+        return self.worker._head_topk(hidden_rows, k)
+
+    # 4. verify
+    def verify(self, tensors: TreeVerifyTensors) -> _Verified:
+        return self.worker._verify_tree(self.batch, tensors, self.window_loc_2d)
+
+    # 5. accept
+    def accept(self, tensors: TreeVerifyTensors, verified: _Verified):
+        return self.worker._accept_tree(self.batch, tensors, verified, self.grammar_barrier)
+
+    # 6. commit
+    def commit(self, tensors: TreeVerifyTensors, verified: _Verified, step: AcceptedStep) -> None:
+        self.worker._commit_path(
+            self.batch, tensors, verified, step, self.kv_loc_plan, self.window_loc_2d, self.on_publish
+        )
+
+
+class DDTreeWorker(DFlashWorkerV2):
+    """DFlash drafting + DDTree tree verification (spec-v2 worker, overlap capable)."""
+
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
+        settings = resolved_settings(server_args)
+        if settings is None:
+            raise DDTreeConfigError(
+                "DDTreeWorker needs a server_args record resolved with --speculative-algorithm "
+                "DDTREE (it carries no DDTree settings)"
+            )
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self.ddtree: ResolvedDDTree = settings
+        if int(self.block_size) != settings.window:
+            raise DDTreeConfigError(
+                f"DDTREE: the DFlash block size is {self.block_size} but the resolved verify "
+                f"window is {settings.window}"
+            )
+        if self.selector is not None or self.lilicorr is not None or self._is_domino:
+            raise DDTreeConfigError(
+                "DDTREE supports plain DFlash drafters; this draft model has a candidate "
+                "selector / LiLiCorr head / Domino rollout"
+            )
+        hybrid = mambaish_config(self.model_runner.model_config)
+        if hybrid is not None and not settings.allow_hybrid_unsafe:
+            raise DDTreeConfigError(
+                f"DDTREE refuses the hybrid target {type(hybrid).__name__}: a tree verify cannot "
+                "branch a recurrent state (--speculative-ddtree-allow-hybrid-unsafe overrides)"
+            )
+        install_graph_guard()
+        if get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTREE worker ready: budget=%d, top_k=%d, window=%d, tree verify eager.",
+                settings.budget,
+                settings.effective_top_k,
+                settings.window,
+            )
+
+    # The drafter's LM head must stay eager: DDTree needs its distributions, not a greedy chain.
+    def _maybe_build_draft_sampler(self):
+        return None
+
+    # ---- entry point ------------------------------------------------------------------------
+
+    def forward_batch_generation(
+        self,
+        batch: ScheduleBatch,
+        on_publish=None,
+        grammar_barrier=None,
+        pp_proxy_tensors=None,
+    ) -> GenerationBatchResult:
+        if (
+            batch.forward_mode.is_extend()
+            or batch.is_extend_in_batch
+            or batch.forward_mode.is_idle()
+            or batch.spec_info is None
+        ):
+            # Prefill and idle batches: exactly DFlash's path.
+            return super().forward_batch_generation(
+                batch,
+                on_publish=on_publish,
+                grammar_barrier=grammar_barrier,
+                pp_proxy_tensors=pp_proxy_tensors,
+            )
+        return self._forward_tree_decode(batch, on_publish, grammar_barrier)
+
+    def _forward_tree_decode(self, batch: ScheduleBatch, on_publish, grammar_barrier):
+        draft_input = batch.spec_info
+        batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
+        prefix_lens = batch.seq_lens
+        ports = _WorkerPorts(self, batch, grammar_barrier, on_publish)
+        result = run_tree_step(
+            ports,
+            self.ddtree,
+            root_tokens=draft_input.bonus_tokens.view(-1),
+            prefix_lens=prefix_lens,
+            prefix_lens_cpu=batch.seq_lens_cpu,
+        )
+        step = result.step
+        new_seq_lens = prefix_lens + step.accept_lens.to(prefix_lens.dtype)
+        # (on_publish ran inside the commit, before the drafter-KV writes, as in DFlash.)
+        logits_output = result.verified.logits_output
+        logits_output.hidden_states = None  # no large D2H copies under overlap scheduling
+        batch.forward_mode = ForwardMode.DECODE
+        next_draft_input = self._make_next_draft_input_decode(
+            bonus_tokens=step.bonus, new_seq_lens=new_seq_lens
+        )
+        return GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=step.out_tokens.reshape(-1),
+            accept_lens=step.accept_lens,
+            can_run_cuda_graph=False,
+            next_draft_input=next_draft_input,
+            speculative_num_draft_tokens=int(self.block_size),
+            new_seq_lens=new_seq_lens,
+            routed_experts_output=result.verified.target_out.routed_experts_output,
+            indexer_topk_output=result.verified.target_out.indexer_topk_output,
+        )
+
+    # ---- 1. draft (DFlash's draft forward, eager block preparation) -------------------------
+
+    def _draft_block_hidden(self, batch: ScheduleBatch, root_tokens, prefix_lens):
+        bs = len(batch.seq_lens)
+        block = int(self.block_size)
+        device = self.device
+        self._ensure_draft_block_buffers(bs)
+        block_ids = self._draft_block_ids_buf[:bs]
+        positions_2d = self._draft_block_positions_buf[:bs]
+        loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
+
+        block_ids.fill_(int(self._mask_token_id))
+        block_ids[:, 0].copy_(root_tokens)
+        torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
+        loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + block,
+            batch_size=bs,
+            draft_token_num=block,
+            device=device,
+        )
+        loc_2d.copy_(loc.view(bs, block))
+
+        target_model = self.target_worker.model_runner.model
+        if self._full_embed_gpu is not None:
+            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        else:
+            embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+            noise = embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            noise = noise * self._noise_embed_scale
+        input_embeds = noise.view(-1, noise.shape[-1])
+        positions = positions_2d.reshape(-1)
+        out_cache_loc = loc_2d.reshape(-1)
+
+        draft_input = batch.spec_info
+        kv_loc_plan = self.target_worker.model_runner.kv_index_translator.plan(
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            seq_lens_cpu=(
+                batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
+            ),
+            write_virtual=out_cache_loc,
+            read_extent=block,
+        )
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(block)
+            seq_lens_sum = int(seq_lens_cpu.sum())
+        elif draft_input.nxt_kv_lens_cpu is not None:
+            seq_lens_cpu.copy_(draft_input.nxt_kv_lens_cpu)
+            seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
+        else:
+            for i, req in enumerate(batch.reqs):
+                seq_lens_cpu[i] = req.kv.kv_allocated_len
+            seq_lens_sum = int(seq_lens_cpu.sum())
+
+        forward_batch = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=block_ids.flatten(),
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=prefix_lens,
+            out_cache_loc=out_cache_loc,
+            seq_lens_sum=seq_lens_sum,
+            seq_lens_cpu=seq_lens_cpu,
+            positions=positions,
+            input_embeds=input_embeds,
+            spec_algorithm=SpeculativeAlgorithm.DFLASH,
+            spec_info=self._draft_block_spec_info,
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+            num_token_non_padded=(
+                torch.full((), bs * block, dtype=torch.int32, device=device)
+                if enable_num_token_non_padded()
+                else None
+            ),
+            global_num_token_non_padded_cpu=bs * block,
+            can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
+        )
+        kv_loc_plan.bind(forward_batch, self.draft_model_runner.kv_index_translator)
+        with torch.inference_mode(), draft_tp_context(self.draft_parallel_layout):
+            draft_out = self.draft_model_runner.forward(forward_batch)
+        hidden = draft_out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE: the DFlash draft model returned no hidden states")
+        return hidden.view(bs, block, -1), kv_loc_plan, loc_2d
+
+    # ---- 2. drafter distributions through the target LM head --------------------------------
+
+    def _head_topk(self, hidden_rows: torch.Tensor, k: int):
+        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+        if lm_head is None:
+            raise RuntimeError("DDTREE needs the target model's lm_head")
+        vocab = int(self.model_runner.model_config.vocab_size)
+        with draft_tp_context(self.draft_parallel_layout):
+            tp_group = get_parallel().tp_group
+            weight = getattr(lm_head, "weight", None)
+            if weight is not None and is_dense_head_weight(weight) and not hasattr(lm_head, "shard_indices"):
+                if int(tp_group.world_size) != 1:
+                    raise RuntimeError("DDTREE: a TP-sharded lm_head without shard_indices")
+                return dense_head_topk(hidden_rows, weight, k, vocab_size=min(vocab, int(weight.shape[0])))
+            if weight is not None and is_dense_head_weight(weight):
+                shard = lm_head.shard_indices
+                if int(shard.num_added_elements) != 0:
+                    raise RuntimeError("DDTREE does not support an lm_head with added vocabulary")
+                num_org = int(shard.num_org_elements)
+                logits = torch.matmul(hidden_rows.to(weight.dtype), weight[:num_org].T)
+                values, ids, lse = shard_topk_partial(logits, k, int(shard.org_vocab_start_index))
+                if int(tp_group.world_size) == 1:
+                    return merge_shard_topk(values[None], ids[None], lse[None], k)
+                gathered_v = tp_group.all_gather(values[None].contiguous(), dim=0)
+                gathered_i = tp_group.all_gather(ids[None].contiguous(), dim=0)
+                gathered_l = tp_group.all_gather(lse[None].contiguous(), dim=0)
+                return merge_shard_topk(gathered_v, gathered_i, gathered_l, k)
+            # Quantized head: its own kernel, as DFlash does for greedy (TP 1 only).
+            if int(tp_group.world_size) != 1:
+                raise RuntimeError("DDTREE with a quantized lm_head is only supported at tp=1")
+            logits = lm_head.quant_method.apply(lm_head, hidden_rows, None)[:, :vocab]
+            from ..core.tree import draft_topk
+
+            return draft_topk(logits, k, stable=False)
+
+    # ---- 4. target verify over the tree (eager, custom mask) --------------------------------
+
+    def _verify_tree(self, batch: ScheduleBatch, tensors: TreeVerifyTensors, window_loc_2d) -> _Verified:
+        batch.out_cache_loc = window_loc_2d.reshape(-1)
+        batch.input_ids = tensors.draft_token
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        prepare_mamba_track_for_verify(batch)
+        batch.spec_info = DDTreeVerifyInput(
+            draft_token=tensors.draft_token,
+            custom_mask=tensors.custom_mask,
+            positions=tensors.positions,
+            retrieve_index=tensors.retrieve_index,
+            retrieve_next_token=tensors.retrieve_next_token,
+            retrieve_next_sibling=tensors.retrieve_next_sibling,
+            draft_token_num=tensors.window,
+        )
+        target_out = self.target_worker.forward_batch_generation(
+            batch, is_verify=True, capture_hidden_mode=CaptureHiddenMode.FULL
+        )
+        logits_output = target_out.logits_output
+        target_lp = self._target_logits_processor
+        if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
+            logits_output.next_token_logits = target_lp.finish_deferred_gather(
+                logits_output.next_token_logits
+            )
+        return _Verified(logits_output=logits_output, target_out=target_out)
+
+    # ---- 5. acceptance: SGLang's tree acceptance ---------------------------------------------
+
+    def _accept_tree(self, batch, tensors: TreeVerifyTensors, verified: _Verified, grammar_barrier):
+        grammar_mask = None
+        if batch.has_grammar:
+            bs = len(batch.seq_lens)
+            grammar_mask = build_grammar_vocab_mask(
+                reqs=batch.reqs,
+                tree=GrammarTree.from_host(
+                    tensors.retrieve_next_token.cpu(),
+                    tensors.retrieve_next_sibling.cpu(),
+                    tensors.draft_token.view(bs, -1).cpu(),
+                ),
+                sampling_info=batch.sampling_info,
+                device=tensors.retrieve_next_token.device,
+                barrier=grammar_barrier,
+            )
+        predict, accept_lens, accept_index = eagle_sample(
+            batch.spec_info,
+            batch,
+            verified.logits_output,
+            grammar_mask,
+            watermark_state=self.model_runner.watermark_state,
+        )
+        verified.predict, verified.accept_index = predict, accept_index
+        return predict, accept_lens, accept_index
+
+    # ---- 6. commit the path: target KV compaction, drafter KV from target hidden states ------
+
+    def _commit_path(
+        self, batch, tensors, verified: _Verified, step: AcceptedStep, kv_loc_plan, window_loc_2d, on_publish
+    ):
+        accept_index = verified.accept_index  # [bs, W] flat verify rows, -1 after the path
+        if self._need_mamba_verify_commit:
+            commit_mamba_states_after_verify(
+                self.target_worker, batch, step.accept_lens, accept_index, tensors.window
+            )
+        # Target KV of the root and accepted nodes -> the front of the window, in path order.
+        move_accept_tokens_to_target_kvcache(
+            batch,
+            accept_index,
+            step.accept_lens - 1,
+            self.model_runner.token_to_kv_pool_allocator,
+        )
+        if batch.return_logprob:
+            compute_spec_logprobs(
+                batch, verified.logits_output, verified.predict, accept_index=accept_index
+            )
+        if on_publish is not None:
+            on_publish(batch.seq_lens + step.accept_lens.to(batch.seq_lens.dtype))
+        # Drafter KV for the committed path, from the target hidden states of the path's rows
+        # (DFlash's own writer; rows past accept_lens are never written).
+        hidden = verified.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE verify needs the target's hidden states, got None")
+        hidden = hidden.view(-1, hidden.shape[-1])[step.path_rows.reshape(-1)]
+        cache_loc = self._draft_write_ids(kv_loc_plan)
+        self._append_target_hidden_to_draft_kv_by_loc(
+            target_hidden=hidden,
+            cache_loc=cache_loc,
+            cache_loc_2d=cache_loc.view(window_loc_2d.shape),
+            positions=step.path_positions.reshape(-1),
+            commit_lens=step.accept_lens,
+        )

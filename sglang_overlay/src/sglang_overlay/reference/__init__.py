@@ -1,0 +1,7 @@
+"""Reference DDTree decoding for Hugging Face causal LMs (no sglang).
+
+    decoder  generate_ddtree, generate_ar, tree_attention_mask_4d, compact_kv_cache
+    toy      tiny_causal_lm, NoisyTargetDrafter, ModelDrafter
+
+Needs torch and transformers.
+"""
