@@ -21,7 +21,7 @@ description:
     on a CUDA 13.0 pin set, a GPU whose compute capability torch's arch list cannot run, a kernel
     package or torchcodec that cannot load, a driver older than the stack's CUDA.
   - A CPU pin set (C(expected.gpu=false)) is checked as a CPU stack, with no GPU claims.
-  - The probe writes nothing (C(PYTHONDONTWRITEBYTECODE=1)): the stack stays as built.
+  - The probe writes nothing (C(PYTHONDONTWRITEBYTECODE=1)), so the stack stays as built.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
