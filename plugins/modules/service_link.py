@@ -1,0 +1,150 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: service_link
+short_description: Point an SGLang service at a release, atomically, keeping the one to fall back to
+version_added: 0.1.0
+description:
+  - Each service has C(<services_root>/<service>/current) and C(previous), links to releases.
+  - With I(state=current), makes C(current) point at I(release_id) and C(previous) at the release
+    C(current) pointed at before (when it differs). Each link is replaced with one C(rename), so a
+    reader sees the old or the new target, never none.
+  - With I(state=previous) (a rollback), swaps C(current) and C(previous).
+  - The release is verified against its manifest first; a partial or tampered release is never
+    activated.
+author:
+  - ddtree.sglang maintainers (@ddtree-sglang)
+options:
+  service:
+    description: The service's name.
+    type: str
+    required: true
+  release_id:
+    description: The release to activate. Required with I(state=current).
+    type: str
+  state:
+    description: Activate I(release_id) (C(current)) or go back to C(previous).
+    type: str
+    choices: [current, previous]
+    default: current
+  services_root:
+    description: Where services' links live.
+    type: path
+    default: /opt/sglang/services
+  releases_root:
+    description: Where releases live.
+    type: path
+    default: /opt/sglang/releases
+attributes:
+  check_mode:
+    support: full
+    description: Reports what would change, and changes nothing.
+  diff_mode:
+    support: full
+    description: Shows the links' targets before and after.
+"""
+
+EXAMPLES = r"""
+- name: Switch the coder service to a new release
+  ddtree.sglang.service_link:
+    service: coder
+    release_id: 9c1d0b7e3f2a
+
+- name: Roll the coder service back
+  ddtree.sglang.service_link:
+    service: coder
+    state: previous
+"""
+
+RETURN = r"""
+current:
+  description: The release id C(current) points at afterwards.
+  returned: always
+  type: str
+previous:
+  description: The release id C(previous) points at afterwards (null when none).
+  returned: always
+  type: str
+before:
+  description: The links' release ids before the change.
+  returned: always
+  type: dict
+  sample: {current: 0b7e3f2a9c1d, previous: null}
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.release import verify_release
+
+
+def target_id(link):
+    return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+
+def replace_link(link, release_id):
+    """Point link at ../../releases/<id> with one rename (relative, so the tree can be moved whole)."""
+    tmp = "%s.tmp-%d" % (link, os.getpid())
+    if os.path.lexists(tmp):
+        os.remove(tmp)
+    os.symlink(os.path.join("..", "..", "releases", release_id), tmp)
+    os.replace(tmp, link)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            service=dict(type="str", required=True),
+            release_id=dict(type="str"),
+            state=dict(type="str", choices=["current", "previous"], default="current"),
+            services_root=dict(type="path", default="/opt/sglang/services"),
+            releases_root=dict(type="path", default="/opt/sglang/releases"),
+        ),
+        required_if=[("state", "current", ("release_id",))],
+        supports_check_mode=True,
+    )
+    params = module.params
+    service_dir = os.path.join(params["services_root"], params["service"])
+    links = {name: os.path.join(service_dir, name) for name in ("current", "previous")}
+    before = {name: target_id(path) for name, path in links.items()}
+    if params["state"] == "current":
+        after = {"current": params["release_id"], "previous": before["current"] if before["current"] != params["release_id"] else before["previous"]}
+    else:
+        if not before["previous"]:
+            module.fail_json(msg="service %s has no previous release to go back to" % params["service"], before=before)
+        after = {"current": before["previous"], "previous": before["current"]}
+    if os.path.realpath(os.path.join(params["releases_root"], "..")) != os.path.realpath(os.path.join(params["services_root"], "..")):
+        module.fail_json(msg="services_root and releases_root must be siblings (links are relative: ../../releases/<id>)")
+    problems = verify_release(os.path.join(params["releases_root"], after["current"]))
+    if problems:
+        module.fail_json(msg="release %s will not be activated for %s: %s" % (after["current"], params["service"], "; ".join(problems[:5])),
+                         problems=problems, before=before)
+    changed = after != before
+    result = dict(changed=changed, current=after["current"], previous=after["previous"], before=before)
+    if module._diff:
+        result["diff"] = {
+            "before": "current -> %s\nprevious -> %s\n" % (before["current"], before["previous"]),
+            "after": "current -> %s\nprevious -> %s\n" % (after["current"], after["previous"]),
+            "before_header": service_dir,
+            "after_header": service_dir,
+        }
+    if changed and not module.check_mode:
+        os.makedirs(service_dir, exist_ok=True)
+        # previous first: at every moment current names a good release.
+        if after["previous"] and after["previous"] != before["previous"]:
+            replace_link(links["previous"], after["previous"])
+        if after["current"] != before["current"]:
+            replace_link(links["current"], after["current"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

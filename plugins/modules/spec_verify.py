@@ -1,0 +1,159 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: spec_verify
+short_description: Check SGLang's speculative algorithms with an overlay release active, and dry-parse a service's flags
+version_added: 0.1.0
+description:
+  - In a stack, computes SGLang's predicate matrix twice with the overlay's
+    C(sglang_overlay.predicates) - once pristine (the release's site directory not on C(PYTHONPATH),
+    plugins not loaded) and once with the release on C(PYTHONPATH) and plugins loaded as SGLang loads
+    them.
+  - Fails, naming the row, when a built-in algorithm's predicates or behaviour differ between the two,
+    or when the plugin's algorithm (C(DDTREE)) is not DFlash-family (C(is_dflash) and
+    C(is_dflash_family) true, every other predicate as C(DFLASH)'s) - the check that would have caught
+    the C(!!!!!!!!) incident.
+  - Dry-parses the service's flags with SGLang's own parser with the release active (a bad flag fails,
+    naming it) and resolves its speculative algorithm.
+  - Writes nothing (C(PYTHONDONTWRITEBYTECODE=1)).
+author:
+  - ddtree.sglang maintainers (@ddtree-sglang)
+options:
+  stack:
+    description: The stack (venv) the service runs in.
+    type: path
+    required: true
+  release:
+    description: The release directory (its C(site/) goes on C(PYTHONPATH)).
+    type: path
+    required: true
+  plugin_algorithm:
+    description: The algorithm the release adds, checked to be DFlash-family.
+    type: str
+    default: DDTREE
+  flags:
+    description: The service's C(launch_server) flags, to dry-parse. Empty skips the dry parse.
+    type: list
+    elements: str
+    default: []
+  environment:
+    description: Extra environment for the dry parse (the service's, for example C(SGLANG_DDTREE_BUDGET)).
+    type: dict
+    default: {}
+attributes:
+  check_mode:
+    support: full
+    description: Only reads; runs the same in check mode.
+  diff_mode:
+    support: none
+    description: Changes nothing.
+"""
+
+EXAMPLES = r"""
+- name: Check the predicate matrix and the coder service's flags with the new release
+  ddtree.sglang.spec_verify:
+    stack: /opt/sglang/stacks/3f2a9c1d0b7e
+    release: /opt/sglang/releases/9c1d0b7e3f2a
+    flags: [--model-path, /models/coder, --speculative-algorithm, DDTREE, --speculative-draft-model-path, /models/coder-dflash]
+"""
+
+RETURN = r"""
+matrix:
+  description: The matrix with the release active, as lines for people to read.
+  returned: when both matrices were computed
+  type: list
+  elements: str
+with_release:
+  description: The full matrix with the release active.
+  returned: when computed
+  type: dict
+builtin_differences:
+  description: Built-in algorithms' predicates that the release changes (must be empty).
+  returned: when both matrices were computed
+  type: list
+  elements: str
+plugin_problems:
+  description: Why the plugin algorithm is not DFlash-family (must be empty).
+  returned: when both matrices were computed
+  type: list
+  elements: str
+parsed:
+  description: What SGLang's parser made of the flags (model path, port, algorithm and what it resolves to).
+  returned: when I(flags) were given and parsed
+  type: dict
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.spec_matrix import (
+    FLAGS_PROBE,
+    builtin_differences,
+    dflash_family_problems,
+    matrix_lines,
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            stack=dict(type="path", required=True),
+            release=dict(type="path", required=True),
+            plugin_algorithm=dict(type="str", default="DDTREE"),
+            flags=dict(type="list", elements="str", default=[]),
+            environment=dict(type="dict", default={}),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    python = os.path.join(params["stack"], "bin", "python")
+    site = os.path.join(params["release"], "site")
+    quiet = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
+
+    def run(command, env, what):
+        rc, stdout, stderr = module.run_command(command, environ_update=env)
+        if rc != 0:
+            lines = [line for line in (stderr or stdout).strip().splitlines() if line.strip()]
+            module.fail_json(msg="%s failed (exit %d): %s" % (what, rc, lines[-1] if lines else ""), rc=rc, stdout=stdout,
+                             stderr_lines=lines[-40:])
+        try:
+            return json.loads(stdout[stdout.index("{"):])
+        except ValueError:
+            module.fail_json(msg="%s printed no JSON: %r" % (what, stdout[-500:]))
+
+    # Pristine: the predicates script run by path, so nothing of the release is importable or discoverable.
+    pristine = run([python, os.path.join(site, "sglang_overlay", "predicates.py"), "--json", "--no-plugins"],
+                   dict(quiet, PYTHONPATH=""), "the pristine predicate matrix")
+    with_release = run([python, "-m", "sglang_overlay.predicates", "--json"], dict(quiet, PYTHONPATH=site),
+                       "the predicate matrix with the release")
+    result = dict(
+        changed=False,
+        matrix=matrix_lines(pristine, with_release),
+        with_release=with_release,
+        builtin_differences=builtin_differences(pristine, with_release),
+        plugin_problems=dflash_family_problems(with_release, params["plugin_algorithm"]),
+    )
+    if result["builtin_differences"] or result["plugin_problems"]:
+        module.fail_json(msg="the release changes SGLang's speculative algorithms: %s"
+                         % "; ".join(result["builtin_differences"] + result["plugin_problems"]), **result)
+    if params["flags"]:
+        env = dict(quiet, PYTHONPATH=site)
+        env.update({key: str(value) for key, value in params["environment"].items()})
+        parsed = run([python, "-c", FLAGS_PROBE] + params["flags"], env, "SGLang's parser on the service's flags")
+        result["parsed"] = parsed
+        if parsed.get("error"):
+            module.fail_json(msg="--speculative-algorithm %s does not resolve with the release: %s" % (parsed["algorithm"], parsed["error"]), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
