@@ -1,0 +1,33 @@
+"""GPU kernels of the DDTree overlay.
+
+Modules:
+    tree_build  build_tree (dispatch: Triton kernel on CUDA, core.tree.build_tree_batched elsewhere),
+                build_tree_kernel, empty_tree_batch, kernel_config, check_kernel_limits, limits
+    warmup      ahead-of-time compilation of the kernel variants into a Triton cache + a JSON manifest
+                (``python -m sglang_overlay.kernels.warmup --arch sm_90 ...``)
+
+Loaded lazily: ``import sglang_overlay.kernels`` imports neither torch nor triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "tree_build": (
+        "MAX_BUDGET", "MAX_DEPTH", "MAX_TOP_K", "KernelConfig", "kernel_config", "check_kernel_limits",
+        "default_num_warps", "empty_tree_batch", "build_tree_kernel", "build_tree", "triton_available",
+    ),
+    "warmup": ("warmup_kernels", "WarmupError"),
+}
+_WHERE = {name: module for module, names in _LAZY.items() for name in names}
+
+__all__ = list(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

@@ -1,0 +1,76 @@
+"""Services as data: every cross-field rule, and the flags and environment a service becomes."""
+
+import copy
+
+import pytest
+
+from ansible_collections.ddtree.sglang.plugins.module_utils import services
+
+CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/models/coder-dflash", "gpus": [0, 1], "tp_size": 2,
+         "port": 30000, "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8}}
+CHAT = {"name": "chat", "model_path": "/models/chat", "gpus": [2], "port": 30001, "speculative": {"algorithm": "NEXTN", "num_steps": 3}}
+EIGHT = list(range(8))
+
+
+def with_changes(service, **changes):
+    service = copy.deepcopy(service)
+    for key, value in changes.items():
+        if key.startswith("speculative_"):
+            service["speculative"][key[len("speculative_"):]] = value
+        else:
+            service[key] = value
+    return service
+
+
+def test_good_services_have_no_problems():
+    assert services.service_problems([CODER, CHAT], EIGHT, "ct200") == []
+
+
+@pytest.mark.parametrize(
+    "service_list, message",
+    [
+        ([with_changes(CODER, speculative_algorithm="DDTRE")], "speculative.algorithm 'DDTRE' is not one of NONE, EAGLE"),
+        ([with_changes(CODER, speculative_budget=0)], "speculative.budget is 0; DDTREE needs an integer >= 1"),
+        ([with_changes(CODER, speculative_top_k=0)], "speculative.top_k is 0; DDTREE needs an integer >= 1"),
+        ([with_changes(CODER, gpus=[9], tp_size=1)], "GPU index 9 does not exist on ct200, which has GPUs 0, 1, 2, 3, 4, 5, 6, 7"),
+        ([CODER, with_changes(CHAT, gpus=[1])], "sglang_services[1] (chat): GPU 1 is also used by service coder"),
+        ([CODER, with_changes(CHAT, port=30000)], "sglang_services[1] (chat): port 30000 is also used by service coder"),
+        ([with_changes(CODER, draft_model_path=None)], "speculative.algorithm DDTREE needs draft_model_path"),
+        ([CODER, with_changes(CHAT, name="coder", port=1, gpus=[5])], "name 'coder' is also used by sglang_services[0]"),
+        ([with_changes(CODER, name="Coder!")], "name 'Coder!' must be 1-40 lowercase letters"),
+        ([with_changes(CODER, tp_size=3)], "tp_size 3 does not divide the 2 GPU(s) [0, 1]"),
+        ([with_changes(CODER, gpus=[])], "gpus is empty"),
+        ([with_changes(CHAT, speculative_num_steps=0)], "speculative.num_steps is 0"),
+    ],
+)
+def test_each_rule_names_service_field_and_value(service_list, message):
+    problems = services.service_problems(service_list, EIGHT, "ct200")
+    assert any(message in problem for problem in problems), problems
+
+
+def test_ddtree_flags():
+    assert services.service_flags(CODER) == [
+        "--model-path", "/models/coder", "--served-model-name", "coder", "--host", "127.0.0.1", "--port", "30000", "--tp-size", "2",
+        "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/models/coder-dflash",
+        "--speculative-ddtree-budget", "15", "--speculative-ddtree-top-k", "8",
+    ]
+
+
+def test_nextn_flags_api_key_reference_and_extra_args():
+    flags = services.service_flags(with_changes(CHAT, api_key="s3cret", extra_args=["--enable-metrics"]))
+    assert flags[flags.index("--speculative-algorithm") + 1] == "NEXTN"
+    assert flags[flags.index("--speculative-num-steps") + 1] == "3"
+    assert "--speculative-draft-model-path" not in flags
+    assert flags[flags.index("--api-key") + 1] == "${SGLANG_API_KEY}" and "s3cret" not in flags
+    assert flags[-1] == "--enable-metrics"
+
+
+def test_environment_never_holds_the_api_key():
+    env = services.service_environment(with_changes(CODER, api_key="s3cret", environment={"SGLANG_DDTREE_BUDGET": 12}))
+    assert env == {"CUDA_VISIBLE_DEVICES": "0,1", "SGLANG_DDTREE_BUDGET": "12"}
+
+
+@pytest.mark.parametrize("arg, quoted", [("/models/coder", "/models/coder"), ("${SGLANG_API_KEY}", "${SGLANG_API_KEY}"),
+                                         ("a b", '"a b"'), ('say "hi"', '"say \\"hi\\""')])
+def test_systemd_quote(arg, quoted):
+    assert services.systemd_quote(arg) == quoted

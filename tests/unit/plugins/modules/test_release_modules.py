@@ -1,0 +1,92 @@
+"""service_link and service_plan driven through main()."""
+
+import json
+import os
+
+from conftest import run_module
+
+from ansible_collections.ddtree.sglang.plugins.module_utils import release as release_utils
+from ansible_collections.ddtree.sglang.plugins.modules import service_link, service_plan
+
+
+def make_release(root, release_id, content="x = 1\n"):
+    path = os.path.join(root, "releases", release_id)
+    os.makedirs(os.path.join(path, "site"))
+    with open(os.path.join(path, "site", "mod.py"), "w") as handle:
+        handle.write(content)
+    files, links = release_utils.tree_hashes(path)
+    with open(os.path.join(path, release_utils.MANIFEST), "w") as handle:
+        json.dump({"files": files, "links": links}, handle)
+    return path
+
+
+def link_args(root, **extra):
+    return dict({"service": "coder", "services_root": os.path.join(root, "services"), "releases_root": os.path.join(root, "releases")}, **extra)
+
+
+def target(root, link):
+    return os.readlink(os.path.join(root, "services", "coder", link))
+
+
+def test_switch_then_rollback(tmp_path, capsys):
+    root = str(tmp_path)
+    make_release(root, "aaa")
+    make_release(root, "bbb")
+    code, result = run_module(service_link, link_args(root, release_id="aaa"), capsys)
+    assert code == 0 and result["changed"] and result["current"] == "aaa" and result["previous"] is None
+    code, result = run_module(service_link, link_args(root, release_id="aaa"), capsys)
+    assert result["changed"] is False
+    code, result = run_module(service_link, link_args(root, release_id="bbb", _ansible_diff=True), capsys)
+    assert (result["current"], result["previous"]) == ("bbb", "aaa")
+    assert result["diff"]["before"] == "current -> aaa\nprevious -> None\n"
+    assert target(root, "current") == "../../releases/bbb" and target(root, "previous") == "../../releases/aaa"
+    code, result = run_module(service_link, link_args(root, state="previous"), capsys)
+    assert (result["current"], result["previous"]) == ("aaa", "bbb")
+    assert target(root, "current") == "../../releases/aaa"
+
+
+def test_check_mode_changes_nothing(tmp_path, capsys):
+    root = str(tmp_path)
+    make_release(root, "aaa")
+    code, result = run_module(service_link, link_args(root, release_id="aaa", _ansible_check_mode=True), capsys)
+    assert result["changed"] and not os.path.lexists(os.path.join(root, "services", "coder", "current"))
+
+
+def test_tampered_or_partial_release_is_never_activated(tmp_path, capsys):
+    root = str(tmp_path)
+    path = make_release(root, "aaa")
+    with open(os.path.join(path, "site", "mod.py"), "a") as handle:
+        handle.write("planted = True\n")
+    code, result = run_module(service_link, link_args(root, release_id="aaa"), capsys)
+    assert code == 1 and "release aaa will not be activated for coder: changed: site/mod.py" in result["msg"]
+    os.makedirs(os.path.join(root, "releases", "partial"))
+    code, result = run_module(service_link, link_args(root, release_id="partial"), capsys)
+    assert code == 1 and "no manifest" in result["msg"]
+    assert not os.path.lexists(os.path.join(root, "services", "coder", "current"))
+
+
+def test_rollback_without_previous(tmp_path, capsys):
+    code, result = run_module(service_link, link_args(str(tmp_path), state="previous"), capsys)
+    assert code == 1 and result["msg"] == "service coder has no previous release to go back to"
+
+
+SERVICE = {"name": "coder", "model_path": "/m", "draft_model_path": "/d", "gpus": [0, 1], "tp_size": 2, "port": 30000,
+           "speculative": {"algorithm": "DDTREE", "budget": 15}, "api_key": "s3cret-key"}
+
+
+def test_plan_renders_units_without_the_secret(capsys):
+    code, result = run_module(service_plan, {"services": [SERVICE], "gpu_indices": list(range(8)), "host": "ct200"}, capsys)
+    assert code == 0
+    plan = result["services"][0]
+    assert plan["unit"] == "sglang-coder.service" and plan["environment"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert "--api-key ${SGLANG_API_KEY}" in plan["exec_args"] and plan["has_api_key"] is True
+    assert "s3cret-key" not in json.dumps(result)
+
+
+def test_plan_lists_every_problem_before_any_change(capsys):
+    services = [dict(SERVICE, gpus=[9], tp_size=1), dict(SERVICE, name="chat", port=30000, speculative={"algorithm": "DDTREE", "budget": 0})]
+    code, result = run_module(service_plan, {"services": services, "gpu_indices": list(range(8)), "host": "ct200"}, capsys)
+    assert code == 1 and result["msg"].startswith("3 problem(s) in sglang_services, nothing was changed")
+    assert any("GPU index 9 does not exist on ct200" in p for p in result["problems"])
+    assert any("port 30000 is also used by service coder" in p for p in result["problems"])
+    assert any("speculative.budget is 0" in p for p in result["problems"])
