@@ -28,9 +28,10 @@ options:
     type: path
     default: /opt/sglang/releases
   release_id:
-    description: The release's id (from the overlay's source hash, the stack id and I(arch)).
+    description:
+      - The release's id. Required with I(state=verified); with I(state=present) it is derived from
+        I(source_hash), I(stack_id) and I(arch) when omitted, so the same content is the same release.
     type: str
-    required: true
   state:
     description: Build if missing (C(present)) or only verify (C(verified)).
     type: str
@@ -85,6 +86,11 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+release_id:
+  description: The release's id.
+  returned: always
+  type: str
+  sample: 9c1d0b7e3f2a
 release_dir:
   description: The release directory.
   returned: always
@@ -118,6 +124,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.release import (
     MANIFEST,
     MANIFEST_FORMAT,
     manifest_problems,
+    release_id,
     tree_hashes,
 )
 
@@ -189,7 +196,7 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             root=dict(type="path", default="/opt/sglang/releases"),
-            release_id=dict(type="str", required=True),
+            release_id=dict(type="str"),
             state=dict(type="str", choices=["present", "verified"], default="present"),
             wheel=dict(type="path"),
             stack=dict(type="path"),
@@ -198,10 +205,12 @@ def main():
             source_revision=dict(type="str", default="unknown"),
             source_hash=dict(type="str", default="unknown"),
         ),
-        required_if=[("state", "present", ("wheel", "stack", "stack_id"))],
+        required_if=[("state", "present", ("wheel", "stack", "stack_id")), ("state", "verified", ("release_id",))],
         supports_check_mode=True,
     )
     params = module.params
+    if not params["release_id"]:
+        params["release_id"] = release_id(params["source_hash"], params["stack_id"], params["arch"])
     path = os.path.join(params["root"], params["release_id"])
     complete = os.path.isfile(os.path.join(path, MANIFEST))
     if complete:
@@ -211,18 +220,18 @@ def main():
             module.fail_json(msg="release %s is tampered: its files differ from its manifest (%d difference(s): %s). "
                                  "It will not be activated; remove it to rebuild." % (path, len(problems), "; ".join(problems[:5])),
                              release_dir=path, problems=problems, rebuilt_partial=False, manifest=summary(manifest))
-        module.exit_json(changed=False, release_dir=path, problems=[], rebuilt_partial=False, manifest=summary(manifest))
+        module.exit_json(changed=False, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=False, manifest=summary(manifest))
     partial = os.path.isdir(path)
     if params["state"] == "verified":
         module.fail_json(msg="release %s is %s: no manifest. It will not be activated." % (path, "partial" if partial else "missing"),
                          release_dir=path, problems=["no manifest"], rebuilt_partial=False)
     if module.check_mode:
-        module.exit_json(changed=True, release_dir=path, problems=[], rebuilt_partial=partial)
+        module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial)
     if partial:
         shutil.rmtree(path)
     os.makedirs(path)
     manifest = build(module, path)
-    module.exit_json(changed=True, release_dir=path, problems=[], rebuilt_partial=partial, manifest=summary(manifest))
+    module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial, manifest=summary(manifest))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""SGLang services declared as data: the cross-field rules, and the flags and environment they become.
+
+Types and required fields are checked by the role's argument spec; what needs several fields at
+once, or the host's GPUs, is checked here, before anything changes on a host.
+"""
+
+from __future__ import annotations
+
+import re
+
+# SGLang 0.5.23's built-in algorithms (NEXTN is an alias of EAGLE) and the overlay's DDTREE.
+ALGORITHMS = ("NONE", "EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "DDTREE")
+# Algorithms whose drafter is a separate model (--speculative-draft-model-path).
+NEEDS_DRAFT_MODEL = ("DDTREE", "DFLASH", "EAGLE", "EAGLE3", "STANDALONE")
+CHAIN_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+
+
+def service_problems(services, gpu_indices, host="host"):
+    """Every rule the services break on this host, each naming the service, the field and the value."""
+    problems = []
+    seen_names, ports, gpu_owner = {}, {}, {}
+    for position, service in enumerate(services):
+        name = service.get("name")
+        label = "%s: sglang_services[%d] (%s)" % (host, position, name)
+        if not isinstance(name, str) or not NAME.match(name):
+            problems.append("%s: name %r must be 1-40 lowercase letters, digits or '-', starting with a letter or digit" % (label, name))
+        elif name in seen_names:
+            problems.append("%s: name %r is also used by sglang_services[%d]" % (label, name, seen_names[name]))
+        else:
+            seen_names[name] = position
+        port = service.get("port")
+        if port in ports:
+            problems.append("%s: port %s is also used by service %s" % (label, port, ports[port]))
+        else:
+            ports[port] = name
+        gpus = service.get("gpus") or []
+        if not gpus:
+            problems.append("%s: gpus is empty; list the GPU indices the service uses" % label)
+        for gpu in gpus:
+            if gpu not in gpu_indices:
+                problems.append("%s: GPU index %s does not exist on %s, which has GPUs %s" % (label, gpu, host, ", ".join(str(i) for i in gpu_indices) or "none"))
+            elif gpu in gpu_owner and gpu_owner[gpu] != name:
+                problems.append("%s: GPU %s is also used by service %s" % (label, gpu, gpu_owner[gpu]))
+            else:
+                gpu_owner[gpu] = name
+        if len(set(gpus)) != len(gpus):
+            problems.append("%s: gpus %s lists a GPU twice" % (label, gpus))
+        tp_size = service.get("tp_size", 1)
+        if gpus and tp_size and len(gpus) % tp_size:
+            problems.append("%s: tp_size %s does not divide the %d GPU(s) %s" % (label, tp_size, len(gpus), gpus))
+        problems.extend(_speculative_problems(label, service))
+    return problems
+
+
+def _speculative_problems(label, service):
+    spec = service.get("speculative") or {}
+    algorithm = spec.get("algorithm", "NONE")
+    problems = []
+    if algorithm not in ALGORITHMS:
+        return ["%s: speculative.algorithm %r is not one of %s" % (label, algorithm, ", ".join(ALGORITHMS))]
+    if algorithm in NEEDS_DRAFT_MODEL and not service.get("draft_model_path"):
+        problems.append("%s: speculative.algorithm %s needs draft_model_path (its drafter model)" % (label, algorithm))
+    if algorithm == "DDTREE":
+        for key in ("budget", "top_k"):
+            value = spec.get(key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                problems.append("%s: speculative.%s is %r; DDTREE needs an integer >= 1" % (label, key, value))
+    for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
+        value = spec.get(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            problems.append("%s: speculative.%s is %r; it must be an integer >= 1" % (label, key, value))
+    return problems
+
+
+def service_flags(service):
+    """The launch_server flags of a service. The API key is referenced, never written: ${SGLANG_API_KEY}."""
+    flags = ["--model-path", service["model_path"], "--served-model-name", service.get("served_model_name") or service["name"],
+             "--host", service.get("host", "127.0.0.1"), "--port", str(service["port"]), "--tp-size", str(service.get("tp_size", 1))]
+    spec = service.get("speculative") or {}
+    algorithm = spec.get("algorithm", "NONE")
+    if algorithm != "NONE":
+        flags += ["--speculative-algorithm", algorithm]
+        if service.get("draft_model_path"):
+            flags += ["--speculative-draft-model-path", service["draft_model_path"]]
+        if algorithm == "DDTREE":
+            if spec.get("budget") is not None:
+                flags += ["--speculative-ddtree-budget", str(spec["budget"])]
+            if spec.get("top_k") is not None:
+                flags += ["--speculative-ddtree-top-k", str(spec["top_k"])]
+            if spec.get("allow_hybrid_unsafe"):
+                flags.append("--speculative-ddtree-allow-hybrid-unsafe")
+        for key, flag in (("num_steps", "--speculative-num-steps"), ("eagle_topk", "--speculative-eagle-topk"),
+                          ("num_draft_tokens", "--speculative-num-draft-tokens")):
+            if spec.get(key) is not None:
+                flags += [flag, str(spec[key])]
+    if service.get("api_key"):
+        flags += ["--api-key", "${SGLANG_API_KEY}"]
+    return flags + [str(arg) for arg in service.get("extra_args") or []]
+
+
+def service_environment(service):
+    """The environment file's variables: the GPUs, then the service's own. (The API key is added by the
+    role's template, so the secret never passes through a module's result.)"""
+    env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in service.get("gpus") or [])}
+    env.update({str(key): str(value) for key, value in (service.get("environment") or {}).items()})
+    return env
+
+
+def systemd_quote(arg):
+    """Quote one ExecStart argument for systemd (keeps ${VAR} expandable)."""
+    if arg and re.fullmatch(r"[A-Za-z0-9_@%+=:,./${}-]+", arg):
+        return arg
+    return '"%s"' % arg.replace("\\", "\\\\").replace('"', '\\"')

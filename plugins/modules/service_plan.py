@@ -1,0 +1,149 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: service_plan
+short_description: Validate SGLang services declared as data and turn them into flags and environments
+version_added: 0.1.0
+description:
+  - Checks the rules that need several fields or the host - unique names and ports, GPU indices that
+    exist on the host and are not shared between services, C(tp_size) dividing the GPU count, a known
+    speculative algorithm, a draft model for the algorithms that need one, DDTree budget and top-k
+    at least 1 - and fails listing every broken rule, each naming the service, the field and the value.
+  - Returns, per service, its systemd unit name, its C(launch_server) flags (the API key only as
+    C(${SGLANG_API_KEY})) and its environment (without the API key).
+  - Changes nothing; run it before anything changes on a host.
+author:
+  - ddtree.sglang maintainers (@ddtree-sglang)
+options:
+  services:
+    description: The services (the C(sglang_services) variable; see the sglang_service role).
+    type: list
+    elements: dict
+    required: true
+    suboptions:
+      name: {description: Service name (unit C(sglang-<name>.service)), type: str, required: true}
+      model_path: {description: Target model path on the host, type: str, required: true}
+      served_model_name: {description: Name in C(/v1/models); defaults to I(name), type: str}
+      draft_model_path: {description: Draft model path (DDTREE, DFLASH, EAGLE, EAGLE3, STANDALONE), type: str}
+      gpus: {description: GPU indices the service uses, type: list, elements: int, required: true}
+      tp_size: {description: Tensor-parallel size, type: int, default: 1}
+      host: {description: Address to listen on, type: str, default: 127.0.0.1}
+      port: {description: Port to listen on, type: int, required: true}
+      speculative:
+        description: Speculative decoding - C(algorithm) and its parameters (C(budget), C(top_k), C(allow_hybrid_unsafe), C(num_steps), C(eagle_topk), C(num_draft_tokens)).
+        type: dict
+        default: {algorithm: NONE}
+      api_key: {description: API key (from Ansible Vault); never returned, type: str}
+      extra_args: {description: More launch_server flags, type: list, elements: str, default: []}
+      environment: {description: More environment variables, type: dict, default: {}}
+      health: {description: Health-gate settings (read by the health gate), type: dict, default: {}}
+  gpu_indices:
+    description: The host's GPU indices (from M(ddtree.sglang.gpu_facts)).
+    type: list
+    elements: int
+    required: true
+  host:
+    description: The host's name, for messages.
+    type: str
+    default: host
+attributes:
+  check_mode:
+    support: full
+    description: Changes nothing; runs the same.
+  diff_mode:
+    support: none
+    description: Changes nothing.
+"""
+
+EXAMPLES = r"""
+- name: Validate this host's services
+  ddtree.sglang.service_plan:
+    services: "{{ sglang_services }}"
+    gpu_indices: "{{ ansible_facts.ddtree_gpu.gpus | map(attribute='index') | list }}"
+    host: "{{ inventory_hostname }}"
+  register: plan
+"""
+
+RETURN = r"""
+services:
+  description: Per service, in order.
+  returned: success
+  type: list
+  elements: dict
+  sample:
+    - name: coder
+      unit: sglang-coder.service
+      flags: [--model-path, /models/coder, --served-model-name, coder, --host, 127.0.0.1, --port, "30000", --tp-size, "2"]
+      exec_args: --model-path /models/coder --served-model-name coder --host 127.0.0.1 --port 30000 --tp-size 2
+      environment: {CUDA_VISIBLE_DEVICES: "0,1"}
+      algorithm: DDTREE
+      gpus: [0, 1]
+      port: 30000
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
+    service_environment,
+    service_flags,
+    service_problems,
+    systemd_quote,
+)
+
+SERVICE_OPTIONS = dict(
+    name=dict(type="str", required=True),
+    model_path=dict(type="str", required=True),
+    served_model_name=dict(type="str"),
+    draft_model_path=dict(type="str"),
+    gpus=dict(type="list", elements="int", required=True),
+    tp_size=dict(type="int", default=1),
+    host=dict(type="str", default="127.0.0.1"),
+    port=dict(type="int", required=True),
+    speculative=dict(type="dict", default={"algorithm": "NONE"}),
+    api_key=dict(type="str", no_log=True),
+    extra_args=dict(type="list", elements="str", default=[]),
+    environment=dict(type="dict", default={}),
+    health=dict(type="dict", default={}),
+)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            services=dict(type="list", elements="dict", required=True, options=SERVICE_OPTIONS),
+            gpu_indices=dict(type="list", elements="int", required=True),
+            host=dict(type="str", default="host"),
+        ),
+        supports_check_mode=True,
+    )
+    services, host = module.params["services"], module.params["host"]
+    problems = service_problems(services, module.params["gpu_indices"], host)
+    if problems:
+        module.fail_json(msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)), problems=problems)
+    plan = []
+    for service in services:
+        flags = service_flags(service)
+        plan.append({
+            "name": service["name"],
+            "unit": "sglang-%s.service" % service["name"],
+            "flags": flags,
+            "exec_args": " ".join(systemd_quote(arg) for arg in flags),
+            "environment": service_environment(service),
+            "algorithm": (service.get("speculative") or {}).get("algorithm", "NONE"),
+            "gpus": service["gpus"],
+            "port": service["port"],
+            "host": service.get("host") or "127.0.0.1",
+            "has_api_key": bool(service.get("api_key")),
+        })
+    module.exit_json(changed=False, services=plan)
+
+
+if __name__ == "__main__":
+    main()
