@@ -81,7 +81,6 @@ def manifest_problems(manifest, files, links):
     return problems
 
 
-
 def verify_release(path):
     """[] when path is a complete release whose files match its manifest, else what is wrong."""
     if not os.path.isfile(os.path.join(path, MANIFEST)):

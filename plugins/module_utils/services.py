@@ -43,7 +43,8 @@ def service_problems(services, gpu_indices, host="host"):
             problems.append("%s: gpus is empty; list the GPU indices the service uses" % label)
         for gpu in gpus:
             if gpu not in gpu_indices:
-                problems.append("%s: GPU index %s does not exist on %s, which has GPUs %s" % (label, gpu, host, ", ".join(str(i) for i in gpu_indices) or "none"))
+                have = ", ".join(str(index) for index in gpu_indices) or "none"
+                problems.append("%s: GPU index %s does not exist on %s, which has GPUs %s" % (label, gpu, host, have))
             elif gpu in gpu_owner and gpu_owner[gpu] != name:
                 problems.append("%s: GPU %s is also used by service %s" % (label, gpu, gpu_owner[gpu]))
             else:

@@ -91,10 +91,10 @@ def git_revision(module, source):
     git = module.get_bin_path("git")
     if not git:
         return "unknown"
-    rc, commit, _ = module.run_command([git, "-C", source, "rev-parse", "--short=12", "HEAD"])
+    rc, commit, dummy = module.run_command([git, "-C", source, "rev-parse", "--short=12", "HEAD"])
     if rc != 0:
         return "unknown"
-    rc, status, _ = module.run_command([git, "-C", source, "status", "--porcelain", "--", "."])
+    rc, status, dummy = module.run_command([git, "-C", source, "status", "--porcelain", "--", "."])
     return commit.strip() + ("+dirty" if status.strip() else "")
 
 

@@ -17,7 +17,7 @@ description:
     a C(stack) link to the stack it was built for, and C(manifest.json) with the sha256 of every file,
     the stack id and the source revision. The manifest is written last and the tree made read-only.
   - With I(state=present), builds the release unless it exists. A release without a manifest is partial
-    (an interrupted build) and is rebuilt. A release whose files differ from its manifest is tampered:
+    (an interrupted build) and is rebuilt. A release whose files differ from its manifest is tampered;
     the module fails, listing the differences, and never rebuilds over it.
   - With I(state=verified), only checks the manifest and fails on any difference.
 author:
@@ -139,7 +139,7 @@ def summary(manifest):
 
 
 def make_read_only(root):
-    for directory, _, names in os.walk(root):
+    for directory, dummy, names in os.walk(root):
         for name in names:
             path = os.path.join(directory, name)
             if not os.path.islink(path):

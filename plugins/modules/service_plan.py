@@ -31,13 +31,15 @@ options:
       name: {description: Service name (unit C(sglang-<name>.service)), type: str, required: true}
       model_path: {description: Target model path on the host, type: str, required: true}
       served_model_name: {description: Name in C(/v1/models); defaults to I(name), type: str}
-      draft_model_path: {description: Draft model path (DDTREE, DFLASH, EAGLE, EAGLE3, STANDALONE), type: str}
+      draft_model_path: {description: "Draft model path (DDTREE, DFLASH, EAGLE, EAGLE3, STANDALONE)", type: str}
       gpus: {description: GPU indices the service uses, type: list, elements: int, required: true}
       tp_size: {description: Tensor-parallel size, type: int, default: 1}
       host: {description: Address to listen on, type: str, default: 127.0.0.1}
       port: {description: Port to listen on, type: int, required: true}
       speculative:
-        description: Speculative decoding - C(algorithm) and its parameters (C(budget), C(top_k), C(allow_hybrid_unsafe), C(num_steps), C(eagle_topk), C(num_draft_tokens)).
+        description:
+          - Speculative decoding - C(algorithm) and its parameters (C(budget), C(top_k),
+            C(allow_hybrid_unsafe), C(num_steps), C(eagle_topk), C(num_draft_tokens)).
         type: dict
         default: {algorithm: NONE}
       api_key: {description: API key (from Ansible Vault); never returned, type: str}
