@@ -16,6 +16,8 @@ description:
     hosts' Python version and glibc (not the machine it runs on), into a directory.
   - A marker named after the lock's sha256 is written last, so an unchanged lock is a no-op that does not
     contact any index, and an interrupted download is completed on the next run.
+  - Also writes C(<dest>.tar), the wheels in one uncompressed archive (wheels are compressed already),
+    so shipping them to a host is one transfer instead of one per file.
   - Usually run on the controller (C(delegate_to=localhost), C(run_once=true)); the hosts then install
     from a copy of the directory with C(--no-index).
 author:
@@ -72,6 +74,11 @@ files:
   type: list
   elements: str
   sample: [torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl]
+archive:
+  description: The wheels in one tar archive, for shipping.
+  returned: always
+  type: str
+  sample: /root/.cache/ddtree-sglang/wheelhouse/77302530b653.tar
 marker:
   description: The marker that records a complete download of this lock.
   returned: always
@@ -82,6 +89,7 @@ marker:
 import hashlib
 import os
 import sys
+import tarfile
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -113,10 +121,22 @@ def main():
             return []
         return sorted(name for name in os.listdir(params["dest"]) if name.endswith(".whl"))
 
+    archive = params["dest"].rstrip(os.sep) + ".tar"
+
+    def write_archive():
+        with tarfile.open(archive + ".tmp", "w") as tar:
+            for name in wheels():
+                tar.add(os.path.join(params["dest"], name), arcname=name)
+        os.replace(archive + ".tmp", archive)
+
     if os.path.exists(marker):
-        module.exit_json(changed=False, files=wheels(), marker=marker)
+        if os.path.exists(archive):
+            module.exit_json(changed=False, files=wheels(), marker=marker, archive=archive)
+        if not module.check_mode:
+            write_archive()
+        module.exit_json(changed=True, files=wheels(), marker=marker, archive=archive)
     if module.check_mode:
-        module.exit_json(changed=True, files=wheels(), marker=marker)
+        module.exit_json(changed=True, files=wheels(), marker=marker, archive=archive)
     try:
         command = download_command(sys.executable, params["lock"], params["dest"], params["python_version"], params["glibc"],
                                    params["index_url"], params["extra_index_urls"])
@@ -130,9 +150,10 @@ def main():
     for name in os.listdir(params["dest"]):
         if name.startswith(".complete-"):
             os.remove(os.path.join(params["dest"], name))
+    write_archive()
     with open(marker, "w") as handle:
         handle.write(params["lock"] + "\n")
-    module.exit_json(changed=True, files=wheels(), marker=marker, cmd=command)
+    module.exit_json(changed=True, files=wheels(), marker=marker, archive=archive, cmd=command)
 
 
 if __name__ == "__main__":

@@ -63,6 +63,8 @@ def test_wheelhouse_is_a_no_op_once_complete(tmp_path, capsys):
     os.makedirs(tmp_path / "wh")
     open(result["marker"], "w").close()
     code, result = run_module(wheelhouse, args, capsys)
+    assert code == 0 and result["changed"] is True and result["archive"] == str(tmp_path / "wh") + ".tar"
+    code, result = run_module(wheelhouse, args, capsys)
     assert code == 0 and result["changed"] is False
 
 
