@@ -27,16 +27,9 @@ options:
         C(/usr/bin) and C(/usr/local/bin).
     type: str
     default: nvidia-smi
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
-  facts:
-    support: full
-    description: Sets C(ansible_facts.ddtree_gpu).
+extends_documentation_fragment:
+  - ddtree.sglang.attributes.read_only
+  - ddtree.sglang.attributes.facts
 notes:
   - The exact queries are listed in C(plugins/module_utils/nvidia_smi.py); the lab's nvidia-smi
     answers the same ones.

@@ -25,16 +25,9 @@ options:
     type: list
     elements: path
     default: [/opt]
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
-  facts:
-    support: full
-    description: Sets C(ansible_facts.ddtree_host).
+extends_documentation_fragment:
+  - ddtree.sglang.attributes.read_only
+  - ddtree.sglang.attributes.facts
 seealso:
   - module: ddtree.sglang.gpu_facts
 """

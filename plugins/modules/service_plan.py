@@ -55,13 +55,8 @@ options:
     description: The host's name, for messages.
     type: str
     default: host
-attributes:
-  check_mode:
-    support: full
-    description: Changes nothing; runs the same.
-  diff_mode:
-    support: none
-    description: Changes nothing.
+extends_documentation_fragment:
+  - ddtree.sglang.attributes.read_only
 """
 
 EXAMPLES = r"""

@@ -47,13 +47,8 @@ options:
     description: Extra environment for the dry parse (the service's, for example C(SGLANG_DDTREE_BUDGET)).
     type: dict
     default: {}
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing.
+extends_documentation_fragment:
+  - ddtree.sglang.attributes.read_only
 """
 
 EXAMPLES = r"""

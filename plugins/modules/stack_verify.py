@@ -51,13 +51,8 @@ options:
     description: Seconds the probe may take (imports of large packages can be slow on a cold disk).
     type: int
     default: 600
-attributes:
-  check_mode:
-    support: full
-    description: Only reads; runs the same in check mode.
-  diff_mode:
-    support: none
-    description: Changes nothing, so there is nothing to diff.
+extends_documentation_fragment:
+  - ddtree.sglang.attributes.read_only
 seealso:
   - module: ddtree.sglang.gpu_facts
 """
