@@ -83,6 +83,8 @@ services:
       algorithm: DDTREE
       gpus: [0, 1]
       port: 30000
+      served_model_name: coder
+      health: {}
 """
 
 from ansible.module_utils.basic import AnsibleModule
@@ -138,6 +140,8 @@ def main():
             "port": service["port"],
             "host": service.get("host") or "127.0.0.1",
             "has_api_key": bool(service.get("api_key")),
+            "served_model_name": service.get("served_model_name") or service["name"],
+            "health": service.get("health") or {},
         })
     module.exit_json(changed=False, services=plan)
 

@@ -1,0 +1,242 @@
+"""The lab scheduler: one worker thread that runs generation requests one at a time.
+
+Like SGLang's scheduler process, it is the only place tokens are produced: when it hangs,
+``/health`` (which waits for a token) fails while ``/v1/models`` (answered from memory) does not;
+when it raises, the whole server dies the SGLang way ("Scheduler hit an exception", SIGQUIT to the
+launcher, SIGKILL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .decoding import Decoder, RequestStats, SamplingParams
+from .faults import Faults
+from .tokenizer import STOP_TOKEN_IDS, ByteTokenizer, IncrementalDecoder
+
+logger = logging.getLogger("sglang_overlay.lab_runtime")
+
+TTFT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0)
+ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
+               0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
+_rid = itertools.count(1)
+
+
+def fatal(message: str) -> None:
+    """SGLang's fatal path from a scheduler: log, SIGQUIT the launcher (it SIGKILLs the tree)."""
+    logger.error(message)
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:
+            pass
+    os.kill(os.getpid(), signal.SIGQUIT)
+    time.sleep(3.0)  # the launcher's handler runs in the main thread; make sure we die regardless
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Histogram:
+    def __init__(self, buckets: tuple):
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.total = 0
+        self.sum = 0.0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += times
+        self.total += times
+        self.sum += value * times
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list
+    params: SamplingParams
+    kind: str = "user"  # "user" | "health" | "warmup"
+    loop: Optional[asyncio.AbstractEventLoop] = None
+    sink: Optional[asyncio.Queue] = None
+    rid: str = field(default_factory=lambda: f"lab-{next(_rid)}")
+    cancelled: bool = False
+    created: float = field(default_factory=time.time)
+
+    def push(self, event: dict) -> None:
+        if self.loop is not None and self.sink is not None and not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(self.sink.put_nowait, event)
+            except RuntimeError:  # loop closed during shutdown
+                pass
+
+
+@dataclass
+class SpecTotals:
+    forward_ct: int = 0
+    accept_tokens: int = 0
+    correct_drafts: int = 0
+
+
+class Scheduler:
+    def __init__(self, decoder: Decoder, tokenizer: ByteTokenizer, faults: Faults):
+        self.decoder = decoder
+        self.tokenizer = tokenizer
+        self.faults = faults
+        self.queue: "queue.Queue[Optional[GenRequest]]" = queue.Queue()
+        self.last_receive = 0.0  # time of the last token produced for any request
+        self.armed = False  # faults that act "after start" act once the warm-up is done
+        self.user_requests = 0
+        self.running = 0
+        self.spec = SpecTotals()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_requests_total = 0
+        self.ttft = Histogram(TTFT_BUCKETS)
+        self.itl = Histogram(ITL_BUCKETS)
+        self._recent = deque()  # (finished_at, tokens, seconds) for gen_throughput
+        self.last_gen_throughput = 0.0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="lab-scheduler", daemon=True)
+
+    # ---- API for the HTTP side ----
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, request: GenRequest) -> None:
+        self.queue.put(request)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.queue.put(None)
+        self._thread.join(timeout)
+
+    def queue_size(self) -> int:
+        return self.queue.qsize()
+
+    def avg_spec_accept_length(self) -> Optional[float]:
+        if not self.decoder.plan.speculative or self.spec.forward_ct <= 0:
+            return None
+        return self.spec.accept_tokens / self.spec.forward_ct
+
+    def spec_accept_rate(self) -> float:
+        per_round = max(self.decoder.plan.num_draft_tokens - 1, 0)
+        proposed = self.spec.forward_ct * per_round
+        return self.spec.correct_drafts / proposed if proposed else 0.0
+
+    def gen_throughput(self) -> float:
+        now = time.time()
+        with self._lock:
+            while self._recent and now - self._recent[0][0] > 30.0:
+                self._recent.popleft()
+            tokens = sum(t for _, t, _ in self._recent)
+            seconds = sum(s for _, _, s in self._recent)
+        if seconds > 0:
+            self.last_gen_throughput = tokens / seconds
+        return self.last_gen_throughput
+
+    # ---- the worker ----
+
+    def _run(self) -> None:
+        try:
+            while True:
+                request = self.queue.get()
+                if request is None:
+                    return
+                if self.armed and self.faults.hang:
+                    logger.warning("lab fault hang: the scheduler stops producing tokens")
+                    threading.Event().wait()  # forever
+                if request.cancelled:
+                    continue
+                if request.kind == "user" and self.armed:
+                    self.user_requests += 1
+                    if self.faults.crash_after is not None and self.user_requests > self.faults.crash_after:
+                        raise RuntimeError(
+                            f"lab fault crash_after:{self.faults.crash_after}: the scheduler failed on "
+                            f"generation request {self.user_requests}"
+                        )
+                self._process(request)
+        except Exception:
+            fatal(f"Scheduler hit an exception: {traceback.format_exc()}")
+
+    def _process(self, request: GenRequest) -> None:
+        params = request.params
+        text_decoder = IncrementalDecoder()
+        state: dict[str, Any] = {"ids": [], "text": "", "sent": 0, "stop": None, "last": None}
+        t0 = time.perf_counter()
+        self.running = 1
+
+        def emit(tokens: list) -> bool:
+            now = time.perf_counter()
+            self.last_receive = time.time()
+            if state["last"] is not None and tokens:
+                self.itl.observe((now - state["last"]) / len(tokens), len(tokens))
+            state["last"] = now
+            visible = [t for t in tokens if t not in STOP_TOKEN_IDS or not params.skip_special_tokens]
+            state["ids"].extend(tokens)
+            state["text"] += text_decoder.feed(visible)
+            for stop in params.stop or []:
+                idx = state["text"].find(stop)
+                if stop and idx != -1:
+                    state["text"] = state["text"][:idx]
+                    state["stop"] = stop
+            delta = state["text"][state["sent"]:]
+            state["sent"] = len(state["text"])
+            request.push({"type": "delta", "text": delta, "ids": list(tokens)})
+            return state["stop"] is None and not request.cancelled
+
+        try:
+            stats: RequestStats = self.decoder.generate(
+                request.prompt_ids, params, emit, stop_ids=self.tokenizer.stop_token_ids
+            )
+        finally:
+            self.running = 0
+        if state["stop"] is None:
+            tail = text_decoder.flush()
+            if tail:
+                state["text"] += tail
+                request.push({"type": "delta", "text": tail, "ids": []})
+        elapsed = time.perf_counter() - t0
+        if state["stop"] is not None:
+            finish = {"type": "stop", "matched": state["stop"]}
+        elif stats.finish_reason is not None:
+            finish = stats.finish_reason
+        else:
+            finish = {"type": "abort", "message": "cancelled"}
+        meta = {
+            "id": request.rid,
+            "finish_reason": finish,
+            "prompt_tokens": len(request.prompt_ids),
+            "completion_tokens": stats.completion_tokens,
+            "cached_tokens": 0,
+            "weight_version": "default",
+            "e2e_latency": time.time() - request.created,
+        }
+        if stats.spec_verify_ct > 0:
+            proposed = stats.spec_verify_ct * max(self.decoder.plan.num_draft_tokens - 1, 0)
+            meta["spec_verify_ct"] = stats.spec_verify_ct
+            meta["spec_accept_length"] = stats.completion_tokens / stats.spec_verify_ct
+            meta["spec_accept_rate"] = stats.spec_num_correct_drafts / proposed if proposed else 0.0
+            meta["spec_num_correct_drafts"] = stats.spec_num_correct_drafts
+            meta["spec_num_proposed_drafts"] = proposed
+        if request.kind != "health":
+            with self._lock:
+                self.spec.forward_ct += stats.spec_verify_ct
+                self.spec.accept_tokens += stats.spec_num_accept_tokens
+                self.spec.correct_drafts += stats.spec_num_correct_drafts
+                self.prompt_tokens_total += len(request.prompt_ids)
+                self.generation_tokens_total += stats.completion_tokens
+                self.num_requests_total += 1
+                if stats.completion_tokens:
+                    self._recent.append((time.time(), stats.completion_tokens, max(elapsed, 1e-6)))
+                    self.ttft.observe(stats.first_token_seconds)
+        request.push({"type": "done", "text": state["text"], "ids": state["ids"], "meta": meta})

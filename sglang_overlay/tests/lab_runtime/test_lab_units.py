@@ -1,0 +1,197 @@
+"""The lab runtime's parts in-process: tokenizer, model exactness, lossless decoders, GPUs, faults."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from sglang_overlay.lab_runtime import decoding
+from sglang_overlay.lab_runtime.decoding import DecodePlan, Decoder, SamplingParams
+from sglang_overlay.lab_runtime.faults import LabConfigError, LabEnv, parse_faults
+from sglang_overlay.lab_runtime.gpus import environment_with_gpus, held_gpus
+from sglang_overlay.lab_runtime.model import LabDraftConfig, LabLM, LabModelConfig
+from sglang_overlay.lab_runtime.tokenizer import EOS_ID, IM_END_ID, ByteTokenizer, IncrementalDecoder
+
+TOK = ByteTokenizer()
+PROMPTS = [
+    "The capital city of France is",
+    "<|im_start|>user\nWhat does a careful engineer do?<|im_end|>\n<|im_start|>assistant\n",
+    "Zürich, Ærø and 東京 — a río",
+    "x",
+]
+
+
+@pytest.fixture(scope="module")
+def target():
+    return LabLM(LabModelConfig.from_path("/models/lab-target-8b"))
+
+
+def greedy(decoder, prompt, n=80):
+    out = []
+    stats = decoder.generate(TOK.encode(prompt), SamplingParams(max_new_tokens=n, temperature=0.0),
+                             lambda chunk: out.extend(chunk) or True, stop_ids=TOK.stop_token_ids)
+    return out, stats
+
+
+def test_tokenizer_bytes_specials_and_bang_at_id_0():
+    assert TOK.decode([0]) == "!"
+    for text in PROMPTS:
+        assert TOK.decode(TOK.encode(text), skip_special_tokens=False) == text
+    assert TOK.encode("<|im_end|>") == [IM_END_ID]
+    assert TOK.decode(TOK.encode("a<|endoftext|>b")) == "ab"
+    dec = IncrementalDecoder()
+    ids = TOK.encode("é東")
+    assert "".join(dec.feed([i]) for i in ids) + dec.flush() == "é東"
+
+
+def test_model_is_deterministic_and_exact(target):
+    again = LabLM(LabModelConfig.from_path("/models/lab-target-8b"))
+    other = LabLM(LabModelConfig.from_path("/models/another"))
+    ids = TOK.encode(PROMPTS[1])
+    whole = target.context(ids)
+    stepwise = target.context(ids[:3])
+    for token in ids[3:]:
+        stepwise = target.push(stepwise, token)
+    a, b = target.logits(whole), target.logits(stepwise)
+    assert a.tobytes() == b.tobytes()  # bit-identical however the context was built
+    assert again.logits(again.context(ids)).tobytes() == a.tobytes()
+    assert not np.array_equal(other.logits(other.context(ids)), a)
+
+
+def test_model_from_json_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"lab_runtime": {"seed": 5, "ngram_order": 4, "context_length": 1024}}')
+    cfg = LabModelConfig.from_path(str(tmp_path))
+    assert (cfg.seed, cfg.ngram_order, cfg.context_length, cfg.source) == (5, 4, 1024, "config.json")
+    (tmp_path / "config.json").write_text('{"dflash_config": {"block_size": 8}, "lab_runtime": {"noise": 0.5}}')
+    draft = LabDraftConfig.from_path(str(tmp_path))
+    assert (draft.block_size, draft.noise) == (8, 0.5)
+
+
+def test_plain_greedy_text_is_not_degenerate_and_ends_a_turn(target):
+    out, stats = greedy(Decoder(target, DecodePlan("none")), PROMPTS[0], n=200)
+    text = TOK.decode(out)
+    assert len(set(text)) > 15 and stats.finish_reason["type"] == "length"
+    out, stats = greedy(Decoder(target, DecodePlan("none")), PROMPTS[1], n=3000)
+    assert stats.finish_reason == {"type": "stop", "matched": IM_END_ID} and out[-1] == IM_END_ID
+    assert EOS_ID not in out
+
+
+PLANS = {
+    "ddtree-15x8": DecodePlan("ddtree", draft_len=15, budget=15, top_k=8, num_draft_tokens=16, draft_path="/d"),
+    "ddtree-4x2": DecodePlan("ddtree", draft_len=15, budget=4, top_k=2, num_draft_tokens=16, draft_path="/d"),
+    "ddtree-1x1": DecodePlan("ddtree", draft_len=7, budget=1, top_k=1, num_draft_tokens=8, draft_path="/d"),
+    "dflash-15": DecodePlan("dflash", draft_len=15, budget=15, top_k=1, num_draft_tokens=16, draft_path="/d"),
+    "eagle-3": DecodePlan("eagle", draft_len=3, budget=3, top_k=1, num_draft_tokens=4, draft_path="/e"),
+    "eagle-tree": DecodePlan("eagle", draft_len=4, budget=7, top_k=3, num_draft_tokens=8, draft_path="/e"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_speculative_greedy_is_lossless(target, name):
+    plain = Decoder(target, DecodePlan("none"))
+    spec = Decoder(target, PLANS[name])
+    steps = 0
+    for prompt in PROMPTS:
+        ref, _ = greedy(plain, prompt)
+        out, stats = greedy(spec, prompt)
+        assert out == ref, (name, prompt)
+        steps += stats.spec_verify_ct
+        assert stats.spec_num_correct_drafts <= stats.spec_verify_ct * PLANS[name].budget
+    assert steps < 4 * 79  # drafts were accepted
+
+
+def test_ddtree_tree_accepts_more_than_its_first_rank_chain(target):
+    tree = Decoder(target, PLANS["ddtree-15x8"])
+    chain = Decoder(target, DecodePlan("ddtree", draft_len=15, budget=15, top_k=1, num_draft_tokens=16, draft_path="/d"))
+    steps_tree = sum(greedy(tree, p, 120)[1].spec_verify_ct for p in PROMPTS)
+    steps_chain = sum(greedy(chain, p, 120)[1].spec_verify_ct for p in PROMPTS)
+    assert steps_tree < steps_chain
+
+
+def test_a_broken_verify_mask_is_caught(target, monkeypatch):
+    """Control: with a causal (not ancestor-only) mask the verify rows are wrong."""
+    monkeypatch.setattr(decoding, "ancestor_mask", lambda tree: torch.tril(torch.ones(
+        tree.batch_size, tree.num_slots, tree.num_slots, dtype=torch.bool)))
+    spec = Decoder(target, PLANS["ddtree-15x8"])
+    with pytest.raises(RuntimeError, match="tree verify inputs disagree"):
+        greedy(spec, PROMPTS[0])
+
+
+def test_sampling_is_seeded_and_spec_sampling_runs(target):
+    params = SamplingParams(max_new_tokens=40, temperature=0.8, top_p=0.95, top_k=20, seed=3)
+    for plan in (DecodePlan("none"), PLANS["ddtree-15x8"], PLANS["eagle-3"]):
+        runs = []
+        for _ in range(2):
+            out = []
+            Decoder(target, plan).generate(TOK.encode(PROMPTS[0]), params, lambda c: out.extend(c) or True)
+            runs.append(out)
+        assert runs[0] == runs[1] and len(runs[0]) == 40
+
+
+def test_incident_and_degenerate_decoders(target):
+    plan = DecodePlan("no_hidden_capture", draft_len=15, budget=15, top_k=8, num_draft_tokens=16,
+                      draft_path="/d", hidden_capture=False)
+    out, _ = greedy(Decoder(target, plan), PROMPTS[1], n=30)
+    assert TOK.decode(out) == "!" * 30
+    out, _ = greedy(Decoder(target, PLANS["dflash-15"], degenerate_token=TOK.encode("#")[0]), PROMPTS[0], n=30)
+    assert TOK.decode(out) == "#" * 30
+
+
+def test_gpu_holding_environment():
+    argv = ["--model-path", "m", "--tp-size", "2"]
+    assert held_gpus("4,5,6", argv) == ["4", "5"]
+    assert held_gpus("4,5,6", ["--base-gpu-id", "1"]) == ["5"]
+    assert held_gpus("0,1,2,3", ["--tp-size", "2", "--dp-size", "2"]) == ["0", "1", "2", "3"]
+    env = environment_with_gpus({"CUDA_VISIBLE_DEVICES": "3,1", "PATH": "/bin"}, [])
+    assert env == {"CUDA_VISIBLE_DEVICES": "3,1", "PATH": "/bin", "LAB_NVIDIA_GPUS": "3"}
+    assert environment_with_gpus({"CUDA_VISIBLE_DEVICES": "1", "LAB_NVIDIA_GPUS": "1"}, []) is None
+    assert environment_with_gpus({}, []) is None
+    assert environment_with_gpus({"CUDA_VISIBLE_DEVICES": "GPU-abc"}, []) is None
+
+
+def test_fault_switches_parse():
+    f = parse_faults("slow:50, crash_after:3,degenerate:#")
+    assert (f.slow_ms, f.crash_after, f.degenerate, f.hang, f.crash_at_start) == (50.0, 3, "#", False, None)
+    assert parse_faults("hang").hang and parse_faults("").describe() == "none"
+    assert parse_faults("crash_at_start:CUDA out of memory").crash_at_start == "CUDA out of memory"
+    for bad in ("crash_after:x", "slow:-1", "explode", "degenerate:ab"):
+        with pytest.raises(LabConfigError, match="LAB_RUNTIME_FAULT"):
+            parse_faults(bad)
+    env = LabEnv.from_environ({"LAB_RUNTIME_LOAD_SECONDS": "0.5", "SGLANG_HEALTH_CHECK_TIMEOUT": "3"})
+    assert (env.load_seconds, env.health_timeout, env.drain_seconds) == (0.5, 3.0, 15.0)
+    with pytest.raises(LabConfigError, match="LAB_RUNTIME_LOAD_SECONDS"):
+        LabEnv.from_environ({"LAB_RUNTIME_LOAD_SECONDS": "soon"})
+
+
+def test_nothing_else_in_the_overlay_imports_the_lab_runtime():
+    import ast
+    import pathlib
+
+    import sglang_overlay
+
+    root = pathlib.Path(sglang_overlay.__file__).parent
+    for path in root.rglob("*.py"):
+        if "lab_runtime" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [(node.module or "")] + [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            assert not any("lab_runtime" in n for n in names), path
+
+
+def test_bad_flag_switch_and_release_carried_fault(tmp_path, monkeypatch):
+    from sglang_overlay.lab_runtime import faults
+
+    assert faults.parse_faults("bad_flag").bad_flag is True
+    assert faults.parse_faults("bad_flag").describe() == "bad_flag"
+    fault_file = tmp_path / "FAULT"
+    monkeypatch.setattr(faults, "RELEASE_FAULT_FILE", str(fault_file))
+    assert faults.LabEnv.from_environ({}).faults.describe() == "none"
+    fault_file.write_text("hang\n")
+    assert faults.LabEnv.from_environ({}).faults.hang is True
+    # The environment wins over what the release carries.
+    assert faults.LabEnv.from_environ({faults.ENV_FAULT: "slow:5"}).faults.describe() == "slow:5"
