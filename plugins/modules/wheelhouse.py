@@ -86,6 +86,7 @@ marker:
   sample: /root/.cache/ddtree-sglang/wheelhouse/lab-cpu-py311/.complete-5f1c9e2a0b7d
 """
 
+import fcntl
 import hashlib
 import os
 import sys
@@ -115,46 +116,63 @@ def main():
     except OSError as error:
         module.fail_json(msg="cannot read the lock %s: %s" % (params["lock"], error))
     marker = os.path.join(params["dest"], ".complete-%s" % lock_sha)
+    # Hosts of one run download the same lock at once (one task per host): one downloads, the others
+    # wait here and then find it complete.
+    parent = os.path.dirname(params["dest"].rstrip(os.sep)) or "."
+    if module.check_mode:
+        report(module, params, marker)
+    os.makedirs(parent, exist_ok=True)
+    with open(params["dest"].rstrip(os.sep) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the with-block closes it, on exit too
+        download(module, params, marker)
 
-    def wheels():
-        if not os.path.isdir(params["dest"]):
-            return []
-        return sorted(name for name in os.listdir(params["dest"]) if name.endswith(".whl"))
 
+def report(module, params, marker):
+    """Check mode: say whether a download would happen."""
     archive = params["dest"].rstrip(os.sep) + ".tar"
+    module.exit_json(changed=not (os.path.exists(marker) and os.path.exists(archive)), files=wheels(params["dest"]),
+                     marker=marker, archive=archive)
+
+
+def wheels(dest):
+    if not os.path.isdir(dest):
+        return []
+    return sorted(name for name in os.listdir(dest) if name.endswith(".whl"))
+
+
+def download(module, params, marker):
+    """Download the lock's wheels unless a complete download is there; archive them; mark it complete."""
+    dest = params["dest"]
+    archive = dest.rstrip(os.sep) + ".tar"
 
     def write_archive():
         with tarfile.open(archive + ".tmp", "w") as tar:
-            for name in wheels():
-                tar.add(os.path.join(params["dest"], name), arcname=name)
+            for name in wheels(dest):
+                tar.add(os.path.join(dest, name), arcname=name)
         os.replace(archive + ".tmp", archive)
 
     if os.path.exists(marker):
-        if os.path.exists(archive):
-            module.exit_json(changed=False, files=wheels(), marker=marker, archive=archive)
-        if not module.check_mode:
+        changed = not os.path.exists(archive)
+        if changed:
             write_archive()
-        module.exit_json(changed=True, files=wheels(), marker=marker, archive=archive)
-    if module.check_mode:
-        module.exit_json(changed=True, files=wheels(), marker=marker, archive=archive)
+        module.exit_json(changed=changed, files=wheels(dest), marker=marker, archive=archive)
     try:
-        command = download_command(sys.executable, params["lock"], params["dest"], params["python_version"], params["glibc"],
+        command = download_command(sys.executable, params["lock"], dest, params["python_version"], params["glibc"],
                                    params["index_url"], params["extra_index_urls"])
     except ValueError as error:
         module.fail_json(msg="glibc: %s" % error)
-    os.makedirs(params["dest"], exist_ok=True)
+    os.makedirs(dest, exist_ok=True)
     rc, stdout, stderr = module.run_command(command)
     if rc != 0:
         module.fail_json(msg="pip download of %s failed (exit %d): %s" % (params["lock"], rc, stderr.strip()[-1500:]),
                          cmd=command, rc=rc, stdout=stdout, stderr=stderr)
-    for name in os.listdir(params["dest"]):
+    for name in os.listdir(dest):
         if name.startswith(".complete-"):
-            os.remove(os.path.join(params["dest"], name))
+            os.remove(os.path.join(dest, name))
     write_archive()
     with open(marker, "w") as handle:
         handle.write(params["lock"] + "\n")
-    module.exit_json(changed=True, files=wheels(), marker=marker, archive=archive, cmd=command)
-
+    module.exit_json(changed=True, files=wheels(dest), marker=marker, archive=archive, cmd=command)
 
 if __name__ == "__main__":
     main()
