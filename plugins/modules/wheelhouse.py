@@ -174,5 +174,6 @@ def download(module, params, marker):
         handle.write(params["lock"] + "\n")
     module.exit_json(changed=True, files=wheels(dest), marker=marker, archive=archive, cmd=command)
 
+
 if __name__ == "__main__":
     main()
