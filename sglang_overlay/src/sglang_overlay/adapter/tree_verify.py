@@ -22,7 +22,6 @@ from ..core.tree import (
     PAD_SCORE,
     PAD_TOKEN,
     DDTreeBatch,
-    build_tree_batched,
     draft_topk,
 )
 from ..core.verify import ancestor_mask, eagle_verify_links, verify_positions
@@ -215,13 +214,16 @@ def build_tree_verify_tensors(
         top_k: ranks ``>= top_k`` are never used.
         window: verify tokens per request (the DFlash block size).
         prefix_lens_cpu: ``prefix_lens`` on the host when known (avoids a device sync).
-        builder: the tree builder, ``build_tree_batched``'s signature and output (default: the
-            core's torch builder). The plug point for a faster builder (e.g. a GPU kernel) that
+        builder: the tree builder, ``build_tree_batched``'s signature and output (default:
+            ``sglang_overlay.kernels.build_tree``: the Triton kernel on CUDA tensors, the core's torch
+            builder elsewhere; both give the identical tree). The plug point for a faster builder (e.g. a GPU kernel) that
             must produce the identical ``DDTreeBatch``.
     """
     if budget + 1 > window:
         raise ValueError(f"budget {budget} + root does not fit the verify window {window}")
-    build = build_tree_batched if builder is None else builder
+    if builder is None:
+        from ..kernels import build_tree as builder  # the kernel on CUDA, build_tree_batched elsewhere
+    build = builder
     tree = build(log_probs, token_ids, budget, top_k_cap=top_k, root_tokens=root_tokens)
     tree = pad_tree(tree, window)
     links = eagle_verify_links(tree)
