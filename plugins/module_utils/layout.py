@@ -53,3 +53,16 @@ def existing_stacks(stacks_root):
 def stacks_to_prune(existing, keep, in_use):
     """Stacks that may go: not kept explicitly and not used by any service's current or previous release."""
     return sorted(stack for stack in existing if stack not in keep and stack not in in_use)
+
+
+def releases_in_use(services_root):
+    """{release_id: ["svc/current", ...]} for the releases services' current and previous links name."""
+    users = {}
+    if not os.path.isdir(services_root):
+        return users
+    for service in sorted(os.listdir(services_root)):
+        for link in SERVICE_LINKS:
+            path = os.path.join(services_root, service, link)
+            if os.path.islink(path):
+                users.setdefault(os.path.basename(os.readlink(path)), []).append("%s/%s" % (service, link))
+    return users

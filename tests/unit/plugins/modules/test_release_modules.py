@@ -90,3 +90,20 @@ def test_plan_lists_every_problem_before_any_change(capsys):
     assert any("GPU index 9 does not exist on ct200" in p for p in result["problems"])
     assert any("port 30000 is also used by service coder" in p for p in result["problems"])
     assert any("speculative.budget is 0" in p for p in result["problems"])
+
+
+def test_release_prune_keeps_current_previous_and_keep(tmp_path, capsys):
+    from ansible_collections.ddtree.sglang.plugins.modules import release_prune
+
+    root = str(tmp_path)
+    for release_id in ("aaa", "bbb", "ccc", "ddd"):
+        make_release(root, release_id)
+    run_module(service_link, link_args(root, release_id="aaa"), capsys)
+    run_module(service_link, link_args(root, release_id="bbb"), capsys)
+    args = {"root": os.path.join(root, "releases"), "services_root": os.path.join(root, "services"), "keep": ["ccc"]}
+    code, result = run_module(release_prune, dict(args, _ansible_check_mode=True, _ansible_diff=True), capsys)
+    assert result["removed"] == ["ddd"] and result["diff"]["after"] == "aaa\nbbb\nccc\n"
+    assert os.path.isdir(os.path.join(root, "releases", "ddd"))
+    code, result = run_module(release_prune, args, capsys)
+    assert sorted(os.listdir(os.path.join(root, "releases"))) == ["aaa", "bbb", "ccc"]
+    assert result["in_use"] == {"bbb": ["coder/current"], "aaa": ["coder/previous"]}
