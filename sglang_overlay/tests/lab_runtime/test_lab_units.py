@@ -188,10 +188,13 @@ def test_bad_flag_switch_and_release_carried_fault(tmp_path, monkeypatch):
 
     assert faults.parse_faults("bad_flag").bad_flag is True
     assert faults.parse_faults("bad_flag").describe() == "bad_flag"
-    fault_file = tmp_path / "FAULT"
-    monkeypatch.setattr(faults, "RELEASE_FAULT_FILE", str(fault_file))
+    import sys
+    import types
+
     assert faults.LabEnv.from_environ({}).faults.describe() == "none"
-    fault_file.write_text("hang\n")
+    carried = types.ModuleType(faults.RELEASE_FAULT_MODULE)
+    carried.FAULT = "hang"
+    monkeypatch.setitem(sys.modules, faults.RELEASE_FAULT_MODULE, carried)
     assert faults.LabEnv.from_environ({}).faults.hang is True
     # The environment wins over what the release carries.
     assert faults.LabEnv.from_environ({faults.ENV_FAULT: "slow:5"}).faults.describe() == "slow:5"

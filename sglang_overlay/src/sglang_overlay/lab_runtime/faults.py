@@ -16,8 +16,9 @@
                             arguments", exit 2 (as a release that renders a flag SGLang lacks)
 ==========================  ==========================================================================
 
-A fault can also travel *inside a release*: a file ``FAULT`` beside this module (in the release's
-``site/sglang_overlay/lab_runtime/``) holding the same syntax. The collection's fault tests build a
+A fault can also travel *inside a release*: a module ``release_fault.py`` beside this one (in the
+release's ``site/sglang_overlay/lab_runtime/``; a module, so the wheel carries it) whose ``FAULT``
+string holds the same syntax. The collection's fault tests build a
 new release with one, so the fault belongs to that release and a rollback to the previous release
 removes it, exactly as a broken release in production. ``LAB_RUNTIME_FAULT`` wins over the file.
 
@@ -73,15 +74,16 @@ class Faults:
         return ",".join(parts) or "none"
 
 
-RELEASE_FAULT_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "FAULT")
+RELEASE_FAULT_MODULE = __package__ + ".release_fault"
 
 
 def release_fault() -> Optional[str]:
-    """The fault a release carries (a FAULT file beside this module), if any."""
+    """The fault a release carries (``release_fault.FAULT`` beside this module), if any."""
+    import importlib
+
     try:
-        with open(RELEASE_FAULT_FILE) as handle:
-            return handle.read().strip() or None
-    except OSError:
+        return str(getattr(importlib.import_module(RELEASE_FAULT_MODULE), "FAULT", "")).strip() or None
+    except ImportError:
         return None
 
 
