@@ -14,7 +14,8 @@ HOST = "ct200"
 CONTAINER = "%s-%s" % (LAB_ID, HOST)
 UNIT = "sglang-coder.service"
 PORT = 30000
-NAIVE_LIMIT = 600.0
+NAIVE_LIMIT = 600.0  # what the naive gate would wait
+NAIVE_WATCH = 60.0  # how long this benchmark watches it while the fault is active
 FAULTS = {
     "crash at start": "crash_at_start",
     "bad flag": "bad_flag",
@@ -47,15 +48,12 @@ def http_ok(path, timeout=5):
 
 def naive_gate(start, verdict):
     """Poll /v1/models every 2 s; healthy on the first 200, or give up after 600 s."""
-    while time.monotonic() - start < NAIVE_LIMIT:
+    while time.monotonic() - start < NAIVE_WATCH:
         if http_ok("/v1/models"):
             verdict["result"], verdict["seconds"] = "healthy", time.monotonic() - start
             return
-        if verdict.get("stop"):
-            verdict["result"], verdict["seconds"] = "still waiting", time.monotonic() - start
-            return
         time.sleep(2)
-    verdict["result"], verdict["seconds"] = "timeout", NAIVE_LIMIT
+    verdict["result"], verdict["seconds"] = "still waiting", NAIVE_WATCH
 
 
 def our_gate(since):
@@ -64,12 +62,12 @@ def our_gate(since):
                        "metrics_file": "/var/lib/sglang/coder/metrics.json"})
     ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
     out = subprocess.run([ansible, HOST, "-i", "inventories/lab/hosts.yml", "-m", "ddtree.sglang.sglang_health", "-a", args,
-                          "-o"], capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                          "-o"], capture_output=True, text=True, check=False, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     text = out.stdout.split("=>", 1)[-1].strip()
     try:
         return json.loads(text)
     except ValueError:
-        return {"failed": True, "msg": text[-300:], "failed_stage": "?"}
+        return {"passed": False, "msg": text[-300:], "failed_stage": "?"}
 
 
 def measure(name, fault):
@@ -82,6 +80,7 @@ def measure(name, fault):
     poller.start()
     result = our_gate(since)
     detected = time.monotonic() - start
+    poller.join()  # the naive gate watches the same faulty start
     # Go back (as a rollback does), and time until the service generates again.
     set_fault(None)
     back = time.monotonic()
@@ -89,9 +88,7 @@ def measure(name, fault):
     while not http_ok("/health", timeout=30):
         time.sleep(0.5)
     serving = time.monotonic() - back
-    naive["stop"] = True
-    poller.join(timeout=5)
-    return {"fault": name, "detected": detected, "stage": result.get("failed_stage") if result.get("failed") else "PASSED (missed)",
+    return {"fault": name, "detected": detected, "stage": "PASSED (missed)" if result.get("passed") else result.get("failed_stage"),
             "serving_again": serving, "naive": naive.get("result", "?"), "naive_seconds": naive.get("seconds", 0.0)}
 
 
@@ -103,7 +100,7 @@ def main(selected):
             naive = "false pass at %.1f s (never detects)" % row["naive_seconds"]
             ratio = "inf (naive misses it)"
         else:
-            naive = "no verdict before %.0f s" % NAIVE_LIMIT
+            naive = "no verdict in %.0f s (waits to %.0f s)" % (NAIVE_WATCH, NAIVE_LIMIT)
             ratio = "%.0fx faster" % (NAIVE_LIMIT / row["detected"])
         print("%-22s %-16s %10.1f %12.1f  %-32s %s" % (row["fault"], row["stage"], row["detected"], row["serving_again"], naive, ratio))
 
