@@ -218,8 +218,10 @@ def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, t
     assert code == 0, result["msg"]
     assert result["passed"] is True and result["changed"] is True and result["stage"] == "performance"
     assert result["recorded"] == {"baseline": True, "metrics": True}
-    assert 0.15 < result["startup"]["time_to_port_s"] < 3 and result["startup"]["measured_from"] == "gate start"
-    assert result["startup"]["time_to_first_progress_s"] < 0.2
+    # Wall-clock bounds only as wide as the configured timeouts: a loaded CI machine must not fail them.
+    startup = result["startup"]
+    assert 0.15 < startup["time_to_port_s"] < 10 and startup["measured_from"] == "gate start"
+    assert startup["time_to_first_progress_s"] <= startup["time_to_port_s"]
     assert [p["marker"] for p in result["startup"]["progress"]][:3] == ["load_weight_begin", "load_weight_end", "uvicorn_running"]
     assert result["health"]["status"] == 200 and result["chat"]["text"] == GOOD_TEXT
     assert result["degenerate"]["degenerate"] is False
@@ -271,7 +273,7 @@ def test_bad_flag(host, tmp_path, capsys):
     assert "unrecognized arguments: --foo" in result["msg"]
     assert result["signature_matches"][0]["line"] == "sglang serve: error: unrecognized arguments: --foo"
     assert result["journal_excerpt"][-1] == "sglang-coder.service: Failed with result 'exit-code'."
-    assert result["timings"]["unit_watch"] < 2
+    assert result["timings"]["unit_watch"] < 5  # decided from the failed unit, before no_progress_timeout
 
 
 def test_scheduler_exception_and_self_kill_is_not_an_oom(host, tmp_path, capsys):
@@ -319,7 +321,7 @@ def test_no_progress(host, tmp_path, capsys):
     host.log(START_LINES[0])
     code, result = run_module(sglang_health, args(host, tmp_path, no_progress_timeout=0.3), capsys)
     assert code == 1 and result["failure_kind"] == "no_progress" and "'load_weight_begin'" in result["msg"]
-    assert 0.3 <= result["timings"]["unit_watch"] < 2
+    assert 0.3 <= result["timings"]["unit_watch"] < 10  # stopped by no_progress_timeout, not start_timeout
 
 
 # ---- after the port opened ------------------------------------------------------------------------------
