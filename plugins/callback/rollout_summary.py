@@ -8,29 +8,83 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: rollout_summary
 type: aggregate
-short_description: Say at the end of a rollout which host is on which release, and why
+short_description: Say at the end of a rollout which host is on which release, and why; write reports
 version_added: 0.1.0
 description:
-  - Collects what the sglang_service role records per host (C(sglang_service_outcome)) and every
-    host's failure, and prints a summary when the playbook ends, also when a failed canary aborted
-    the run - hosts that were targeted but not reached keep the release they had.
-  - With C(DDTREE_ROLLOUT_REPORT) set, also writes the summary there as JSON.
+  - Records what the collection's modules did on each host (the rollout lock, the release built,
+    each service's switch and rollback, every health gate with its measurements, failures) and, when
+    the playbook ends, prints a summary - also when a failed canary stopped the run (hosts that were
+    targeted but not reached keep the release they had).
+  - With I(report_dir) set, writes the report there as JSON (for machines) and Markdown (for a
+    pull-request comment or a CI job summary), C(rollout.json) and C(rollout.md), or C(plan.json) and
+    C(plan.md) for a check-mode run, which lists each host's pending changes with their diffs.
+  - Stays silent in runs that use none of the collection's rollout modules.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 requirements:
   - enable it with C(callbacks_enabled = ddtree.sglang.rollout_summary) (the repository's ansible.cfg does)
 options:
+  report_dir:
+    description: Directory to write the reports into (created if missing).
+    type: path
+    env:
+      - name: DDTREE_ROLLOUT_REPORT_DIR
+  history:
+    description: Also keep every run's reports in C(<report_dir>/history/), named by time, revision and kind.
+    type: bool
+    default: false
+    env:
+      - name: DDTREE_ROLLOUT_REPORT_HISTORY
   report:
-    description: Path of a JSON report to write at the end.
+    description: Path of a JSON report to write at the end (in addition to I(report_dir)).
     type: path
     env:
       - name: DDTREE_ROLLOUT_REPORT
+  revision:
+    description: The Git revision being rolled out, for the report; by default the checkout's C(HEAD).
+    type: str
+    env:
+      - name: DDTREE_ROLLOUT_REVISION
+  trigger:
+    description: What started the run (for example C(github push), C(pull timer)), for the report.
+    type: str
+    env:
+      - name: DDTREE_ROLLOUT_TRIGGER
 """
 
 import json
 import os
+import re
+import subprocess
+import time
 
+from ansible import context
 from ansible.plugins.callback import CallbackBase
+
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report import (
+    build_report, render_markdown, summary_lines)
+
+# Module results that tell the report what happened, by the task's resolved action.
+ACTIONS = {
+    "ddtree.sglang.rollout_lock": "lock",
+    "ddtree.sglang.release": "release",
+    "ddtree.sglang.service_link": "link",
+    "ddtree.sglang.sglang_health": "gate",
+}
+START_FACT = "ddtree_rollout_releases_at_start"
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _write(path, text):
+    """Write a report file whole: a reader never sees half of one."""
+    temporary = "%s.tmp-%d" % (path, os.getpid())
+    with open(temporary, "w") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
 
 
 class CallbackModule(CallbackBase):
@@ -42,9 +96,14 @@ class CallbackModule(CallbackBase):
     def __init__(self):
         super().__init__()
         self.targeted = []
-        self.outcomes = {}
-        self.failures = {}
+        self.events = []
+        self.failed_items = {}
         self.active = False
+        self.started = _now()
+        self.playbook_dir = None
+
+    def v2_playbook_on_start(self, playbook):
+        self.playbook_dir = os.path.dirname(os.path.abspath(playbook._file_name))
 
     def v2_playbook_on_play_start(self, play):
         manager = play.get_variable_manager()
@@ -53,47 +112,92 @@ class CallbackModule(CallbackBase):
             if host.name not in self.targeted:
                 self.targeted.append(host.name)
 
-    def _record(self, host, result):
-        facts = result.get("ansible_facts") or {}
-        if "sglang_service_outcome" in facts:
+    # ---- recording ----------------------------------------------------------------------------------
+
+    def _record(self, result, item=None):
+        task = result._task
+        host = result._host.get_name()
+        data = result._result
+        if START_FACT in (data.get("ansible_facts") or {}):
             self.active = True
-            self.outcomes[host] = facts["sglang_service_outcome"]
+            self.events.append({"host": host, "kind": "start", "result": data["ansible_facts"][START_FACT]})
+        kind = ACTIONS.get(getattr(task, "resolved_action", None) or task.action)
+        if kind and "results" not in data:
+            self.active = True
+            self.events.append({"host": host, "kind": kind, "task": task.get_name(), "service": data.get("service"),
+                                "rollback": kind == "link" and data.get("state") == "previous", "result": data})
+        if data.get("changed") and "results" not in data and context.CLIARGS.get("check"):
+            diffs = data.get("diff") or []
+            text = ANSI.sub("", self._get_diff(diffs)) if diffs else ""
+            if all(line.startswith("diff skipped") for line in text.splitlines()):
+                text = ""  # a binary or large file: the task's name says enough
+            label = data.get("_ansible_item_label", item)
+            self.events.append({"host": host, "kind": "change", "task": task.get_name(),
+                                "item": label if label is None or isinstance(label, str) else json.dumps(label, default=str)[:200],
+                                "diff": text})
 
     def v2_runner_on_ok(self, result):
-        self._record(result._host.get_name(), result._result)
+        self._record(result)
 
     def v2_runner_item_on_ok(self, result):
-        self._record(result._host.get_name(), result._result)
+        self._record(result, item=result._result.get("item"))
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
+        kind = ACTIONS.get(getattr(result._task, "resolved_action", None) or result._task.action)
+        if kind == "lock":
+            self.active = True
+            self.events.append({"host": result._host.get_name(), "kind": "lock", "result": result._result})
         if not ignore_errors:
-            self.failures.setdefault(result._host.get_name(), "%s: %s" % (result._task.get_name(), result._result.get("msg", "")))
+            data = result._result
+            items = self.failed_items.get((result._host.get_name(), result._task._uuid))
+            if items:
+                data = dict(data, msg=" | ".join(message for message in items if message) or data.get("msg", ""))
+            self.events.append({"host": result._host.get_name(), "kind": "failed", "task": result._task.get_name(),
+                                "result": data})
 
-    def summary(self):
-        rows = []
-        for host in self.targeted:
-            if host in self.outcomes:
-                for service, outcome in sorted(self.outcomes[host].items()):
-                    rows.append({"host": host, "service": service, "release": outcome.get("release"), "gate": outcome.get("gate"),
-                                 "failed": host in self.failures})
-            elif host in self.failures:
-                rows.append({"host": host, "service": None, "release": None, "gate": "failed before the switch: " + self.failures[host],
-                             "failed": True})
-            else:
-                rows.append({"host": host, "service": None, "release": None, "gate": "not reached: keeps the release it had",
-                             "failed": False})
-        return rows
+    def v2_runner_item_on_failed(self, result):
+        # A loop's own failure says only "One or more items failed": keep each item's message.
+        self.failed_items.setdefault((result._host.get_name(), result._task._uuid), []).append(result._result.get("msg", ""))
+
+    def v2_runner_on_unreachable(self, result):
+        self.events.append({"host": result._host.get_name(), "kind": "unreachable", "task": result._task.get_name(),
+                            "result": result._result})
+
+    # ---- the end ------------------------------------------------------------------------------------
+
+    def _revision(self):
+        revision = self.get_option("revision")
+        if revision or not self.playbook_dir:
+            return revision or None
+        try:
+            return subprocess.run(["git", "-C", self.playbook_dir, "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  check=True, timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            return None
 
     def v2_playbook_on_stats(self, stats):
-        if not self.active and not self.failures:
+        if not self.active:
             return
-        rows = self.summary()
-        self._display.banner("ROLLOUT SUMMARY")
-        for row in rows:
-            who = row["host"] + (" " + row["service"] if row["service"] else "")
-            release = " release %s," % row["release"] if row["release"] else ""
-            self._display.display("%s:%s %s" % (who, release, row["gate"]), color="red" if row["failed"] else None)
-        path = self.get_option("report")
-        if path:
-            with open(os.path.expanduser(path), "w") as handle:
-                json.dump({"hosts": rows, "failures": self.failures}, handle, indent=1, sort_keys=True)
+        kind = "plan" if context.CLIARGS.get("check") else "rollout"
+        meta = {"revision": self._revision(), "trigger": self.get_option("trigger") or None,
+                "started": self.started, "finished": _now()}
+        report = build_report(self.events, self.targeted, kind=kind, meta=meta)
+        self._display.banner("ROLLOUT SUMMARY" if kind == "rollout" else "ROLLOUT PLAN")
+        for text, bad in summary_lines(report):
+            self._display.display(text, color="red" if bad else None)
+        document = json.dumps(report, indent=1, sort_keys=True, default=str) + "\n"
+        report_dir = self.get_option("report_dir")
+        if report_dir:
+            os.makedirs(report_dir, exist_ok=True)
+            markdown = render_markdown(report)
+            _write(os.path.join(report_dir, kind + ".json"), document)
+            _write(os.path.join(report_dir, kind + ".md"), markdown)
+            if self.get_option("history"):
+                history = os.path.join(report_dir, "history")
+                os.makedirs(history, exist_ok=True)
+                stem = "%s-%s-%s" % (meta["finished"].replace(":", ""), (meta["revision"] or "unknown")[:12], kind)
+                _write(os.path.join(history, stem + ".json"), document)
+                _write(os.path.join(history, stem + ".md"), markdown)
+            self._display.display("reports: %s.{json,md}" % os.path.join(report_dir, kind))
+        if self.get_option("report"):
+            _write(os.path.expanduser(self.get_option("report")), document)

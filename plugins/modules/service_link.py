@@ -45,7 +45,9 @@ options:
 attributes:
   check_mode:
     support: full
-    description: Reports what would change, and changes nothing.
+    description:
+      - Reports what would change, and changes nothing.
+      - A release that is not built yet (a plan for a new release) is reported as the new target, unverified.
   diff_mode:
     support: full
     description: Shows the links' targets before and after.
@@ -64,6 +66,16 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+service:
+  description: The service whose links these are.
+  returned: success
+  type: str
+  sample: coder
+state:
+  description: What was asked - C(current) (activate a release) or C(previous) (a rollback).
+  returned: success
+  type: str
+  sample: current
 current:
   description: The release id C(current) points at afterwards.
   returned: always
@@ -123,12 +135,18 @@ def main():
         after = {"current": before["previous"], "previous": before["current"]}
     if os.path.realpath(os.path.join(params["releases_root"], "..")) != os.path.realpath(os.path.join(params["services_root"], "..")):
         module.fail_json(msg="services_root and releases_root must be siblings (links are relative: ../../releases/<id>)")
-    problems = verify_release(os.path.join(params["releases_root"], after["current"]))
+    release_dir = os.path.join(params["releases_root"], after["current"])
+    if module.check_mode and params["state"] == "current" and not os.path.exists(release_dir):
+        # A plan: the release is built (and verified) by the run that activates it.
+        problems = []
+        module.warn("release %s is not built yet; it is verified when it is built, before activation" % after["current"])
+    else:
+        problems = verify_release(release_dir)
     if problems:
         module.fail_json(msg="release %s will not be activated for %s: %s" % (after["current"], params["service"], "; ".join(problems[:5])),
                          problems=problems, before=before)
     changed = after != before
-    result = dict(changed=changed, current=after["current"], previous=after["previous"], before=before)
+    result = dict(changed=changed, service=params["service"], state=params["state"], current=after["current"], previous=after["previous"], before=before)
     if module._diff:
         result["diff"] = {
             "before": "current -> %s\nprevious -> %s\n" % (before["current"], before["previous"]),

@@ -245,6 +245,16 @@ failure_kind:
   returned: failure
   type: str
   sample: self_kill
+service:
+  description: The service gated (I(name)).
+  returned: always
+  type: str
+  sample: coder
+release:
+  description: The release gated (I(release)), for reports; null when not given.
+  returned: always
+  type: str
+  sample: 9c1d0b7e3f2a
 unit:
   description: The unit's name.
   returned: always
@@ -377,7 +387,8 @@ class HealthGate:
         self.t0 = time.monotonic()
         self.origin = self.t0
         self.stage = "unit_watch"
-        self.result = {"unit": self.unit, "stage": self.stage, "passed": False, "timings": {},
+        self.result = {"unit": self.unit, "service": self.params["name"], "release": self.params["release"],
+                       "stage": self.stage, "passed": False, "timings": {},
                        "recorded": {"baseline": False, "metrics": False}, "unit_state": {}}
         self.pending = {}  # what to record once every stage passed
         self.model = self.params["model"]

@@ -52,6 +52,14 @@ def test_check_mode_changes_nothing(tmp_path, capsys):
     assert result["changed"] and not os.path.lexists(os.path.join(root, "services", "coder", "current"))
 
 
+def test_check_mode_plans_a_release_not_built_yet_but_never_activates_a_missing_one(tmp_path, capsys):
+    root = str(tmp_path)
+    code, result = run_module(service_link, link_args(root, release_id="new", _ansible_check_mode=True), capsys)
+    assert code == 0 and result["changed"] and result["current"] == "new" and "not built yet" in json.dumps(result["warnings"])
+    code, result = run_module(service_link, link_args(root, release_id="new"), capsys)
+    assert code == 1 and "will not be activated" in result["msg"]
+
+
 def test_tampered_or_partial_release_is_never_activated(tmp_path, capsys):
     root = str(tmp_path)
     path = make_release(root, "aaa")

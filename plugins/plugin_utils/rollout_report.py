@@ -1,0 +1,362 @@
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Rollout reports: what a run did to each host, from the results of the collection's own modules.
+
+The rollout_summary callback records events (one per module result that matters) and, at the end,
+build_report() turns them into a JSON-ready dict and render_markdown() into a pull-request comment.
+Everything here is a plain function of recorded data, so it is tested from recorded events.
+
+Event: {"host", "kind", "task", "service", "result"} with kind one of
+  lock        ddtree.sglang.rollout_lock's result
+  start       the releases each service pointed at before the run ({service: release id or None})
+  release     ddtree.sglang.release's result (the release built for this host)
+  link        ddtree.sglang.service_link's result (a switch, or a rollback with state=previous)
+  gate        ddtree.sglang.sglang_health's result (the first for a service; after a rollback, the
+              gate of the release it went back to)
+  change      a task that changed (or would, in check mode), with its diff as text
+  failed      a task that failed the host (not an ignored one)
+  unreachable the host could not be reached
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 1
+JOURNAL_LINES = 25
+DIFF_CHARS = 4000
+# Diffs in a plan's Markdown stop here (a GitHub comment holds 65536 characters); plan.json has them all.
+PLAN_DIFF_BUDGET = 40000
+
+
+def _short(release):
+    return release[:12] if release else release
+
+
+def gate_summary(result):
+    """The measurements of one health-gate run, flat, for a table row."""
+    startup = result.get("startup") or {}
+    health = result.get("health") or {}
+    chat = result.get("chat") or {}
+    baseline = result.get("baseline") or {}
+    performance = result.get("performance") or {}
+    previous = performance.get("previous") or {}
+    matches = [entry.get("status") for entry in baseline.get("results") or []]
+    summary = {
+        "passed": result.get("passed") is True,
+        "release": result.get("release"),
+        "stage": result.get("failed_stage") or result.get("stage"),
+        "time_to_port_s": startup.get("time_to_port_s"),
+        "health_latency_s": health.get("latency_s"),
+        "chat_latency_s": chat.get("latency_s"),
+        "baseline": baseline.get("status"),
+        "baseline_matches": "%d/%d" % (matches.count("match"), len(matches)) if matches and baseline.get("status") in ("passed", "failed") else None,
+        "tokens_per_second": performance.get("tokens_per_second"),
+        "accept_length": performance.get("accept_length"),
+        "previous_tokens_per_second": previous.get("tokens_per_second"),
+        "previous_accept_length": previous.get("accept_length"),
+        "total_s": (result.get("timings") or {}).get("total"),
+    }
+    if not summary["passed"]:
+        summary.update(failure_kind=result.get("failure_kind"), msg=result.get("msg", ""),
+                       journal_excerpt=list(result.get("journal_excerpt") or [])[-JOURNAL_LINES:],
+                       signature_matches=[match.get("line") for match in result.get("signature_matches") or []][:5])
+    return summary
+
+
+def _failure_message(result):
+    """A failed task's message, including each failed loop item's (a loop says only 'One or more items failed')."""
+    messages = [result.get("msg", "")] if result.get("msg") else []
+    for item in result.get("results") or []:
+        if item.get("failed") and item.get("msg"):
+            messages.append(item["msg"])
+    if len(messages) > 1 and messages[0].startswith("One or more items failed"):
+        messages = messages[1:]
+    return " | ".join(messages) or "failed (no message)"
+
+
+def _service(record, name):
+    return record["services"].setdefault(name, {
+        "name": name, "release_before": None, "release_after": None, "switched": False, "gate": None,
+        "rollback": None})
+
+
+def _host_status(record, kind):
+    if record["unreachable"]:
+        return "unreachable"
+    services = record["services"].values()
+    if kind == "plan":
+        if record["failure"]:
+            return "plan failed"
+        if not record["seen"]:
+            return "not reached"
+        return "would change" if record["changes"] else "no change"
+    if any(service["rollback"] for service in services):
+        return "rolled back"
+    if record["failure"]:
+        return "failed"
+    if not record["seen"]:
+        return "not reached"
+    if any(service["release_after"] != service["release_before"] for service in services if service["release_after"]):
+        return "updated"
+    return "unchanged"
+
+
+def build_report(events, targeted, kind="rollout", meta=None):
+    """The report of one run: kind 'plan' (check mode) or 'rollout'; meta: revision, trigger, times."""
+    hosts = {}
+
+    def host(name):
+        return hosts.setdefault(name, {"host": name, "status": None, "seen": False, "release": None, "services": {},
+                                       "changes": [], "failure": None, "unreachable": False})
+
+    for name in targeted:
+        host(name)
+    lock = None
+    for event in events:
+        record = host(event["host"])
+        result = event.get("result") or {}
+        kind_ = event["kind"]
+        if kind_ == "lock":
+            lock = {"waited_s": result.get("waited_s"), "refused": bool(result.get("refused")),
+                    "holder": result.get("holder"), "msg": result.get("msg")}
+            continue
+        if kind_ == "start":
+            for service, release in sorted((result or {}).items()):
+                _service(record, service)["release_before"] = release or None
+                _service(record, service)["release_after"] = release or None
+            continue
+        record["seen"] = True
+        if kind_ == "release":
+            record["release"] = {"id": result.get("release_id"), "built": bool(result.get("changed"))}
+        elif kind_ == "link":
+            service = _service(record, event["service"])
+            before = (result.get("before") or {}).get("current")
+            if event.get("rollback"):
+                service["rollback"] = dict(service["rollback"] or {}, failed_release=before, rolled_back_to=result.get("current"))
+            else:
+                if service["release_before"] is None:
+                    service["release_before"] = before
+                service["switched"] = service["switched"] or bool(result.get("changed"))
+            service["release_after"] = result.get("current")
+        elif kind_ == "gate":
+            service = _service(record, event["service"])
+            summary = gate_summary(result)
+            if service["rollback"] and "failed_release" in service["rollback"]:
+                service["rollback"]["gate"] = summary
+            else:
+                service["gate"] = summary
+                if not summary["passed"]:
+                    service["rollback"] = {"evidence": summary}
+        elif kind_ == "change":
+            record["changes"].append({"task": event.get("task"), "item": event.get("item"), "diff": (event.get("diff") or "")[:DIFF_CHARS]})
+        elif kind_ == "failed":
+            record["failure"] = record["failure"] or {"task": event.get("task"), "msg": _failure_message(result)}
+        elif kind_ == "unreachable":
+            record["unreachable"] = True
+            record["failure"] = record["failure"] or {"task": event.get("task"), "msg": result.get("msg", "unreachable")}
+    rows = []
+    for name in list(targeted) + sorted(set(hosts) - set(targeted)):
+        record = hosts[name]
+        record["status"] = _host_status(record, kind)
+        for service in record["services"].values():
+            if service["rollback"] and "failed_release" not in service["rollback"]:
+                # The gate failed but no rollback followed (the run stopped first): say so.
+                service["rollback"]["failed_release"] = None
+        record["services"] = [record["services"][key] for key in sorted(record["services"])]
+        del record["seen"]
+        rows.append(record)
+    if lock and lock["refused"]:
+        verdict = "refused"
+    elif kind == "plan":
+        verdict = "plan failed" if any(row["failure"] for row in rows) else "planned"
+    elif any(row["failure"] for row in rows):
+        verdict = "failed"
+    else:
+        verdict = "succeeded"
+    return dict(meta or {}, schema=SCHEMA_VERSION, kind=kind, verdict=verdict, lock=lock, hosts=rows)
+
+
+# ---- Markdown ---------------------------------------------------------------------------------------
+
+def _cell(value):
+    if value is None or value == "":
+        return "–"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _code(value):
+    return "`%s`" % _short(value) if value else "–"
+
+
+def _fence(lines):
+    text = "\n".join(lines)
+    fence = "```"
+    while fence in text:
+        fence += "`"
+    return "%stext\n%s\n%s" % (fence, text, fence)
+
+
+def _number(value, unit="", digits=1):
+    if value is None:
+        return None
+    return ("%." + str(digits) + "f%s") % (value, unit)
+
+
+def _gate_cell(gate):
+    if not gate:
+        return None
+    if gate["passed"]:
+        return "passed"
+    return "failed at %s (%s)" % (gate["stage"], gate.get("failure_kind") or "?")
+
+
+def _headline(report):
+    rows = report["hosts"]
+    counts = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    parts = ", ".join("%d %s" % (count, status) for status, count in sorted(counts.items()))
+    if report["verdict"] == "planned":
+        return "## ddtree.sglang plan: %s" % (parts or "no hosts")
+    word = {"succeeded": "succeeded", "failed": "FAILED", "refused": "REFUSED (another rollout holds the lock)",
+            "plan failed": "FAILED"}.get(report["verdict"], report["verdict"])
+    return "## ddtree.sglang %s: %s (%s)" % ("plan" if report["kind"] == "plan" else "rollout", word, parts or "no hosts")
+
+
+def render_markdown(report):
+    """The report as Markdown for a pull-request comment or a CI job summary."""
+    out = [_headline(report), ""]
+    facts = []
+    if report.get("revision"):
+        facts.append("revision `%s`" % report["revision"][:12])
+    if report.get("trigger"):
+        facts.append("trigger %s" % report["trigger"])
+    if report.get("started"):
+        facts.append("%s → %s" % (report["started"], report.get("finished", "?")))
+    if report.get("lock") and report["lock"].get("waited_s"):
+        facts.append("waited %.0f s for the rollout lock" % report["lock"]["waited_s"])
+    if facts:
+        out += [" · ".join(facts), ""]
+    if report["verdict"] == "refused":
+        out += ["Nothing was changed: %s" % report["lock"]["msg"], ""]
+        return "\n".join(out)
+
+    out += ["| Host | Service | Release before | Release after | Result | Gate |", "|---|---|---|---|---|---|"]
+    for row in report["hosts"]:
+        services = row["services"] or [None]
+        for service in services:
+            if service is None:
+                out.append("| %s | – | – | – | %s | – |" % (_cell(row["host"]), _cell(row["status"])))
+                continue
+            after = service["release_after"]
+            if report["kind"] == "plan" and row["release"]:
+                after = row["release"]["id"]
+            out.append("| %s | %s | %s | %s | %s | %s |" % (
+                _cell(row["host"]), _cell(service["name"]), _code(service["release_before"]), _code(after),
+                _cell(row["status"]), _cell(_gate_cell(service["gate"]) if report["kind"] != "plan" else "–")))
+    out.append("")
+
+    for row in report["hosts"]:
+        for service in row["services"]:
+            rollback = service["rollback"]
+            if not rollback:
+                continue
+            evidence = rollback.get("evidence") or {}
+            out += ["### %s · %s: %s" % (row["host"], service["name"],
+                                         "rolled back" if rollback.get("rolled_back_to") else "gate failed, not rolled back"), ""]
+            message = evidence.get("msg", "").strip()
+            # The gate's message starts with "<unit> failed at <stage> (<kind>): ", said already here.
+            if " failed at %s (" % evidence.get("stage") in message.split(": ", 1)[0]:
+                message = message.split(": ", 1)[1]
+            out.append("Release %s failed the health gate at **%s** (%s): %s" % (
+                _code(rollback.get("failed_release") or evidence.get("release")), evidence.get("stage"),
+                evidence.get("failure_kind") or "?", message))
+            out.append("")
+            if rollback.get("rolled_back_to"):
+                back = rollback.get("gate") or {}
+                out.append("Rolled back to %s; its gate %s." % (
+                    _code(rollback["rolled_back_to"]),
+                    "passed" if back.get("passed") else "FAILED at %s: %s" % (back.get("stage"), back.get("msg", "")) if back else
+                    "was not run"))
+                out.append("")
+            if evidence.get("signature_matches"):
+                out += ["Journal lines that decided it:", "", _fence(evidence["signature_matches"]), ""]
+            if evidence.get("journal_excerpt"):
+                out += ["<details><summary>Journal excerpt (last %d lines)</summary>" % len(evidence["journal_excerpt"]), "",
+                        _fence(evidence["journal_excerpt"]), "", "</details>", ""]
+
+    failures = [row for row in report["hosts"] if row["failure"] and not any(s["rollback"] for s in row["services"])]
+    if failures:
+        out += ["### Failures", ""]
+        for row in failures:
+            out.append("- **%s** at *%s*: %s" % (row["host"], row["failure"]["task"], _cell(row["failure"]["msg"])))
+        out.append("")
+    not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
+    if not_reached:
+        out += ["Not reached (the rollout stopped before them; they keep the release they had): %s" % ", ".join(not_reached), ""]
+
+    gates = [(row["host"], service["name"], label, gate)
+             for row in report["hosts"] for service in row["services"]
+             for label, gate in (("deploy", service["gate"]), ("after rollback", (service["rollback"] or {}).get("gate")))
+             if gate]
+    if gates:
+        out += ["### Health gates", "",
+                "| Host | Service | Gate | Release | Result | Time to port | /health | Chat | Baseline | Tokens/s (prev) | Accept length (prev) | Total |",
+                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for host, name, label, gate in gates:
+            out.append("| %s |" % " | ".join(_cell(value) for value in (
+                host, name, label, _short(gate["release"]), "passed" if gate["passed"] else "failed at %s" % gate["stage"],
+                _number(gate["time_to_port_s"], " s"), _number(gate["health_latency_s"], " s", 2), _number(gate["chat_latency_s"], " s", 2),
+                gate["baseline_matches"] and "%s (%s)" % (gate["baseline"], gate["baseline_matches"]) or gate["baseline"],
+                _pair(gate["tokens_per_second"], gate["previous_tokens_per_second"]),
+                _pair(gate["accept_length"], gate["previous_accept_length"], 2), _number(gate["total_s"], " s"))))
+        out.append("")
+
+    if report["kind"] == "plan":
+        budget, left_out = PLAN_DIFF_BUDGET, 0
+        for row in report["hosts"]:
+            if not row["changes"]:
+                continue
+            out += ["<details><summary>%s: %d change(s)</summary>" % (row["host"], len(row["changes"])), ""]
+            for change in row["changes"]:
+                out.append("- %s%s" % (change["task"], " (%s)" % change["item"] if change["item"] else ""))
+                if change["diff"] and len(change["diff"]) <= budget:
+                    budget -= len(change["diff"])
+                    out += ["", _fence(change["diff"].rstrip("\n").splitlines()), ""]
+                elif change["diff"]:
+                    left_out += 1
+            out += ["", "</details>", ""]
+        if left_out:
+            out += ["%d diff(s) left out to keep this short: plan.json has every one." % left_out, ""]
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def _pair(current, previous, digits=1):
+    if current is None:
+        return None
+    text = _number(current, digits=digits)
+    return "%s (%s)" % (text, _number(previous, digits=digits)) if previous is not None else text
+
+
+def summary_lines(report):
+    """Short lines for the terminal at the end of a run: (text, is_bad)."""
+    lines = []
+    if report["verdict"] == "refused":
+        return [(report["lock"]["msg"], True)]
+    for row in report["hosts"]:
+        bad = row["status"] in ("rolled back", "failed", "unreachable", "plan failed")
+        if not row["services"]:
+            detail = row["failure"]["msg"] if row["failure"] else "keeps the release it had"
+            lines.append(("%s: %s - %s" % (row["host"], row["status"], detail), bad))
+        for service in row["services"]:
+            text = "%s %s: %s, release %s -> %s" % (row["host"], service["name"], row["status"],
+                                                    _short(service["release_before"]) or "none", _short(service["release_after"]) or "none")
+            if service["gate"]:
+                text += ", gate " + _gate_cell(service["gate"])
+            if service["rollback"] and service["rollback"].get("rolled_back_to"):
+                text += ", rolled back to %s" % _short(service["rollback"]["rolled_back_to"])
+            lines.append((text, bad))
+        if row["failure"] and row["services"] and not any(s["rollback"] for s in row["services"]):
+            lines.append(("%s: failed at %s: %s" % (row["host"], row["failure"]["task"], row["failure"]["msg"]), True))
+    return lines

@@ -1,0 +1,270 @@
+"""GitOps rollouts end to end: a local bare Git repository, the lab, the rollout entry point and ansible-pull.
+
+The tests run in order and share one lab and one fleet repository (a copy of this checkout):
+  1. commit A (good overlay) rolls out on both hosts through scripts/rollout (plan, then rollout);
+  2. commit B (an overlay whose tree walk is broken: not lossless) fails the health gate on the canary,
+     which is rolled back; ct129 is never touched; the report says so;
+  3. the same through the pull-based timer's command (ansible-pull, as the rollout_pull role renders it):
+     commit C (good) rolls out, commit D (broken) is rolled back on the canary, and a run with no new
+     commit does nothing;
+  4. two triggers at once: one refuses (lock timeout 0) or waits, nothing breaks.
+Run by `scripts/test gitops`. Needs the lab (podman) and the controller venv on PATH.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+WALK = "sglang_overlay/src/sglang_overlay/core/walk.py"
+GOOD_MATCH = "(tree.tokens == want[:, None])"
+BROKEN_MATCH = "(tree.tokens >= 0)"  # accepts any child: the output is no longer the target's own
+ARTIFACTS = Path(os.environ.get("DDTREE_TEST_ARTIFACTS") or REPO / ".cache" / "gitops-artifacts")
+
+pytestmark = pytest.mark.skipif(shutil.which("podman") is None or shutil.which("ansible-pull") is None,
+                                reason="needs podman and the controller venv (scripts/test gitops)")
+
+
+def run(command, env, cwd=REPO, check=True, timeout=1800):
+    proc = subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError("%s exited %d\n--- stdout (tail)\n%s\n--- stderr (tail)\n%s" % (
+            " ".join(map(str, command)), proc.returncode, proc.stdout[-6000:], proc.stderr[-3000:]))
+    return proc
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """A lab of its own (unique container names), locks and work directories of its own."""
+    base = tmp_path_factory.mktemp("gitops")
+    env = dict(os.environ, DDTREE_LAB_ID="ddtree-gitops-%d-%d" % (int(time.time()), os.getpid()),
+               DDTREE_LOCK_DIR=str(base / "locks"), DDTREE_ROLLOUT_WORKDIR=str(base / "rollouts"),
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env.pop("DDTREE_ROLLOUT_REPORT_DIR", None)
+    run([str(REPO / "lab" / "up")], env)
+    try:
+        yield {"env": env, "base": base}
+    finally:
+        run([str(REPO / "lab" / "down")], env, check=False)
+
+
+@pytest.fixture(scope="module")
+def fleet(lab):
+    """A bare repository holding this checkout (commit A), and a clone to make further commits in."""
+    base, env = lab["base"], lab["env"]
+    bare, work = base / "fleet.git", base / "work"
+    run(["git", "init", "--quiet", "--bare", "--initial-branch=main", str(bare)], env)
+    run(["git", "init", "--quiet", "--initial-branch=main", str(work)], env)
+    files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], env).stdout.split("\0")
+    for name in filter(None, files):
+        source = REPO / name
+        if not source.exists() and not source.is_symlink():
+            continue  # deleted in this checkout, not yet committed
+        target = work / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():
+            os.symlink(os.readlink(source), target)
+        else:
+            shutil.copy2(source, target)
+
+    def commit(message, change=None):
+        if change:
+            change(work)
+        run(["git", "-C", str(work), "add", "-A"], env)
+        run(["git", "-C", str(work), "-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "--quiet", "-m", message], env)
+        run(["git", "-C", str(work), "push", "--quiet", str(bare), "HEAD:main"], env)
+        return run(["git", "-C", str(work), "rev-parse", "HEAD"], env).stdout.strip()
+
+    return {"bare": bare, "work": work, "commit": commit}
+
+
+def break_walk(work):
+    path = work / WALK
+    text = path.read_text()
+    assert GOOD_MATCH in text
+    path.write_text(text.replace(GOOD_MATCH, BROKEN_MATCH))
+
+
+def mend_walk(note):
+    def change(work):
+        path = work / WALK
+        path.write_text(path.read_text().replace(BROKEN_MATCH, GOOD_MATCH).rstrip("\n") + "\n# %s\n" % note)
+    return change
+
+
+def on_host(lab, host, *command):
+    return run(["podman", "exec", "%s-%s" % (lab["env"]["DDTREE_LAB_ID"], host), *command], lab["env"]).stdout.strip()
+
+
+def current_release(lab, host, service):
+    return os.path.basename(on_host(lab, host, "readlink", "/opt/sglang/services/%s/current" % service))
+
+
+def answers(lab, host):
+    """The service on the host answers a chat completion with real text."""
+    code = ("import json, urllib.request; body = json.dumps({'model': 'any', 'max_tokens': 12, 'temperature': 0, "
+            "'messages': [{'role': 'user', 'content': 'Name three rivers.'}]}).encode(); "
+            "req = urllib.request.Request('http://127.0.0.1:30000/v1/chat/completions', body, {'Content-Type': 'application/json'}); "
+            "print(json.load(urllib.request.urlopen(req, timeout=60))['choices'][0]['message']['content'])")
+    return on_host(lab, host, "python3", "-c", code)
+
+
+def rollout(lab, fleet, report_dir, *extra, check=True):
+    return run([str(REPO / "scripts" / "rollout"), "--repo", str(fleet["bare"]), "--revision", "main",
+                "--report-dir", str(report_dir), "--trigger", "gitops test", *extra], lab["env"], check=check)
+
+
+def load(path):
+    return json.loads(Path(path).read_text())
+
+
+def keep(path, name):
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, ARTIFACTS / name)
+
+
+def services(report):
+    return {(row["host"], service["name"]): dict(service, status=row["status"]) for row in report["hosts"] for service in row["services"]}
+
+
+STATE = {}
+
+
+def test_commit_a_rolls_out_on_both_hosts(lab, fleet):
+    commit_a = fleet["commit"]("A: this checkout")
+    reports = lab["base"] / "reports-a"
+    rollout(lab, fleet, reports)
+    plan, report = load(reports / "plan.json"), load(reports / "rollout.json")
+    assert plan["verdict"] == "planned" and plan["revision"] == commit_a
+    assert {row["host"]: row["status"] for row in plan["hosts"]} == {"ct200": "would change", "ct129": "would change"}
+    assert report["verdict"] == "succeeded" and report["revision"] == commit_a and report["trigger"] == "gitops test"
+    rows = services(report)
+    assert {key: row["status"] for key, row in rows.items()} == {("ct200", "coder"): "updated", ("ct129", "chat"): "updated"}
+    release_a = rows[("ct200", "coder")]["release_after"]
+    assert rows[("ct129", "chat")]["release_after"] == release_a and all(row["gate"]["passed"] for row in rows.values())
+    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_a
+    assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3
+    STATE["release_a"] = release_a
+
+
+def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_on_a(lab, fleet):
+    release_a = STATE["release_a"]
+    commit_b = fleet["commit"]("B: the tree walk accepts any child (not lossless)", break_walk)
+    reports = lab["base"] / "reports-b"
+    proc = rollout(lab, fleet, reports, check=False)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    keep(reports / "rollout.md", "failed-rollout.md")
+    keep(reports / "rollout.json", "failed-rollout.json")
+    report = load(reports / "rollout.json")
+    assert report["verdict"] == "failed" and report["revision"] == commit_b
+    rows = services(report)
+    coder, chat = rows[("ct200", "coder")], rows[("ct129", "chat")]
+    assert coder["status"] == "rolled back" and coder["release_before"] == coder["release_after"] == release_a
+    assert coder["rollback"]["failed_release"] not in (None, release_a) and coder["rollback"]["rolled_back_to"] == release_a
+    assert coder["gate"]["passed"] is False and coder["gate"]["stage"] in ("degenerate", "baseline")
+    assert coder["rollback"]["gate"]["passed"] is True
+    assert chat["status"] == "not reached" and chat["release_after"] == release_a
+    markdown = (reports / "rollout.md").read_text()
+    assert "| ct200 | coder | `%s` | `%s` | rolled back |" % (release_a[:12], release_a[:12]) in markdown
+    assert "| ct129 | chat | `%s` | `%s` | not reached |" % (release_a[:12], release_a[:12]) in markdown
+    # The hosts themselves: both still on A, both answering.
+    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_a
+    assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3
+    history = on_host(lab, "ct200", "tail", "-n", "1", "/var/lib/sglang/coder/history.jsonl")
+    assert json.loads(history)["rolled_back_to"] == release_a
+
+
+def pull_command(lab, fleet):
+    """The command the pull timer runs: rendered by the rollout_pull role on a lab host, run here (the
+    rollout node), where the lab's hosts are reachable."""
+    env = lab["env"]
+    home = lab["base"] / "pull-node"
+    home.mkdir(exist_ok=True)
+    run(["ansible-playbook", "-i", "inventories/lab/hosts.yml", "tests/gitops/pull-node.yml", "-l", "ct129",
+         "-e", json.dumps({"rollout_pull_repo_url": str(fleet["bare"]), "rollout_pull_home": str(home)})], env)
+    unit = on_host(lab, "ct129", "systemctl", "cat", "ddtree-rollout-pull.service")
+    line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    argv = shlex.split(line[len("ExecStart="):])
+    assert argv[1:] == ["--url", str(fleet["bare"]), "--checkout", "main", "--directory", str(home / "checkout"),
+                        "--only-if-changed", "--inventory", "inventories/lab/hosts.yml", "--limit", "all", "site.yml"]
+    environment = dict(item.strip('"').split("=", 1) for item in
+                       (line[len("Environment="):] for line in unit.splitlines() if line.startswith("Environment=")))
+    assert environment["DDTREE_ROLLOUT_TRIGGER"] == "pull timer"
+    # The timer is installed, enabled and scheduled on the node.
+    assert on_host(lab, "ct129", "systemctl", "is-enabled", "ddtree-rollout-pull.timer") == "enabled"
+    assert on_host(lab, "ct129", "systemctl", "is-active", "ddtree-rollout-pull.timer") == "active"
+    assert environment["DDTREE_LOCK_DIR"] == env["DDTREE_LOCK_DIR"]
+    return [shutil.which("ansible-pull")] + argv[1:], dict(env, **{key: value for key, value in environment.items() if key != "HOME"}), home
+
+
+def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken_one(lab, fleet):
+    command, env, home = pull_command(lab, fleet)
+    reports = Path(env["DDTREE_ROLLOUT_REPORT_DIR"])
+    commit_c = fleet["commit"]("C: the tree walk mended", mend_walk("mended in C"))
+    run(command, env, cwd=home)
+    report = load(reports / "rollout.json")
+    assert report["verdict"] == "succeeded" and report["revision"] == commit_c and report["trigger"] == "pull timer"
+    rows = services(report)
+    release_c = rows[("ct200", "coder")]["release_after"]
+    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["release_after"] == release_c
+    assert {row["status"] for row in rows.values()} == {"updated"}
+    assert len(list((reports / "history").glob("*-rollout.json"))) == 1
+
+    # No new commit: ansible-pull does not run the playbook at all.
+    proc = run(command, env, cwd=home)
+    assert "Repository has not changed" in proc.stdout + proc.stderr
+    assert len(list((reports / "history").glob("*-rollout.json"))) == 1
+
+    commit_d = fleet["commit"]("D: broken again", break_walk)
+    proc = run(command, env, cwd=home, check=False)
+    assert proc.returncode != 0
+    report = load(reports / "rollout.json")
+    keep(reports / "rollout.md", "failed-pull-rollout.md")
+    assert report["verdict"] == "failed" and report["revision"] == commit_d
+    rows = services(report)
+    assert rows[("ct200", "coder")]["status"] == "rolled back" and rows[("ct200", "coder")]["release_after"] == release_c
+    assert rows[("ct129", "chat")]["status"] == "not reached"
+    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_c
+    STATE["release_c"] = release_c
+    fleet["commit"]("E: mended again", mend_walk("mended in E"))
+
+
+def test_two_triggers_at_once_one_refuses_one_waits_nothing_breaks(lab, fleet):
+    env = lab["env"]
+    first_reports, refused_reports, waiting_reports = (lab["base"] / name for name in ("race-1", "race-refused", "race-wait"))
+    base_command = [str(REPO / "scripts" / "rollout"), "--repo", str(fleet["bare"]), "--revision", "main", "--skip-plan"]
+    first = subprocess.Popen(base_command + ["--report-dir", str(first_reports), "--trigger", "first"], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Wait until the first holds the lock (its holder wrote the lock files).
+    lock_file = Path(env["DDTREE_LOCK_DIR"]) / ("%s-ct200.lock" % env["DDTREE_LAB_ID"])
+    deadline = time.monotonic() + 600
+    while '"trigger": "first"' not in (lock_file.read_text() if lock_file.exists() else "") and time.monotonic() < deadline:
+        assert first.poll() is None, first.stdout.read()[-3000:]
+        time.sleep(0.5)
+    refused = run(base_command + ["--report-dir", str(refused_reports), "--trigger", "refused", "--lock-timeout", "0"], env, check=False)
+    waiting = subprocess.Popen(base_command + ["--report-dir", str(waiting_reports), "--trigger", "waiting", "--lock-timeout", "900"],
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first_out = first.communicate(timeout=1800)[0]
+    waiting_out = waiting.communicate(timeout=1800)[0]
+
+    assert refused.returncode == 75, refused.stdout[-3000:] + refused.stderr[-3000:]
+    report = load(refused_reports / "rollout.json")
+    assert report["verdict"] == "refused" and report["lock"]["holder"]["trigger"] == "first"
+    assert "Nothing was changed" in (refused_reports / "rollout.md").read_text()
+
+    assert first.returncode == 0, first_out[-4000:]
+    assert waiting.returncode == 0, waiting_out[-4000:]
+    assert "is held by rollout pid" in waiting_out
+    first_report, waiting_report = load(first_reports / "rollout.json"), load(waiting_reports / "rollout.json")
+    # The waiting one started its work only after the first had finished.
+    assert waiting_report["lock"]["waited_s"] > 0 and waiting_report["finished"] >= first_report["finished"]
+    assert {row["status"] for row in waiting_report["hosts"]} == {"unchanged"}
+    release = services(first_report)[("ct200", "coder")]["release_after"]
+    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release
+    assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3

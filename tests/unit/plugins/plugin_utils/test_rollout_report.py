@@ -1,0 +1,160 @@
+"""Rollout reports from recorded module results: statuses, before/after, gates, rollback evidence."""
+
+import json
+
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report import (
+    build_report, gate_summary, render_markdown, summary_lines)
+
+OLD, NEW = "0b7e3f2a9c1d5e6f", "9c1d0b7e3f2a4b5c"
+JOURNAL = ["[2026-11-30 10:00:02] Load weight begin.", "Traceback (most recent call last):",
+           "RuntimeError: lab runtime fault: crash_at_start ```", "sglang-coder.service: Failed with result 'exit-code'."]
+
+
+def passed_gate(service, release, tps=41.5, accept=3.4):
+    return {"service": service, "release": release, "passed": True, "stage": "performance",
+            "startup": {"time_to_port_s": 3.2}, "health": {"latency_s": 0.21}, "chat": {"latency_s": 0.55},
+            "baseline": {"status": "passed", "results": [{"status": "match"}, {"status": "match"}]},
+            "performance": {"tokens_per_second": tps, "accept_length": accept,
+                            "previous": {"tokens_per_second": 40.0, "accept_length": 3.3, "release": OLD}},
+            "timings": {"total": 9.8}}
+
+
+def failed_gate(service, release):
+    return {"service": service, "release": release, "passed": False, "stage": "unit_watch", "failed_stage": "unit_watch",
+            "failure_kind": "crash", "msg": "sglang-coder.service failed at unit_watch (crash): the process exited",
+            "journal_excerpt": JOURNAL, "signature_matches": [{"line": JOURNAL[2]}], "timings": {"total": 4.0}}
+
+
+def link(host, service, before, current, state="current"):
+    return {"host": host, "kind": "link", "service": service, "rollback": state == "previous",
+            "result": {"service": service, "state": state, "changed": before != current, "current": current,
+                       "before": {"current": before, "previous": None}}}
+
+
+def gate(host, result):
+    return {"host": host, "kind": "gate", "service": result["service"], "result": result}
+
+
+START = [{"host": "ct200", "kind": "start", "result": {"coder": OLD}},
+         {"host": "ct129", "kind": "start", "result": {"chat": OLD}}]
+LOCK = {"host": "ct200", "kind": "lock", "result": {"waited_s": 0.1, "locked": ["ct129", "ct200"]}}
+
+
+def canary_rolled_back():
+    return [LOCK] + START + [
+        {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct200", "coder", OLD, NEW),
+        gate("ct200", failed_gate("coder", NEW)),
+        link("ct200", "coder", NEW, OLD, state="previous"),
+        gate("ct200", passed_gate("coder", OLD)),
+        {"host": "ct200", "kind": "failed", "task": "Fail the host after a rollback",
+         "result": {"msg": "ct200: the health gate failed for coder"}},
+    ]
+
+
+def test_failed_canary_is_rolled_back_and_the_host_not_reached_keeps_its_release():
+    report = build_report(canary_rolled_back(), ["ct200", "ct129"], meta={"revision": "b" * 40, "trigger": "test"})
+    assert report["verdict"] == "failed" and report["kind"] == "rollout" and report["revision"] == "b" * 40
+    canary, other = report["hosts"]
+    assert canary["host"] == "ct200" and canary["status"] == "rolled back"
+    coder = canary["services"][0]
+    assert (coder["release_before"], coder["release_after"]) == (OLD, OLD)
+    assert coder["gate"]["passed"] is False and coder["gate"]["failure_kind"] == "crash"
+    assert coder["rollback"]["failed_release"] == NEW and coder["rollback"]["rolled_back_to"] == OLD
+    assert coder["rollback"]["gate"]["passed"] is True
+    assert coder["rollback"]["evidence"]["journal_excerpt"] == JOURNAL
+    assert other["status"] == "not reached" and other["services"][0]["release_after"] == OLD
+    json.dumps(report)  # JSON-ready
+
+
+def test_markdown_of_a_failed_rollout_shows_before_after_evidence_and_gates():
+    text = render_markdown(build_report(canary_rolled_back(), ["ct200", "ct129"], meta={"revision": "b" * 40}))
+    assert text.startswith("## ddtree.sglang rollout: FAILED (1 not reached, 1 rolled back)")
+    assert "| ct200 | coder | `0b7e3f2a9c1d` | `0b7e3f2a9c1d` | rolled back | failed at unit_watch (crash) |" in text
+    assert "| ct129 | chat | `0b7e3f2a9c1d` | `0b7e3f2a9c1d` | not reached | – |" in text
+    assert "### ct200 · coder: rolled back" in text
+    assert "Release `9c1d0b7e3f2a` failed the health gate at **unit_watch** (crash)" in text
+    assert "Rolled back to `0b7e3f2a9c1d`; its gate passed." in text
+    # The journal's own ``` does not end the code block early.
+    assert "````text\n" + "\n".join(JOURNAL) + "\n````" in text
+    assert "Not reached (the rollout stopped before them; they keep the release they had): ct129" in text
+    assert "| ct200 | coder | after rollback | 0b7e3f2a9c1d | passed | 3.2 s | 0.21 s | 0.55 s | passed (2/2) | 41.5 (40.0) | 3.40 (3.30) | 9.8 s |" in text
+    assert "revision `bbbbbbbbbbbb`" in text
+
+
+def test_successful_rollout_reports_updates_and_measurements():
+    events = [LOCK] + START + [
+        {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct200", "coder", OLD, NEW), gate("ct200", passed_gate("coder", NEW)),
+        {"host": "ct129", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct129", "chat", OLD, NEW), gate("ct129", passed_gate("chat", NEW))]
+    report = build_report(events, ["ct200", "ct129"])
+    assert report["verdict"] == "succeeded" and [row["status"] for row in report["hosts"]] == ["updated", "updated"]
+    assert report["hosts"][1]["services"][0]["gate"]["tokens_per_second"] == 41.5
+    lines = summary_lines(report)
+    assert lines[0] == ("ct200 coder: updated, release 0b7e3f2a9c1d -> 9c1d0b7e3f2a, gate passed", False)
+
+
+def test_second_run_with_nothing_to_do_is_unchanged():
+    events = START + [{"host": "ct200", "kind": "release", "result": {"release_id": OLD, "changed": False}},
+                      link("ct200", "coder", OLD, OLD)]
+    report = build_report(events, ["ct200"])
+    assert report["hosts"][0]["status"] == "unchanged" and report["verdict"] == "succeeded"
+
+
+def test_a_host_refused_before_the_switch_keeps_its_release_and_the_failure_is_named():
+    events = START[:1] + [{"host": "ct200", "kind": "failed", "task": "Check each service's flags", "result": {
+        "msg": "One or more items failed", "results": [{"failed": True, "msg": "DDTREE is not DFlash-family"}, {"failed": False}]}}]
+    report = build_report(events, ["ct200"])
+    row = report["hosts"][0]
+    assert row["status"] == "failed" and row["failure"]["msg"] == "DDTREE is not DFlash-family"
+    assert row["services"][0]["release_after"] == OLD
+    assert "- **ct200** at *Check each service's flags*: DDTREE is not DFlash-family" in render_markdown(report)
+
+
+def test_refused_by_the_lock():
+    holder = {"pid": 4242, "controller": "runner-1", "trigger": "pull timer", "revision": "a" * 40, "hosts": ["ct200"]}
+    events = [{"host": "ct200", "kind": "lock", "result": {"failed": True, "refused": True, "waited_s": 0.0, "holder": holder,
+                                                           "msg": "another rollout holds the lock for ct200"}},
+              {"host": "ct200", "kind": "failed", "task": "Take the rollout lock", "result": {"msg": "another rollout holds the lock for ct200"}}]
+    report = build_report(events, ["ct200", "ct129"])
+    assert report["verdict"] == "refused" and report["lock"]["holder"]["pid"] == 4242
+    text = render_markdown(report)
+    assert "REFUSED" in text and "Nothing was changed: another rollout holds the lock for ct200" in text
+
+
+def test_plan_lists_changes_with_diffs_and_the_release_each_service_would_get():
+    events = START[:1] + [
+        {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct200", "coder", OLD, NEW),
+        {"host": "ct200", "kind": "change", "task": "Render the unit", "item": "coder",
+         "diff": "--- before\n+++ after\n-ExecStart=old\n+ExecStart=new\n"}]
+    report = build_report(events, ["ct200"], kind="plan")
+    assert report["verdict"] == "planned" and report["hosts"][0]["status"] == "would change"
+    text = render_markdown(report)
+    assert text.startswith("## ddtree.sglang plan: 1 would change\n")
+    assert "| ct200 | coder | `0b7e3f2a9c1d` | `9c1d0b7e3f2a` | would change | – |" in text
+    assert "- Render the unit (coder)" in text and "+ExecStart=new" in text
+
+
+def test_gate_summary_of_a_failed_gate_keeps_its_evidence_short():
+    long_journal = ["line %d" % n for n in range(100)]
+    summary = gate_summary(dict(failed_gate("coder", NEW), journal_excerpt=long_journal))
+    assert summary["passed"] is False and summary["journal_excerpt"] == long_journal[-25:]
+    assert summary["signature_matches"] == [JOURNAL[2]]
+
+
+def test_unreachable_host():
+    report = build_report([{"host": "ct129", "kind": "unreachable", "task": "Gather GPU facts", "result": {"msg": "ssh: timeout"}}],
+                          ["ct200", "ct129"])
+    assert report["verdict"] == "failed" and report["hosts"][1]["status"] == "unreachable"
+    assert report["hosts"][0]["status"] == "not reached"
+
+
+def test_a_long_plan_keeps_its_markdown_short_and_says_so():
+    events = [{"host": "ct%03d" % n, "kind": "change", "task": "Record the lock", "item": None, "diff": "+x\n" * 1300}
+              for n in range(20)]
+    report = build_report(events, ["ct%03d" % n for n in range(20)], kind="plan")
+    text = render_markdown(report)
+    assert len(text) < 50000 and "diff(s) left out to keep this short: plan.json has every one." in text
+    assert all(len(row["changes"][0]["diff"]) == 3900 for row in report["hosts"])
