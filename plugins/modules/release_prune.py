@@ -63,7 +63,7 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.layout import releases_in_use
+from ansible_collections.ddtree.sglang.plugins.module_utils.layout import directories, prune_result, releases_in_use, unused
 
 
 def main():
@@ -76,13 +76,10 @@ def main():
         supports_check_mode=True,
     )
     root = module.params["root"]
-    existing = sorted(name for name in os.listdir(root) if os.path.isdir(os.path.join(root, name))) if os.path.isdir(root) else []
+    existing = directories(root)
     in_use = releases_in_use(module.params["services_root"])
-    removed = [name for name in existing if name not in in_use and name not in module.params["keep"]]
-    result = dict(changed=bool(removed), removed=removed, in_use=in_use)
-    if module._diff:
-        result["diff"] = {"before": "\n".join(existing) + "\n", "after": "\n".join(n for n in existing if n not in removed) + "\n",
-                          "before_header": "%s (releases)" % root, "after_header": "%s (releases)" % root}
+    removed = unused(existing, module.params["keep"], in_use)
+    result = prune_result(root, "releases", existing, removed, in_use, module._diff)
     if removed and not module.check_mode:
         for name in removed:
             shutil.rmtree(os.path.join(root, name))

@@ -76,8 +76,9 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.layout import (
     existing_stacks,
+    prune_result,
     release_stack_ids,
-    stacks_to_prune,
+    unused,
 )
 
 
@@ -95,15 +96,8 @@ def main():
     params = module.params
     existing = existing_stacks(params["root"])
     in_use = release_stack_ids(params["services_root"], params["releases_root"])
-    removed = stacks_to_prune(existing, params["keep"], in_use)
-    result = dict(changed=bool(removed), removed=removed, in_use=in_use)
-    if module._diff:
-        result["diff"] = {
-            "before": "\n".join(sorted(existing)) + "\n",
-            "after": "\n".join(sorted(set(existing) - set(removed))) + "\n",
-            "before_header": "%s (stacks)" % params["root"],
-            "after_header": "%s (stacks)" % params["root"],
-        }
+    removed = unused(existing, params["keep"], in_use)
+    result = prune_result(params["root"], "stacks", existing, removed, in_use, module._diff)
     if removed and not module.check_mode:
         for stack in removed:
             for path in (os.path.join(params["root"], stack), os.path.join(params["wheelhouse_root"], stack)):

@@ -61,7 +61,7 @@ def test_prune_keeps_what_services_use(tmp_path):
     assert in_use == {"bbb": ["coder/current"], "ccc": ["coder/previous"]}
     existing = layout.existing_stacks(os.path.join(root, "stacks"))
     assert existing == {"aaa": True, "bbb": False, "ccc": False, "ddd": False}
-    assert layout.stacks_to_prune(existing, keep=["aaa"], in_use=in_use) == ["ddd"]
+    assert layout.unused(existing, keep=["aaa"], in_use=in_use) == ["ddd"]
 
 
 def test_missing_roots_mean_nothing_in_use(tmp_path):
