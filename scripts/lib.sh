@@ -38,6 +38,22 @@ find_controller_python() {
 
 controller_venv() { printf '%s/controller-venv-%s\n' "$DDTREE_CACHE" "$(content_hash "$REPO_ROOT/requirements/controller.txt" "$REPO_ROOT/requirements/collections.txt" "$REPO_ROOT/scripts/bootstrap")"; }
 
+# Mark a cached venv as used now, and remove the other "<prefix>-*" venvs unused for 14 days (venvs are
+# keyed by requirement hashes, so every change of pins leaves an old one behind; a checkout that still
+# needs one rebuilds it). Usage: prune_stale_venvs controller-venv "$venv"
+prune_stale_venvs() {
+  local prefix="$1" current="$2" other
+  touch "$current/.last-used"
+  for other in "$DDTREE_CACHE/$prefix"-*; do
+    if [ ! -d "$other" ] || [ "$other" = "$current" ]; then continue; fi
+    if [ -z "$(find "$other" -maxdepth 1 -name .last-used -mtime -14 2>/dev/null)" ] \
+        && [ -z "$(find "$other" -maxdepth 0 -mtime -14 2>/dev/null)" ]; then
+      log "removing $other (unused for 14 days)"
+      rm -rf "$other"
+    fi
+  done
+}
+
 lab_image_tag() {
   printf 'localhost/ddtree-lab-host:%s\n' "$(content_hash "$REPO_ROOT/lab/image/packages.txt" "$REPO_ROOT/lab/image/build")"
 }
