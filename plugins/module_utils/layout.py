@@ -69,8 +69,6 @@ def unused(existing, keep, in_use):
     return sorted(name for name in existing if name not in keep and name not in in_use)
 
 
-
-
 def prune_result(root, kind, existing, removed, in_use, diff):
     """The result of a prune module: what goes, what stays in use, and a diff of the listing."""
     result = dict(changed=bool(removed), removed=removed, in_use=in_use)
