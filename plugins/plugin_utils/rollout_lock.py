@@ -16,6 +16,7 @@ hold a host the other waits for.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -25,69 +26,6 @@ import time
 
 # Exit status of a holder that gave up waiting (EX_TEMPFAIL, like flock --conflict-exit-code users pick).
 BUSY_EXIT = 75
-
-# The holder runs as `python -c HOLDER paths_json watch_pid watch_start owner_json timeout poll`. It prints
-# "wait <path>" when it starts waiting for a lock, then "acquired" or "busy <path>", and, once it holds
-# every lock, stays until the watched process is gone.
-HOLDER = r"""
-import fcntl, json, os, sys, time
-paths, watch, watch_start, owner = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-timeout, poll = float(sys.argv[5]), float(sys.argv[6])
-
-def say(line):
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
-
-def stat_fields(pid):
-    try:
-        with open("/proc/%d/stat" % pid) as stat:
-            return stat.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return []
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    fields = stat_fields(pid)
-    if not fields:
-        return watch_start == ""
-    # A zombie has ended; a different start time means the pid was reused.
-    return fields[0] != "Z" and (watch_start == "" or fields[19] == watch_start)
-
-deadline = time.monotonic() + timeout
-fds = []
-for path in paths:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    waiting = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if not alive(watch):
-                sys.exit(1)
-            if time.monotonic() >= deadline:
-                say("busy " + path)
-                sys.exit(BUSY_EXIT)
-            if not waiting:
-                say("wait " + path)
-                waiting = True
-            time.sleep(poll)
-    fds.append(fd)
-for fd in fds:
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, owner.encode() + b"\n", 0)
-say("acquired")
-devnull = os.open(os.devnull, os.O_RDWR)
-os.dup2(devnull, 1)
-os.dup2(devnull, 2)
-while alive(watch):
-    time.sleep(poll)
-""".replace("BUSY_EXIT", str(BUSY_EXIT))
 
 
 class LockError(Exception):
@@ -132,13 +70,76 @@ def describe_holder(holder):
     return "rollout " + ", ".join(parts)
 
 
-def process_start_time(pid):
-    """The kernel's start time of a process (so a reused pid is not mistaken for it); '' off Linux."""
+def _stat_fields(pid):
+    """The fields of /proc/<pid>/stat after the command name ([] when there is none, e.g. off Linux)."""
     try:
         with open("/proc/%d/stat" % pid) as stat:
-            return stat.read().rsplit(")", 1)[1].split()[19]
+            return stat.read().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
-        return ""
+        return []
+
+
+def process_start_time(pid):
+    """The kernel's start time of a process (so a reused pid is not mistaken for it); '' off Linux."""
+    fields = _stat_fields(pid)
+    return fields[19] if len(fields) > 19 else ""
+
+
+def process_alive(pid, start_time):
+    """Whether the process that had start_time ('' = unknown) still runs: not gone, not a zombie, not reused."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    fields = _stat_fields(pid)
+    if not fields:
+        return start_time == ""
+    # A zombie has ended; a different start time means the pid was reused.
+    return fields[0] != "Z" and (start_time == "" or (len(fields) > 19 and fields[19] == start_time))
+
+
+def _hold(paths, watch, watch_start, owner, timeout, poll):
+    """The holder process: lock paths in order, say so on stdout, then stay while watch runs.
+
+    Prints "wait <path>" when it starts waiting for a lock, then "acquired" or "busy <path>" (and
+    exits BUSY_EXIT); once it holds every lock, it stays until the watched process is gone.
+    """
+    def say(line):
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    deadline = time.monotonic() + timeout
+    fds = []
+    for path in paths:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        waiting = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if not process_alive(watch, watch_start):
+                    return 1
+                if time.monotonic() >= deadline:
+                    say("busy " + path)
+                    return BUSY_EXIT
+                if not waiting:
+                    say("wait " + path)
+                    waiting = True
+                time.sleep(poll)
+        fds.append(fd)
+    for fd in fds:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, owner.encode() + b"\n", 0)
+    say("acquired")
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    while process_alive(watch, watch_start):
+        time.sleep(poll)
+    return 0
 
 
 def acquire(lock_dir, keys, owner, watch_pid, timeout, poll=1.0, on_wait=None):
@@ -161,7 +162,8 @@ def acquire(lock_dir, keys, owner, watch_pid, timeout, poll=1.0, on_wait=None):
         raise LockError("the lock directory %s is not writable (set DDTREE_LOCK_DIR to a writable one)" % lock_dir)
     start = time.monotonic()
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, json.dumps(paths), str(watch_pid), process_start_time(watch_pid),
+        # The holder is this file run as a script (stdlib only), so it needs no import path.
+        [sys.executable, os.path.abspath(__file__), json.dumps(paths), str(watch_pid), process_start_time(watch_pid),
          json.dumps(owner, sort_keys=True), str(timeout), str(poll)],
         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True, close_fds=True)
@@ -178,3 +180,7 @@ def acquire(lock_dir, keys, owner, watch_pid, timeout, poll=1.0, on_wait=None):
             return {"acquired": False, "waited_s": round(time.monotonic() - start, 1), "path": path, "holder": read_holder(path)}
     code = holder.wait()
     raise LockError("the lock holder exited with status %s before taking the locks: %s" % (code, holder.stderr.read().strip()[-500:]))
+
+
+if __name__ == "__main__":
+    sys.exit(_hold(json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]), float(sys.argv[6])))
