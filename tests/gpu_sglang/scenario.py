@@ -1,0 +1,219 @@
+"""Start real SGLang 0.5.23 servers on the device and drive the lossless checks through HTTP.
+
+Usage (on the device, after device-setup.sh): python scenario.py OUT MODELS PLAN
+  PLAN tp1: NONE, DFLASH, DDTREE and the control release's DDTREE (planted lossy walk), all started with
+            the same flags (only the algorithm and the release on PYTHONPATH differ); greedy (T = 0) on the
+            64 held-out prompts at 1 and 16 concurrent requests; sampled (T = 1) on the branch prompts.
+  PLAN tp2: DDTREE (then NONE) with --tp-size 2; greedy at 1 and 16 concurrent requests.
+  PLAN sampled: NONE, then DDTREE, the control and DFLASH, each with its own --random-seed; T = 1 only.
+Writes OUT/results-PLAN.json (raw outputs) and OUT/server-NAME.log; analyze.py turns them into summary.json.
+NONE starts first (it compiles SGLang's JIT kernels into the shared cache), then DFLASH (its sampling
+kernel), then the rest together: each later server finds the kernels compiled.
+"""
+import concurrent.futures as cf
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import synth_lang as sl  # noqa: E402
+
+SITE = os.environ.get("SGLANG_SITE", "/tmp/site")
+RELEASE = os.environ.get("OVERLAY_RELEASE", "/tmp/release/site")
+CONTROL = os.environ.get("OVERLAY_CONTROL", "/tmp/release-control/site")
+GREEDY_NEW = 64
+SAMPLES_PER_PROMPT = 256
+SAMPLED_NEW = 5
+T0 = [time.time()]
+
+
+def flags(models, port, tp=1, seed=1):
+    return ["--model-path", os.path.join(models, "tiny-qwen3"), "--host", "127.0.0.1", "--port", str(port),
+            "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+            "--disable-radix-cache", "--mem-fraction-static", "0.85", "--max-total-tokens", "131072",
+            "--max-running-requests", "48", "--random-seed", str(seed), "--tp-size", str(tp), "--log-level", "info"]
+
+
+def spec_flags(models, algo):
+    if algo == "NONE":
+        return []
+    out = ["--speculative-algorithm", algo, "--speculative-draft-model-path", os.path.join(models, "tiny-qwen3-dflash")]
+    if algo == "DDTREE":
+        out += ["--speculative-ddtree-budget", "15", "--speculative-ddtree-top-k", "8"]
+    return out
+
+
+class Server(object):
+    def __init__(self, name, algo, release, port, out, models, tp=1, seed=1):
+        self.name, self.algo, self.port, self.out = name, algo, port, out
+        self.args = [sys.executable, "-m", "sglang.launch_server"] + flags(models, port, tp, seed) + spec_flags(models, algo)
+        self.env = dict(os.environ, PYTHONPATH=(release + ":" if release else "") + SITE)
+        self.proc = None
+        self.info = {"name": name, "algorithm": algo, "release": release, "tp": tp, "seed": seed, "flags": self.args[3:]}
+
+    def start(self):
+        self.t0 = time.time()
+        self.log = open(os.path.join(self.out, "server-%s.log" % self.name), "w")
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
+                                     start_new_session=True)
+
+    def wait_ready(self, limit=300):
+        while time.time() - self.t0 < limit:
+            if self.proc.poll() is not None:
+                self.info["error"] = "exited %s after %.0f s" % (self.proc.returncode, time.time() - self.t0)
+                return False
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/health" % self.port, timeout=3) as r:
+                    if r.status == 200:
+                        self.info["ready_s"] = round(time.time() - self.t0, 1)
+                        return True
+            except Exception:
+                pass
+            time.sleep(1)
+        self.info["error"] = "no /health within %d s" % limit
+        return False
+
+    def post(self, path, body, timeout=180):
+        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.port, path), data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+
+    def get(self, path):
+        with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=30) as r:
+            return json.loads(r.read())
+
+    def generate(self, prompt, params):
+        for attempt in range(3):
+            try:
+                r = self.post("/generate", {"text": prompt, "sampling_params": params})
+                break
+            except (ConnectionError, OSError):
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
+        m = r.get("meta_info", {})
+        return {"ids": r.get("output_ids"), "accept": m.get("spec_accept_length"), "verify_ct": m.get("spec_verify_ct"),
+                "completion_tokens": m.get("completion_tokens")}
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+        if self.proc is not None:
+            self.log.close()
+
+
+def run_many(server, prompts, params, conc):
+    t = time.time()
+    with cf.ThreadPoolExecutor(conc) as ex:
+        outs = list(ex.map(lambda p: server.generate(p, params), prompts))
+    return outs, round(time.time() - t, 2)
+
+
+def greedy(server, prompts):
+    params = {"temperature": 0, "max_new_tokens": GREEDY_NEW, "ignore_eos": True}
+    res = {}
+    for conc in (1, 16):
+        outs, secs = run_many(server, prompts, params, conc)
+        res["c%d" % conc] = {"outputs": outs, "seconds": secs}
+    return res
+
+
+def sampled(server, prompts):
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": SAMPLED_NEW, "ignore_eos": True}
+    jobs = [p for p in prompts for _ in range(SAMPLES_PER_PROMPT)]
+    outs, secs = run_many(server, jobs, params, 64)
+    by_prompt = {}
+    for p, o in zip(jobs, outs):
+        by_prompt.setdefault(str(prompts.index(p)), []).append(o["ids"])
+    acc = [o["accept"] for o in outs if o["accept"] is not None]
+    return {"samples": by_prompt, "seconds": secs, "mean_accept": (sum(acc) / len(acc)) if acc else None}
+
+
+def dump(out, plan, lang, results, t0):
+    doc = {"plan": plan, "seconds": round(time.time() - t0, 1), "servers": results,
+           "greedy_prompts": sl.greedy_prompts(lang), "branch_prompts": sl.branch_prompts(lang)}
+    with open(os.path.join(out, "results-%s.json" % plan), "w") as fh:
+        json.dump(doc, fh)
+
+
+def scenario(server, plan, lang, results, lock):
+    res = dict(server.info)
+    try:
+        if not server.wait_ready():
+            return
+        res.update(server.info)
+        try:
+            if plan != "sampled":
+                res["greedy"] = greedy(server, sl.greedy_prompts(lang))
+        except Exception as e:  # noqa: BLE001 (recorded as evidence; the next phase still runs)
+            res["greedy_error"] = repr(e)
+        if plan in ("tp1", "sampled"):
+            try:
+                res["sampled"] = sampled(server, sl.branch_prompts(lang))
+            except Exception as e:  # noqa: BLE001
+                res["sampled_error"] = repr(e)
+        try:
+            info = server.get("/server_info")
+            st = (info.get("internal_states") or [{}])[0]
+            res["server_info"] = {"avg_spec_accept_length": st.get("avg_spec_accept_length"),
+                                  "speculative_algorithm": info.get("speculative_algorithm"),
+                                  "version": info.get("version")}
+        except Exception as e:  # noqa: BLE001 (evidence, not control flow)
+            res["server_info_error"] = repr(e)
+    except Exception as e:  # noqa: BLE001
+        res["error"] = repr(e)
+    finally:
+        server.stop()
+        with lock:
+            results[server.name] = res
+            dump(server.out, plan, lang, results, T0[0])
+        print("[scenario] %s done: %s" % (server.name, {k: res.get(k) for k in ("ready_s", "error")}), flush=True)
+
+
+def main():
+    out, models, plan = sys.argv[1], sys.argv[2], sys.argv[3]
+    lang = sl.Language()
+    results, lock, threads = {}, threading.Lock(), []
+    if plan == "tp1":
+        waves = [[Server("none", "NONE", RELEASE, 30000, out, models)],
+                 [Server("dflash", "DFLASH", RELEASE, 30001, out, models)],
+                 [Server("ddtree", "DDTREE", RELEASE, 30002, out, models),
+                  Server("ddtree-control", "DDTREE", CONTROL, 30003, out, models)]]
+    elif plan == "sampled":
+        # the T = 1 runs again, each server with its own --random-seed (in tp1 all had seed 1, so the
+        # servers' sampling streams were not independent of each other)
+        waves = [[Server("none", "NONE", RELEASE, 30020, out, models, seed=11)],
+                 [Server("ddtree", "DDTREE", RELEASE, 30021, out, models, seed=12),
+                  Server("ddtree-control", "DDTREE", CONTROL, 30022, out, models, seed=13),
+                  Server("dflash", "DFLASH", RELEASE, 30023, out, models, seed=14)]]
+    else:
+        waves = [[Server("ddtree-tp2", "DDTREE", RELEASE, 30010, out, models, tp=2)],
+                 [Server("none-tp2", "NONE", RELEASE, 30011, out, models, tp=2)]]
+    t0 = T0[0] = time.time()
+    for wave in waves:
+        for s in wave:
+            s.start()
+            th = threading.Thread(target=scenario, args=(s, plan, lang, results, lock))
+            th.start()
+            threads.append(th)
+        # the next wave starts once this one's servers are up (their JIT kernels are then in the cache)
+        for s in wave:
+            while s.proc.poll() is None and "ready_s" not in s.info and "error" not in s.info and time.time() - s.t0 < 300:
+                time.sleep(1)
+    for th in threads:
+        th.join()
+    dump(out, plan, lang, results, t0)
+    print("[scenario] all done in %.0f s" % (time.time() - t0), flush=True)
+
+
+if __name__ == "__main__":
+    main()

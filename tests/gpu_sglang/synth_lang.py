@@ -1,0 +1,91 @@
+"""A synthetic language whose continuations branch, and the prompt sets of the device scenario.
+
+Tokens: 4 specials (<|endoftext|>, <|im_start|>, <|im_end|>, <|MASK|>) then words w0..w507 (ids 4..511).
+Text is a chain of phrases (fixed word sequences, 5 to 9 words, each with its own first word). After
+phrase a comes one of three successor phrases with probabilities 0.6 / 0.3 / 0.1: at every phrase
+boundary the next-token distribution has three modes. A target trained on it continues greedily with
+the 0.6 successor; sampled at T = 1 it branches. Everything here is plain Python, seeded, so the device
+and this machine build the same language and the same prompts.
+"""
+import random
+
+VOCAB = 512
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|MASK|>"]
+MASK_ID = 3
+N_WORDS = VOCAB - len(SPECIALS)
+N_PHRASES = 48
+BRANCH_P = (0.6, 0.3, 0.1)
+LANG_SEED = 20261130
+
+
+def word(i):
+    return "w%d" % i
+
+
+def token_id(w):
+    return len(SPECIALS) + int(w[1:])
+
+
+class Language(object):
+    def __init__(self, seed=LANG_SEED):
+        rng = random.Random(seed)
+        firsts = rng.sample(range(N_WORDS), N_PHRASES)
+        self.phrases = []
+        for p in range(N_PHRASES):
+            n = rng.randint(5, 9)
+            self.phrases.append([firsts[p]] + [rng.randrange(N_WORDS) for _ in range(n - 1)])
+        self.succ = []
+        for p in range(N_PHRASES):
+            self.succ.append(rng.sample([q for q in range(N_PHRASES) if q != p], 3))
+
+    def next_phrase(self, p, rng):
+        u = rng.random()
+        acc = 0.0
+        for q, w in zip(self.succ[p], BRANCH_P):
+            acc += w
+            if u < acc:
+                return q
+        return self.succ[p][-1]
+
+    def sample_words(self, n, rng, start=None):
+        """n words of text from a random phrase (or `start`), beginning at a random offset in it.
+        Returns (word indices, [(phrase, offset)] per word)."""
+        p = rng.randrange(N_PHRASES) if start is None else start
+        off = rng.randrange(len(self.phrases[p])) if start is None else 0
+        out, where = [], []
+        while len(out) < n:
+            out.append(self.phrases[p][off])
+            where.append((p, off))
+            off += 1
+            if off == len(self.phrases[p]):
+                p, off = self.next_phrase(p, rng), 0
+        return out, where
+
+    def sample_ids(self, n, rng):
+        ws, _ = self.sample_words(n, rng)
+        return [len(SPECIALS) + w for w in ws]
+
+
+def to_text(ids):
+    return " ".join(SPECIALS[i] if i < len(SPECIALS) else word(i - len(SPECIALS)) for i in ids)
+
+
+def greedy_prompts(lang, n=64, seed=7, lo=12, hi=40):
+    """Held-out prompts (a seed the training never uses), ending anywhere in a phrase."""
+    rng = random.Random(seed)
+    return [to_text(lang.sample_ids(rng.randint(lo, hi), rng)) for _ in range(n)]
+
+
+def branch_prompts(lang, n=8, seed=11, lo=10, hi=30):
+    """Prompts ending one word before a phrase's end: the first generated token closes the phrase
+    (from the prefill), the second is the 0.6 / 0.3 / 0.1 branch, produced through speculation."""
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        ws, where = lang.sample_words(rng.randint(lo, hi) + 12, rng)
+        for i in range(len(ws) - 1, lo, -1):
+            p, off = where[i]
+            if off == len(lang.phrases[p]) - 2 and i + 1 <= hi:
+                out.append(to_text([len(SPECIALS) + w for w in ws[:i + 1]]))
+                break
+    return out

@@ -1,0 +1,324 @@
+"""Train, on the device, a tiny Qwen3 target on the branching synthetic language (synth_lang.py) and a
+DFlash drafter for it in the layout SGLang 0.5.23 loads (DFlashDraftModel, dflash_config.target_layer_ids,
+mask_token_id, block 16), on the target's own hidden states and greedy continuations.
+
+Usage: python train_models.py OUTDIR [--quick]   (writes OUTDIR/tiny-qwen3, OUTDIR/tiny-qwen3-dflash and
+OUTDIR/train.json with the losses and the offline DFlash acceptance length on held-out prompts).
+Seeded; on one H200 it takes about two minutes. --quick is a CPU smoke test of the code paths.
+
+The drafter's forward below mirrors sglang/srt/models/dflash.py and the DFlash worker: context K/V come
+from fc(concat(target hidden states after layers target_layer_ids)) -> hidden_norm -> each layer's
+k/v projections (no input norm) -> k_norm -> RoPE at the context positions; the block [root, MASK x 15]
+sits at positions p..p+15, embedded with the target's embedding, and attends (non-causally) to the
+context and to the whole block; row i (1..15) predicts the token at position p+i through the drafter's
+final norm and the target's lm_head.
+"""
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import synth_lang as sl  # noqa: E402
+
+H, L, NH, NKV, HD, INTER = 256, 4, 4, 2, 64, 768
+DL, BLOCK, TARGET_LAYERS = 2, 16, [1, 2]
+ROPE_THETA, EPS = 10000.0, 1e-6
+
+
+def make_tokenizer(path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {t: i for i, t in enumerate(sl.SPECIALS)}
+    for i in range(sl.N_WORDS):
+        vocab[sl.word(i)] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    ptok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=sl.SPECIALS[1:])
+    ptok.save_pretrained(path)
+    return ptok
+
+
+def target_config():
+    from transformers import Qwen3Config
+    return Qwen3Config(vocab_size=sl.VOCAB, hidden_size=H, intermediate_size=INTER, num_hidden_layers=L,
+                       num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD, max_position_embeddings=2048,
+                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0, rms_norm_eps=EPS,
+                       rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}, dtype="bfloat16")
+
+
+def lr_at(step, total, peak, warm=100):
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def train_target(lang, dev, steps, log, bs=128):
+    from transformers import Qwen3ForCausalLM
+    torch.manual_seed(1)
+    rng = random.Random(2)
+    seq = 128
+    pool = torch.tensor([lang.sample_ids(seq, rng) for _ in range(max(512, steps * 8))], dtype=torch.long)
+    model = Qwen3ForCausalLM(target_config()).to(dev).float()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, 3e-3)
+        idx = torch.randint(0, pool.shape[0], (bs,))
+        x = pool[idx].to(dev)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            loss = model(input_ids=x, labels=x).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if step % 200 == 0 or step == steps - 1:
+            log("target step %d loss %.4f" % (step, loss.item()))
+    return model, float(loss.item())
+
+
+# ---- the DFlash drafter (training-side mirror of SGLang's DFlashDraftModel) -------------------------
+
+def rms(x, w):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
+
+
+def rope(x, pos):
+    # x [..., T, heads, HD], pos [..., T]; neox style (rotate half), as SGLang's get_rope default
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, HD, 2, device=x.device, dtype=torch.float32) / HD))
+    f = pos.float()[..., None] * inv
+    cos = torch.cat([f.cos(), f.cos()], -1)[..., None, :]
+    sin = torch.cat([f.sin(), f.sin()], -1)[..., None, :]
+    x1, x2 = x.float()[..., :HD // 2], x.float()[..., HD // 2:]
+    rot = torch.cat([-x2, x1], -1)
+    return (x.float() * cos + rot * sin).to(x.dtype)
+
+
+class Drafter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        K = len(TARGET_LAYERS)
+        self.fc = torch.nn.Linear(K * H, H, bias=False)
+        self.hidden_norm = torch.nn.Parameter(torch.ones(H))
+        self.norm = torch.nn.Parameter(torch.ones(H))
+        self.layers = torch.nn.ModuleList()
+        for _ in range(DL):
+            m = torch.nn.Module()
+            m.q_proj = torch.nn.Linear(H, NH * HD, bias=False)
+            m.k_proj = torch.nn.Linear(H, NKV * HD, bias=False)
+            m.v_proj = torch.nn.Linear(H, NKV * HD, bias=False)
+            m.o_proj = torch.nn.Linear(NH * HD, H, bias=False)
+            m.q_norm = torch.nn.Parameter(torch.ones(HD))
+            m.k_norm = torch.nn.Parameter(torch.ones(HD))
+            m.input_layernorm = torch.nn.Parameter(torch.ones(H))
+            m.post_attention_layernorm = torch.nn.Parameter(torch.ones(H))
+            m.gate_proj = torch.nn.Linear(H, INTER, bias=False)
+            m.up_proj = torch.nn.Linear(H, INTER, bias=False)
+            m.down_proj = torch.nn.Linear(INTER, H, bias=False)
+            self.layers.append(m)
+        for p in self.parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=0.02)
+
+    def forward(self, feats, ctx_mask, block_emb, block_pos):
+        """feats [B, T, K*H] target features; ctx_mask [B, Q, T] bool (query row may see context j);
+        block_emb [B, A, 16, H]; block_pos [B, A, 16]. Returns hidden [B, A, 16, H]."""
+        B, A = block_emb.shape[:2]
+        T = feats.shape[1]
+        feats, block_emb = feats.float(), block_emb.float()
+        c = rms(self.fc(feats), self.hidden_norm)  # [B, T, H]
+        ctx_pos = torch.arange(T, device=feats.device).expand(B, T)
+        h = block_emb.reshape(B, A * BLOCK, H)
+        pos = block_pos.reshape(B, A * BLOCK)
+        blk = torch.arange(A, device=feats.device).repeat_interleave(BLOCK)
+        self_mask = (blk[:, None] == blk[None, :]).expand(B, -1, -1)
+        mask = torch.cat([ctx_mask, self_mask], -1)[:, None]  # [B, 1, Q, T+Q]
+        for m in self.layers:
+            x = rms(h, m.input_layernorm)
+            q = rope(rms(m.q_proj(x).view(B, -1, NH, HD), m.q_norm), pos)
+            kb = rope(rms(m.k_proj(x).view(B, -1, NKV, HD), m.k_norm), pos)
+            vb = m.v_proj(x).view(B, -1, NKV, HD)
+            kc = rope(rms(m.k_proj(c).view(B, T, NKV, HD), m.k_norm), ctx_pos)
+            vc = m.v_proj(c).view(B, T, NKV, HD)
+            k = torch.cat([kc, kb], 1).repeat_interleave(NH // NKV, 2)
+            v = torch.cat([vc, vb], 1).repeat_interleave(NH // NKV, 2)
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+            h = h + m.o_proj(o.transpose(1, 2).reshape(B, -1, NH * HD))
+            x = rms(h, m.post_attention_layernorm)
+            h = h + m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
+        return rms(h, self.norm).view(B, A, BLOCK, H)
+
+    def state_for_sglang(self):
+        w = {"fc.weight": self.fc.weight, "hidden_norm.weight": self.hidden_norm, "norm.weight": self.norm}
+        for i, m in enumerate(self.layers):
+            p = "layers.%d." % i
+            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                w[p + "self_attn.%s.weight" % name] = getattr(m, name).weight
+            w[p + "self_attn.q_norm.weight"] = m.q_norm
+            w[p + "self_attn.k_norm.weight"] = m.k_norm
+            w[p + "input_layernorm.weight"] = m.input_layernorm
+            w[p + "post_attention_layernorm.weight"] = m.post_attention_layernorm
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                w[p + "mlp.%s.weight" % name] = getattr(m, name).weight
+        return {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in w.items()}
+
+
+@torch.no_grad()
+def greedy_continue(target, prompts, n_new, dev):
+    """prompts: list of equal-length id lists -> [N, len + n_new] (the target's greedy continuation)."""
+    x = torch.tensor(prompts, dtype=torch.long, device=dev)
+    out = target.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n_new, do_sample=False,
+                          min_new_tokens=n_new, pad_token_id=0, eos_token_id=None)
+    return out
+
+
+@torch.no_grad()
+def features(target, seqs):
+    hs = target(input_ids=seqs, output_hidden_states=True).hidden_states
+    return torch.cat([hs[k + 1] for k in TARGET_LAYERS], -1)
+
+
+def make_batch(seqs, feats, starts, embed, A, gen):
+    """A anchors per sequence, each in the greedy part: p in [start, T-16]."""
+    B, T = seqs.shape
+    lo = starts.float()
+    u = torch.rand(B, A, generator=gen, device=seqs.device)
+    p = (lo[:, None] + u * (T - BLOCK - lo[:, None] + 1)).long().clamp(max=T - BLOCK)
+    offs = torch.arange(BLOCK, device=seqs.device)
+    pos = p[..., None] + offs  # [B, A, 16]
+    labels = torch.gather(seqs[:, None, :].expand(B, A, T), 2, pos)
+    ids = torch.full_like(labels, sl.MASK_ID)
+    ids[..., 0] = labels[..., 0]
+    ctx_mask = (torch.arange(T, device=seqs.device)[None, None, :] < p.repeat_interleave(BLOCK, 1)[..., None])
+    return feats, ctx_mask, embed(ids), pos, labels
+
+
+def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev):
+    """DFlash greedy steps along the target's greedy sequences: accept length = 1 + leading matches."""
+    lens = []
+    feats = features(target, seqs)
+    with torch.no_grad():
+        for b in range(seqs.shape[0]):
+            p, T = int(starts[b]), seqs.shape[1]
+            while p + BLOCK <= T:
+                s = seqs[b:b + 1]
+                ids = torch.full((1, 1, BLOCK), sl.MASK_ID, device=dev)
+                ids[0, 0, 0] = s[0, p]
+                pos = (p + torch.arange(BLOCK, device=dev))[None, None]
+                ctx_mask = (torch.arange(T, device=dev) < p)[None, None].expand(1, BLOCK, T)
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+                    hid = drafter(feats[b:b + 1], ctx_mask, embed(ids), pos)
+                pred = (hid[0, 0, 1:].float() @ head.float().T).argmax(-1)
+                ok = (pred == s[0, p + 1:p + BLOCK]).int()
+                n = int(ok.cumprod(0).sum())
+                lens.append(n + 1)
+                p += n + 1
+    return sum(lens) / max(1, len(lens)), lens
+
+
+def main():
+    out = sys.argv[1]
+    quick = "--quick" in sys.argv
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    t0 = time.time()
+    logs = []
+
+    def log(msg):
+        line = "[%6.1fs] %s" % (time.time() - t0, msg)
+        print(line, flush=True)
+        logs.append(line)
+
+    lang = sl.Language()
+    tdir, ddir = os.path.join(out, "tiny-qwen3"), os.path.join(out, "tiny-qwen3-dflash")
+    os.makedirs(tdir, exist_ok=True)
+    os.makedirs(ddir, exist_ok=True)
+    make_tokenizer(tdir)
+    make_tokenizer(ddir)
+    model, tloss = train_target(lang, dev, 10 if quick else 1500, log, bs=4 if quick else 128)
+    model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
+    from transformers import Qwen3ForCausalLM
+    target = Qwen3ForCausalLM.from_pretrained(tdir, dtype=torch.bfloat16).to(dev).eval()
+    log("target saved (%d params)" % sum(p.numel() for p in target.parameters()))
+
+    # drafter data: greedy continuations of training prompts (seed 3; the held-out prompts use 7 and 11)
+    rng = random.Random(3)
+    n_new, plens = 80, [8, 16, 24, 32, 40, 48]
+    per = 4 if quick else 1024
+    groups = []  # (sequences [N, pl + n_new], pl): one group per prompt length
+    for pl in plens:
+        prompts = [lang.sample_ids(pl, rng) for _ in range(per)]
+        parts = [greedy_continue(target, prompts[i:i + 512], n_new, dev) for i in range(0, per, 512)]
+        groups.append((torch.cat(parts), pl))
+    log("greedy continuations: %d sequences" % sum(g[0].shape[0] for g in groups))
+    embed = target.get_input_embeddings()
+    head = target.lm_head.weight.detach()
+    drafter = Drafter().to(dev)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
+    steps = 20 if quick else 3000
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(4)
+    torch.manual_seed(4)
+    wpos = torch.exp(-(torch.arange(1, BLOCK, device=dev).float() - 1) / 7.0)
+    gfeats = [features(target, g) for g, _ in groups]
+    bs, A = (4 if quick else 64), 8
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, 2e-3)
+        gi = step % len(groups)
+        s, pl = groups[gi]
+        idx = torch.randint(0, s.shape[0], (min(bs, s.shape[0]),), device=dev)
+        starts = torch.full((idx.shape[0],), pl, device=dev)
+        f, cm, emb, pos, labels = make_batch(s[idx], gfeats[gi][idx], starts, embed, A, gen)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            hid = drafter(f, cm, emb.detach(), pos)
+            logits = hid[:, :, 1:].float() @ head.float().T
+        ce = F.cross_entropy(logits.reshape(-1, sl.VOCAB), labels[:, :, 1:].reshape(-1), reduction="none")
+        loss = (ce.view(-1, BLOCK - 1) * wpos).sum() / (wpos.sum() * ce.numel() / (BLOCK - 1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        if time.time() - t0 > 200 and not quick:  # keep the device call inside its limit
+            log("drafter: time budget reached at step %d" % step)
+            break
+        if step % 250 == 0 or step == steps - 1:
+            acc1 = (logits.argmax(-1) == labels[:, :, 1:]).float().mean(dim=(0, 1))
+            log("drafter step %d loss %.4f pos-acc %s" % (step, loss.item(), " ".join("%.2f" % a for a in acc1[:8].tolist())))
+    from safetensors.torch import save_file
+    save_file(drafter.state_for_sglang(), os.path.join(ddir, "model.safetensors"))
+    dcfg = target_config().to_dict()
+    dcfg.update(architectures=["DFlashDraftModel"], num_hidden_layers=DL, block_size=BLOCK, num_target_layers=L,
+                layer_types=["full_attention"] * DL,
+                dflash_config={"target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK})
+    with open(os.path.join(ddir, "config.json"), "w") as fh:
+        json.dump(dcfg, fh, indent=1)
+
+    # offline DFlash acceptance on the held-out greedy prompts
+    ids = [[sl.SPECIALS.index(w) if w in sl.SPECIALS else sl.token_id(w) for w in p.split()]
+           for p in sl.greedy_prompts(lang)]
+    accs = []
+    for p in ids[:2 if quick else 64]:
+        g = greedy_continue(target, [p], 64, dev)
+        a, _ = simulate_acceptance(drafter.eval(), target, embed, head, g, torch.tensor([len(p)]), dev)
+        accs.append(a)
+    mean_acc = sum(accs) / len(accs)
+    log("offline DFlash acceptance length on held-out prompts: %.3f" % mean_acc)
+    res = {"target_final_loss": tloss, "drafter_final_loss": float(loss.item()), "offline_accept_len": mean_acc,
+           "offline_accept_len_per_prompt": accs, "seconds": round(time.time() - t0, 1), "device": str(dev),
+           "torch": torch.__version__, "log": logs,
+           "target": {"vocab": sl.VOCAB, "hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": INTER},
+           "drafter": {"layers": DL, "block": BLOCK, "target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID}}
+    with open(os.path.join(out, "train.json"), "w") as fh:
+        json.dump(res, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
