@@ -297,7 +297,7 @@ def headline(summary):
 
 def main():
     if sys.argv[1] == "--device-summary":
-        summary, _ = build(sys.argv[2])
+        summary = build(sys.argv[2])[0]
         strip_prefixes(summary)
         print(brief(summary))
         return

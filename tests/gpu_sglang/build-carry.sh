@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Build the carry set for the device runs into .cache/gpu-sglang/ (ignored by git), from PyPI:
 #   wheels/    sglang 0.5.23 (trimmed), sglang-kernel 0.4.5 (sm90 common ops only), the small wheels
 #              of device-wheels.txt, ansible-core (module_utils for spec_verify on the device)
@@ -8,14 +8,15 @@
 # Why each piece is what it is: README.md beside this script. Usage: tests/gpu_sglang/build-carry.sh
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd); repo=$(cd "$here/../.." && pwd)
-D=$repo/.cache/gpu-sglang; rm -rf "$D"; mkdir -p "$D/wheels" "$D/overlay" "$D/control"
+D=$repo/.cache/gpu-sglang; rm -rf "$D/wheels" "$D/overlay" "$D/control" "$D/flashinfer-headers.tgz"
+mkdir -p "$D/wheels" "$D/overlay" "$D/control"
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
-P="--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64
+P=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_34_x86_64
    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64
-   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any"
-python3 -m pip download -q --no-deps $P -d "$T" sglang==0.5.23 sglang-kernel==0.4.5 flashinfer-python==0.7.2
-python3 -m pip download -q --no-deps $P -d "$D/wheels" -r "$here/device-wheels.txt"
-python3 -m pip download -q --no-deps $P -d "$D/wheels" ansible-core==2.21.5
+   --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
+python3 -m pip download -q --no-deps "${P[@]}" -d "$T" sglang==0.5.23 sglang-kernel==0.4.5 flashinfer-python==0.7.2
+python3 -m pip download -q --no-deps "${P[@]}" -d "$D/wheels" -r "$here/device-wheels.txt"
+python3 -m pip download -q --no-deps "${P[@]}" -d "$D/wheels" ansible-core==2.21.5
 python3 -m pip install -q wheel
 ( cd "$T"
   python3 -m wheel unpack sglang-0.5.23-*.whl >/dev/null
@@ -29,7 +30,7 @@ python3 -m pip install -q wheel
   # relabel 0.4.5 -> 0.4.10 (start-up version assertion; 0.4.10's Python API is a subset of 0.4.5's)
   sed -i 's/^Version: 0.4.5$/Version: 0.4.10/' sglang_kernel-0.4.5/sglang_kernel-0.4.5.dist-info/METADATA
   mv sglang_kernel-0.4.5/sglang_kernel-0.4.5.dist-info sglang_kernel-0.4.5/sglang_kernel-0.4.10.dist-info
-  mkdir -p fi && cd fi && python3 -m zipfile -e ../flashinfer_python-0.7.2-py3-none-any.whl x >/dev/null
+  mkdir -p fi-headers && cd fi-headers && python3 -m zipfile -e ../flashinfer_python-0.7.2-py3-none-any.whl x >/dev/null
   mkdir -p flashinfer/data/{csrc,cutlass/include,cutlass/tools/util/include,spdlog/include}
   mv x/flashinfer/data/include flashinfer/data/ && echo '# headers only (device harness stand-in)' > flashinfer/__init__.py
   tar czf "$D/flashinfer-headers.tgz" flashinfer )
@@ -40,4 +41,4 @@ python3 -m pip wheel -q --no-deps -w "$D/overlay" "$repo/sglang_overlay"
 cp -r "$repo/sglang_overlay" "$T/overlay-control"; rm -rf "$T/overlay-control/build" "$T/overlay-control"/src/*.egg-info
 python3 "$here/plant_lossy_walk.py" "$T/overlay-control/src/sglang_overlay/adapter/worker.py"
 python3 -m pip wheel -q --no-deps -w "$D/control" "$T/overlay-control"
-ls "$D/wheels" | wc -l; du -csh "$D" | tail -1
+find "$D/wheels" -name '*.whl' | wc -l; du -csh "$D" | tail -1

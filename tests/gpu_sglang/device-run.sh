@@ -1,38 +1,43 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # On the device (through the device tool's `run`): tests/gpu_sglang/device-run.sh STEP...
 #   train   train the target and the DFlash drafter (train_models.py) -> models.tgz, train.json
 #   tp1     the TP=1 scenario (scenario.py tp1) -> results-tp1.json
 #   sampled the T = 1 runs of tp1 again, one --random-seed per server -> results-sampled.json
 #   tp2     the TP=2 scenario (scenario.py tp2, kind nvidia-h200-x2) -> results-tp2.json
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
-# Models come from `train` in the same call, else from .cache/gpu-sglang/models (brought back earlier).
+# Models: from `train` in the same call, else .cache/gpu-sglang/models, else /tmp/gs/models (an earlier
+# call on this warm machine), else docs/evidence/gpu-sglang/models.tgz.
 # Everything lands in $OUT (at most 8 files): logs.tgz, results-*.json, train.json, checks.json, models.tgz.
+# Each step's timeout keeps the call inside CALL_LIMIT seconds (default 585) so that $OUT is always packed.
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/../.." && pwd); H=$REPO/tests/gpu_sglang
-W=/tmp/gs; mkdir -p $W/logs; OUT=${OUT:-$W/out}; mkdir -p "$OUT"
+W=/tmp/gs; mkdir -p "$W/logs"; OUT=${OUT:-$W/out}; mkdir -p "$OUT"
 t0=$(date +%s); stamp() { echo "[device-run +$(( $(date +%s) - t0 ))s] $*"; }
+left() { echo $(( ${CALL_LIMIT:-585} - $(date +%s) + t0 )); }
 stamp "setup"
 if [ -d /tmp/site/sglang ]; then SETUP_DONE=1; fi  # a warm machine that already ran the setup
-SETUP_DONE=${SETUP_DONE:-0} source $H/device-setup.sh > $W/logs/setup.log 2>&1 || { cat $W/logs/setup.log; exit 1; }
-export REPO; stamp "setup done; $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count(), torch.cuda.get_device_name(0))')"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > $W/logs/nvidia-smi.csv 2>&1
-MODELS=$REPO/.cache/gpu-sglang/models; [ -d $MODELS ] || MODELS=$W/models  # carried, or trained earlier on this machine
-if [ ! -d $MODELS ] && [ -f $REPO/docs/evidence/gpu-sglang/models.tgz ]; then  # or the evidence's weights
-  tar xzf $REPO/docs/evidence/gpu-sglang/models.tgz -C $W; MODELS=$W/models; fi
+export REPO SETUP_DONE=${SETUP_DONE:-0}
+# shellcheck source=tests/gpu_sglang/device-setup.sh
+source "$H/device-setup.sh" > "$W/logs/setup.log" 2>&1 || { cat "$W/logs/setup.log"; exit 1; }
+stamp "setup done; $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count(), torch.cuda.get_device_name(0))')"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$W/logs/nvidia-smi.csv" 2>&1
+MODELS=$REPO/.cache/gpu-sglang/models; [ -d "$MODELS" ] || MODELS=$W/models
+if [ ! -d "$MODELS" ] && [ -f "$REPO/docs/evidence/gpu-sglang/models.tgz" ]; then
+  tar xzf "$REPO/docs/evidence/gpu-sglang/models.tgz" -C "$W"; MODELS=$W/models
+fi
 for step in "$@"; do
   stamp "step $step"
   case $step in
-    train) timeout 270 python3 $H/train_models.py $W/models 2>&1 | tee $W/logs/train.log
-           MODELS=$W/models; cp $W/models/train.json "$OUT/" 2>/dev/null
-           tar czf "$OUT/models.tgz" --exclude train.json -C $W models ;;
-    tp1)   timeout $(( ${CALL_LIMIT:-585} - $(date +%s) + t0 )) python3 $H/scenario.py $W/logs "$MODELS" tp1 2>&1 | tail -20 ;;
-    sampled) timeout $(( ${CALL_LIMIT:-585} - $(date +%s) + t0 )) python3 $H/scenario.py $W/logs "$MODELS" sampled 2>&1 | tail -20 ;;
-    tp2)   timeout $(( ${CALL_LIMIT:-585} - $(date +%s) + t0 )) python3 $H/scenario.py $W/logs "$MODELS" tp2 2>&1 | tail -20 ;;
-    checks) timeout ${CHECKS_LIMIT:-540} python3 $H/device_checks.py $W/logs "$MODELS" 2>&1 | tail -20 ;;
+    train) timeout 270 python3 "$H/train_models.py" "$W/models" 2>&1 | tr '\r' '\n' | tee "$W/logs/train.log"
+           MODELS=$W/models; cp "$W/models/train.json" "$OUT/" 2>/dev/null
+           tar czf "$OUT/models.tgz" --exclude train.json -C "$W" models ;;
+    tp1|sampled|tp2) timeout "$(left)" python3 "$H/scenario.py" "$W/logs" "$MODELS" "$step" 2>&1 | tail -20 ;;
+    checks) timeout "${CHECKS_LIMIT:-540}" python3 "$H/device_checks.py" "$W/logs" "$MODELS" 2>&1 | tail -20 ;;
+    *) echo "unknown step $step" ;;
   esac
 done
 stamp "packing"
-cp $W/logs/results-*.json $W/logs/checks.json "$OUT/" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C $W logs
-python3 $H/analyze.py --device-summary $W/logs 2>&1 | tail -40
+cp "$W"/logs/results-*.json "$W/logs/checks.json" "$OUT/" 2>/dev/null
+tar czf "$OUT/logs.tgz" -C "$W" logs
+python3 "$H/analyze.py" --device-summary "$W/logs" 2>&1 | tail -40
 stamp "done"; ls -la "$OUT"

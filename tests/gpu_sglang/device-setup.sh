@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Sourced on the device by device-run.sh: install the carry set (.cache/gpu-sglang) the way the recipe in
 # README.md says, and the overlay as a release installs it (its wheel, entry point included, onto a site
 # directory that goes on PYTHONPATH; plugins/modules/release.py does the same pip call).

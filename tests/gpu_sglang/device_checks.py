@@ -24,7 +24,7 @@ STACK = "/tmp/stack"
 
 
 def sh(cmd, env=None, timeout=120):
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, **(env or {})), timeout=timeout)
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False, env=dict(os.environ, **(env or {})), timeout=timeout)
     return p.returncode, p.stdout, p.stderr
 
 

@@ -129,7 +129,7 @@ def greedy(server, prompts):
 
 def sampled(server, prompts):
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": SAMPLED_NEW, "ignore_eos": True}
-    jobs = [p for p in prompts for _ in range(SAMPLES_PER_PROMPT)]
+    jobs = [p for p in prompts for _i in range(SAMPLES_PER_PROMPT)]
     outs, secs = run_many(server, jobs, params, 64)
     by_prompt = {}
     for p, o in zip(jobs, outs):

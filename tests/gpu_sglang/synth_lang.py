@@ -33,7 +33,7 @@ class Language(object):
         self.phrases = []
         for p in range(N_PHRASES):
             n = rng.randint(5, 9)
-            self.phrases.append([firsts[p]] + [rng.randrange(N_WORDS) for _ in range(n - 1)])
+            self.phrases.append([firsts[p]] + [rng.randrange(N_WORDS) for _i in range(n - 1)])
         self.succ = []
         for p in range(N_PHRASES):
             self.succ.append(rng.sample([q for q in range(N_PHRASES) if q != p], 3))
@@ -62,7 +62,7 @@ class Language(object):
         return out, where
 
     def sample_ids(self, n, rng):
-        ws, _ = self.sample_words(n, rng)
+        ws = self.sample_words(n, rng)[0]
         return [len(SPECIALS) + w for w in ws]
 
 
@@ -73,7 +73,7 @@ def to_text(ids):
 def greedy_prompts(lang, n=64, seed=7, lo=12, hi=40):
     """Held-out prompts (a seed the training never uses), ending anywhere in a phrase."""
     rng = random.Random(seed)
-    return [to_text(lang.sample_ids(rng.randint(lo, hi), rng)) for _ in range(n)]
+    return [to_text(lang.sample_ids(rng.randint(lo, hi), rng)) for _i in range(n)]
 
 
 def branch_prompts(lang, n=8, seed=11, lo=10, hi=30):

@@ -65,7 +65,7 @@ def train_target(lang, dev, steps, log, bs=128):
     torch.manual_seed(1)
     rng = random.Random(2)
     seq = 128
-    pool = torch.tensor([lang.sample_ids(seq, rng) for _ in range(max(512, steps * 8))], dtype=torch.long)
+    pool = torch.tensor([lang.sample_ids(seq, rng) for _i in range(max(512, steps * 8))], dtype=torch.long)
     model = Qwen3ForCausalLM(target_config()).to(dev).float()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
     for step in range(steps):
@@ -110,7 +110,7 @@ class Drafter(torch.nn.Module):
         self.hidden_norm = torch.nn.Parameter(torch.ones(H))
         self.norm = torch.nn.Parameter(torch.ones(H))
         self.layers = torch.nn.ModuleList()
-        for _ in range(DL):
+        for _i in range(DL):
             m = torch.nn.Module()
             m.q_proj = torch.nn.Linear(H, NH * HD, bias=False)
             m.k_proj = torch.nn.Linear(H, NKV * HD, bias=False)
@@ -254,7 +254,7 @@ def main():
     per = 4 if quick else 1024
     groups = []  # (sequences [N, pl + n_new], pl): one group per prompt length
     for pl in plens:
-        prompts = [lang.sample_ids(pl, rng) for _ in range(per)]
+        prompts = [lang.sample_ids(pl, rng) for _i in range(per)]
         parts = [greedy_continue(target, prompts[i:i + 512], n_new, dev) for i in range(0, per, 512)]
         groups.append((torch.cat(parts), pl))
     log("greedy continuations: %d sequences" % sum(g[0].shape[0] for g in groups))
@@ -267,7 +267,7 @@ def main():
     gen.manual_seed(4)
     torch.manual_seed(4)
     wpos = torch.exp(-(torch.arange(1, BLOCK, device=dev).float() - 1) / 7.0)
-    gfeats = [features(target, g) for g, _ in groups]
+    gfeats = [features(target, g[0]) for g in groups]
     bs, A = (4 if quick else 64), 8
     for step in range(steps):
         for g in opt.param_groups:
@@ -307,7 +307,7 @@ def main():
     accs = []
     for p in ids[:2 if quick else 64]:
         g = greedy_continue(target, [p], 64, dev)
-        a, _ = simulate_acceptance(drafter.eval(), target, embed, head, g, torch.tensor([len(p)]), dev)
+        a = simulate_acceptance(drafter.eval(), target, embed, head, g, torch.tensor([len(p)]), dev)[0]
         accs.append(a)
     mean_acc = sum(accs) / len(accs)
     log("offline DFlash acceptance length on held-out prompts: %.3f" % mean_acc)
