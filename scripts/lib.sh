@@ -57,3 +57,14 @@ prune_stale_venvs() {
 lab_image_tag() {
   printf 'localhost/ddtree-lab-host:%s\n' "$(content_hash "$REPO_ROOT/lab/image/packages.txt" "$REPO_ROOT/lab/image/build")"
 }
+
+# The lab image with the lab's stack built in (lab/image/build-stacked): keyed by the plain image and
+# every file that decides what playbooks/stacks.yml does on a lab host.
+lab_stacked_image_tag() {
+  local key
+  key="$( { lab_image_tag
+            cd "$REPO_ROOT" && find roles/cuda_stack roles/sglang_stack plugins playbooks/stacks.yml inventories/lab \
+              inventories/example/group_vars lab/up.yml lab/nvidia-smi lab/image/build-stacked -type f \
+              -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-12)"
+  printf 'localhost/ddtree-lab-host-stacked:%s\n' "$key"
+}

@@ -14,7 +14,7 @@ import pytest
 
 from ._helpers import OVERLAY_ROOT, last_json_line, requires_sglang, run_python
 
-pytestmark = requires_sglang
+pytestmark = [requires_sglang, pytest.mark.slow]
 
 # Loads plugins the way SGLang's launcher does, then reports what it sees as one JSON line.
 PROBE = r"""

@@ -10,7 +10,7 @@ import pytest
 
 from ._helpers import SRC, requires_sglang, run_python
 
-pytestmark = requires_sglang
+pytestmark = [requires_sglang, pytest.mark.slow]
 
 
 def _matrix(*args: str, env=None) -> tuple[dict, int, str]:

@@ -60,6 +60,7 @@ def test_limits_fail_before_compiling(tmp_path, capsys):
     assert "budget" in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not tb.triton_available(), reason="needs triton")
 def test_cross_compile_for_sm90_without_gpu(tmp_path):
     cache = tmp_path / "cache"

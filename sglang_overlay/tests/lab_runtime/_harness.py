@@ -90,7 +90,10 @@ class Runtime:
                      "--port", str(self.port), *args]
         full_env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("LAB_", "SGLANG_")) and k != "CUDA_VISIBLE_DEVICES"}
-        full_env["PYTHONPATH"] = os.pathsep.join(str(p) for p in (pythonpath or []))
+        # The given directories first (they may hide packages), then the test run's own path, which
+        # holds the overlay under test (scripts/run-tests).
+        inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        full_env["PYTHONPATH"] = os.pathsep.join([str(p) for p in (pythonpath or [])] + inherited)
         full_env["LAB_RUNTIME_LOAD_SECONDS"] = "0.2"
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")
@@ -106,8 +109,11 @@ class Runtime:
         self._log.flush()
         return self.log_path.read_text(errors="replace")
 
-    def wait_for(self, marker: str, timeout: float = 90.0) -> bool:
-        """True once ``marker`` is in the log; False if the process exited first or on timeout."""
+    def wait_for(self, marker: str, timeout: float = 300.0) -> bool:
+        """True once ``marker`` is in the log; False if the process exited first or on timeout.
+
+        The timeout only bounds a hang: a test module starts about ten runtimes at once, each importing
+        SGLang and torch, beside other test workers on two cores."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if marker in self.log():

@@ -27,6 +27,8 @@ pytest.importorskip("sglang")
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
+pytestmark = pytest.mark.slow  # starts lab runtime servers
+
 KEY = "lab-secret"
 PROMPTS = [
     "The capital city of France is",

@@ -130,6 +130,7 @@ def sampled_counts(model, walk=None):
     return counts, accepted
 
 
+@pytest.mark.slow
 def test_sampled_ddtree_keeps_the_target_distribution(small_target):
     counts, accepted = sampled_counts(small_target)
     fit = chi_square_fit(counts, exact_first_tokens(small_target, SMALL_PROMPT, TEMPERATURE))
@@ -137,6 +138,7 @@ def test_sampled_ddtree_keeps_the_target_distribution(small_target):
     assert accepted > RUNS // 4  # the tree did part of the work
 
 
+@pytest.mark.slow
 def test_broken_rule_fails_the_same_test(small_target):
     counts, _ = sampled_counts(small_target, walk=accept_drafter_token)
     fit = chi_square_fit(counts, exact_first_tokens(small_target, SMALL_PROMPT, TEMPERATURE))
