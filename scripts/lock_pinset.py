@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections"))
-from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import lock_name, pinset_problems, wheel_platforms  # noqa: E402
+from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import expect_lock_problems, lock_name, lock_pins, wheel_platforms  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pinset_env  # noqa: E402
@@ -51,7 +51,10 @@ def resolve(requirements, python, glibc, no_deps, extra_args, interpreter):
 def verify(candidate, spec, python, interpreter):
     """Why the candidate lock must not be written: [] when it installs like the role installs it, passes
     `pip check` (unless the pin set installs packages without their dependencies) and matches `expect`."""
-    problems = pinset_problems(spec, {python: candidate.read_text()})
+    try:
+        problems = expect_lock_problems(spec, lock_pins(candidate.read_text()), python)
+    except ValueError as error:
+        problems = [str(error)]
     wheels = pinset_env.wheelhouse(candidate, python, spec["glibc"], spec["name"])
     venv = pinset_env.stack_venv(candidate, interpreter, wheels, spec["name"])
     if spec.get("install_without_dependencies"):

@@ -135,7 +135,18 @@ def wheel_pin(filename: str) -> tuple[str, str]:
     return canonical_name(name), version
 
 
-def seed_from_siblings(dest: Path, pins: dict) -> int:
+def wheel_fits_python(filename: str, python: str) -> bool:
+    """Whether a wheel's Python tags let CPython `python` ('3.12') install it: py3, cp312, or cp3X-abi3 with X <= 12."""
+    python_tags, abi_tags = filename[:-len(".whl")].split("-")[-3:-1]
+    target = int(python.split(".")[1])
+    for tag in python_tags.split("."):
+        match = re.fullmatch(r"cp3(\d+)", tag)
+        if tag in ("py3", "py2.py3") or (match and (int(match.group(1)) == target or ("abi3" in abi_tags and int(match.group(1)) <= target))):
+            return True
+    return False
+
+
+def seed_from_siblings(dest: Path, pins: dict, python: str) -> int:
     """Hard-link wheels this lock pins from other complete wheelhouses (a re-lock changes few wheels).
 
     pip download checks the hash of every file already in dest (--require-hashes) and fetches again any
@@ -148,7 +159,7 @@ def seed_from_siblings(dest: Path, pins: dict) -> int:
         for wheel in other.glob("*.whl"):
             pin = wheel_pin(wheel.name)
             target = dest / wheel.name
-            if pins.get(pin[0], ("",))[0] == pin[1] and not target.exists():
+            if pins.get(pin[0], ("",))[0] == pin[1] and wheel_fits_python(wheel.name, python) and not target.exists():
                 try:
                     os.link(wheel, target)
                 except OSError:
@@ -164,7 +175,7 @@ def wheelhouse(lock: Path, python: str, glibc: str, label: str) -> Path:
     with Locked(dest):
         if not (dest / ".complete").exists():
             dest.mkdir(parents=True, exist_ok=True)
-            seeded = seed_from_siblings(dest, pins)
+            seeded = seed_from_siblings(dest, pins, python)
             start = time.time()
             log("downloading %d wheels of %s for Python %s into %s (%d already here from other wheelhouses)"
                 % (len(pins), lock, python, dest, seeded))

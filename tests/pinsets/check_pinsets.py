@@ -7,11 +7,13 @@ For each pin set without `lab: true` in its pinset.yml, and each requirements-py
      roles/sglang_stack installs them (cached per lock, interpreter and install recipe);
   3. `pip check`, as the role runs it;
   4. ddtree.sglang.stack_verify: its probe with the expected imports plus torch, SGLang's server
-     arguments and spec_info and sgl_kernel, and its rules (GPU claims left out: no GPU here);
+     arguments, spec_info and plugins and sgl_kernel, and its rules (GPU claims left out: no GPU here;
+     sgl_kernel loads against a stub libcuda.so.1, see libcuda_stub);
   5. a release of the overlay built now from sglang_overlay/ (ddtree.sglang.overlay_build, then
      ddtree.sglang.release, which installs it into the release's site/ as on a host);
   6. ddtree.sglang.spec_verify with that release: the predicate matrix pristine and with the plugin
-     loaded through SGLang's load_plugins(), and a dry parse of the example inventory's services' flags.
+     loaded through SGLang's load_plugins(), and a dry parse of a DDTREE service's flags from the
+     example inventory; every other service's flags dry-parsed by the same probe.
 Steps 3-6 run every time; 2 only when its cache is cold. The modules run as Ansible runs them on a
 host (their file, with a JSON args file). Exits 1 naming every problem.
 """
@@ -21,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,6 +45,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import (  # n
     stack_id,
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import service_environment, service_flags  # noqa: E402
+from ansible_collections.ddtree.sglang.plugins.module_utils.spec_matrix import FLAGS_PROBE  # noqa: E402
 import pinset_env  # noqa: E402
 
 # Modules every SGLang server imports, checked on CPU beside the pin set's own `expect.imports`.
@@ -51,14 +56,14 @@ class StepFailed(Exception):
     """A step's problem, as the person fixing it needs to read it."""
 
 
-def run_module(name: str, args: dict) -> dict:
+def run_module(name: str, args: dict, env: dict | None = None) -> dict:
     """Run ddtree.sglang.<name> as Ansible runs a module on a host: its file with a JSON args file."""
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as handle:
         json.dump({"ANSIBLE_MODULE_ARGS": args}, handle)
     try:
         done = subprocess.run([sys.executable, "-m", "ansible_collections.ddtree.sglang.plugins.modules.%s" % name, handle.name],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=str(REPO / "collections")))
+                              env=dict(os.environ, PYTHONPATH=str(REPO / "collections"), **(env or {})))
     finally:
         os.unlink(handle.name)
     try:
@@ -105,6 +110,42 @@ def ensure_ffmpeg() -> None:
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     pinset_env.run(["apt-get", "update", "-qq"], "apt-get update", env)
     pinset_env.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends"] + missing, "apt-get install FFmpeg", env)
+
+
+def driver_symbols(package: Path) -> list[str]:
+    """CUDA driver API functions (cuXxx) that the package's native libraries needing libcuda.so.1 import."""
+    symbols = set()
+    for library in sorted(package.rglob("*.so")):
+        needed = subprocess.run(["readelf", "-d", str(library)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
+        if "[libcuda.so.1]" not in needed:
+            continue
+        undefined = subprocess.run(["nm", "-D", "--undefined-only", str(library)], stdout=subprocess.PIPE, text=True).stdout
+        symbols.update(word for word in undefined.split() if re.fullmatch(r"cu[A-Z]\w*", word))
+    return sorted(symbols)
+
+
+def libcuda_stub(venv: Path, work: Path) -> Path | None:
+    """A directory with a stub libcuda.so.1 whose driver functions all return CUDA_ERROR_NOT_SUPPORTED.
+
+    A host's driver provides libcuda.so.1; this machine has none, and sgl_kernel's libraries need it to
+    load at all. With the stub they load, so the import proves what a CPU machine can: their links to
+    torch's C++ ABI and the CUDA 13 runtime (sglang-kernel built for another torch fails here, with the
+    missing symbol named). None when there is no C compiler or nothing needs libcuda.
+    """
+    packages = sorted(venv.glob("lib/python3*/site-packages/sgl_kernel"))
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if not packages or not compiler:
+        return None
+    symbols = driver_symbols(packages[0])
+    if not symbols:
+        return None
+    directory = work / "libcuda-stub"
+    directory.mkdir(exist_ok=True)
+    source = directory / "stub.c"
+    source.write_text("".join("int %s(void) { return 801; }\n" % symbol for symbol in symbols))
+    pinset_env.run([compiler, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(directory / "libcuda.so.1"), str(source)],
+                   "compiling a stub libcuda.so.1")
+    return directory
 
 
 class Stage:
@@ -156,9 +197,17 @@ class Stage:
                             lambda: self.release(venv, spec, lock))
         if release is None:
             return
-        for service in example_services():
-            self.step(label, "ddtree.sglang.spec_verify: predicate matrix and flags of service %s" % service["name"],
-                      lambda service=service: self.spec_verify(venv, release, service))
+        # The module (both matrices and a dry parse) once, for a DDTREE service when there is one; the
+        # other services' flags through the module's own dry-parse probe (each matrix costs two imports
+        # of SGLang, about 10 s each here).
+        services = sorted(example_services(), key=lambda service: (service.get("speculative") or {}).get("algorithm") != "DDTREE")
+        for index, service in enumerate(services):
+            if index == 0:
+                self.step(label, "ddtree.sglang.spec_verify: predicate matrix, and the flags of service %s" % service["name"],
+                          lambda service=service: self.spec_verify(venv, release, service))
+            else:
+                self.step(label, "dry parse of service %s's flags with the release (spec_verify's probe)" % service["name"],
+                          lambda service=service: self.dry_parse(venv, release, service))
 
     @staticmethod
     def pip_check(venv: Path) -> str:
@@ -168,15 +217,23 @@ class Stage:
             raise StepFailed(output)
         return output
 
-    @staticmethod
-    def stack_verify(venv: Path, spec: dict, python: str, pins: dict) -> dict:
+    def stack_verify(self, venv: Path, spec: dict, python: str, pins: dict) -> dict:
         expect = dict(spec["expect"], python=python, gpu=False)
         imports = list(expect.get("imports") or [])
         imports += [module for module in CPU_IMPORTS + (["sgl_kernel"] if "sglang-kernel" in pins else []) if module not in imports]
+        env = {}
+        if "sgl_kernel" in imports:
+            stub = libcuda_stub(venv, self.work)
+            if stub is None:
+                print("        sgl_kernel not imported: it needs libcuda.so.1 and no C compiler is here to make a stub")
+                imports.remove("sgl_kernel")
+            else:
+                env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(stub), os.environ.get("LD_LIBRARY_PATH")]))
+                print("        sgl_kernel loads against a stub libcuda.so.1 (no driver here): its links to torch and CUDA are checked")
         expect["imports"] = imports
         if spec["expect"].get("torch_cuda"):
             ensure_ffmpeg()
-        result = run_module("stack_verify", {"stack": str(venv), "expected": expect})
+        result = run_module("stack_verify", {"stack": str(venv), "expected": expect}, env)
         facts = result["facts"]
         print("        torch %s (CUDA %s), sglang %s, sglang-kernel %s, nvcc %s; imported: %s" % (
             facts["torch"]["version"], facts["torch"]["cuda"], facts["packages"]["sglang"], facts["packages"]["sglang-kernel"],
@@ -200,6 +257,23 @@ class Stage:
         print("        " + "\n        ".join(result["matrix"]))
         print("        parsed: %s" % json.dumps(result.get("parsed")))
         return result
+
+
+    @staticmethod
+    def dry_parse(venv: Path, release: str, service: dict) -> dict:
+        flags = [flag.replace("${SGLANG_API_KEY}", "dry-parse-placeholder") for flag in service_flags(service)]
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", PYTHONPATH=str(Path(release) / "site"))
+        env.update(service_environment(service))
+        done = subprocess.run([str(venv / "bin" / "python"), "-c", FLAGS_PROBE] + flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        if done.returncode != 0:
+            raise StepFailed("SGLang's parser on %s exits %d: %s" % (" ".join(flags), done.returncode, "\n".join(lines[-5:])))
+        parsed = json.loads(done.stdout[done.stdout.index("{"):])
+        if parsed.get("error"):
+            raise StepFailed("--speculative-algorithm %s does not resolve with the release: %s" % (parsed["algorithm"], parsed["error"]))
+        print("        parsed: %s" % json.dumps(parsed))
+        return parsed
 
 
 def production_pinsets(pinsets_dir: Path) -> list[tuple[Path, dict]]:
