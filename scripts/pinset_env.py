@@ -49,7 +49,7 @@ def cache_root() -> Path:
 
 def run(command: list[str], what: str, env: dict | None = None) -> str:
     """Run a command; on failure raise RuntimeError naming what failed with the output's tail."""
-    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, check=False)
     output = "\n".join(line for line in done.stdout.splitlines() if not PIP_NOISE.search(line))
     if done.returncode != 0:
         raise RuntimeError("%s failed (exit %d):\n%s" % (what, done.returncode, output.strip()[-4000:]))
@@ -61,7 +61,7 @@ def interpreter_version(python: str) -> str | None:
     try:
         done = subprocess.run([python, "-c", "import ensurepip, sys, venv; assert sys.prefix == sys.base_prefix; "
                                              "print('%d.%d.%d' % sys.version_info[:3])"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60)
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -136,12 +136,18 @@ def wheel_pin(filename: str) -> tuple[str, str]:
 
 
 def wheel_fits_python(filename: str, python: str) -> bool:
-    """Whether a wheel's Python tags let CPython `python` ('3.12') install it: py3, cp312, or cp3X-abi3 with X <= 12."""
+    """Whether CPython `python` ('3.12') accepts a wheel's Python tag, as pip does: py3, py3X or cp3X-abi3
+    with X <= 12, cp312."""
     python_tags, abi_tags = filename[:-len(".whl")].split("-")[-3:-1]
     target = int(python.split(".")[1])
     for tag in python_tags.split("."):
-        match = re.fullmatch(r"cp3(\d+)", tag)
-        if tag in ("py3", "py2.py3") or (match and (int(match.group(1)) == target or ("abi3" in abi_tags and int(match.group(1)) <= target))):
+        match = re.fullmatch(r"(py|cp)3(\d*)", tag)
+        if not match:
+            continue
+        minor = int(match.group(2)) if match.group(2) else None
+        if match.group(1) == "py" and (minor is None or minor <= target):
+            return True
+        if match.group(1) == "cp" and minor is not None and (minor == target or ("abi3" in abi_tags.split(".") and minor <= target)):
             return True
     return False
 
@@ -221,5 +227,5 @@ def pip_check(venv: Path) -> tuple[bool, str]:
     """The role's `pip check`: (passed, its output)."""
     done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "check", "--disable-pip-version-check"],
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1"))
+                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1"), check=False)
     return done.returncode == 0, done.stdout.strip()

@@ -13,7 +13,7 @@ For each pin set without `lab: true` in its pinset.yml, and each requirements-py
      ddtree.sglang.release, which installs it into the release's site/ as on a host);
   6. ddtree.sglang.spec_verify with that release: the predicate matrix pristine and with the plugin
      loaded through SGLang's load_plugins(), and a dry parse of a DDTREE service's flags from the
-     example inventory; every other service's flags dry-parsed by the same probe.
+     example inventory.
 Steps 3-6 run every time; 2 only when its cache is cold. The modules run as Ansible runs them on a
 host (their file, with a JSON args file). Exits 1 naming every problem.
 """
@@ -21,6 +21,7 @@ host (their file, with a JSON args file). Exits 1 naming every problem.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -45,7 +47,6 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import (  # n
     stack_id,
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import service_environment, service_flags  # noqa: E402
-from ansible_collections.ddtree.sglang.plugins.module_utils.spec_matrix import FLAGS_PROBE  # noqa: E402
 import pinset_env  # noqa: E402
 
 # Modules every SGLang server imports, checked on CPU beside the pin set's own `expect.imports`.
@@ -63,7 +64,7 @@ def run_module(name: str, args: dict, env: dict | None = None) -> dict:
     try:
         done = subprocess.run([sys.executable, "-m", "ansible_collections.ddtree.sglang.plugins.modules.%s" % name, handle.name],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, PYTHONPATH=str(REPO / "collections"), **(env or {})))
+                              env=dict(os.environ, PYTHONPATH=str(REPO / "collections"), **(env or {})), check=False)
     finally:
         os.unlink(handle.name)
     try:
@@ -95,7 +96,7 @@ def ffmpeg_missing() -> list[str]:
     packages = defaults["cuda_stack_ffmpeg_packages"].get(release, [])
     return [package for package in packages
             if subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                              text=True).stdout != "install ok installed"]
+                              text=True, check=False).stdout != "install ok installed"]
 
 
 def ensure_ffmpeg() -> None:
@@ -116,10 +117,10 @@ def driver_symbols(package: Path) -> list[str]:
     """CUDA driver API functions (cuXxx) that the package's native libraries needing libcuda.so.1 import."""
     symbols = set()
     for library in sorted(package.rglob("*.so")):
-        needed = subprocess.run(["readelf", "-d", str(library)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
+        needed = subprocess.run(["readelf", "-d", str(library)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=False).stdout
         if "[libcuda.so.1]" not in needed:
             continue
-        undefined = subprocess.run(["nm", "-D", "--undefined-only", str(library)], stdout=subprocess.PIPE, text=True).stdout
+        undefined = subprocess.run(["nm", "-D", "--undefined-only", str(library)], stdout=subprocess.PIPE, text=True, check=True).stdout
         symbols.update(word for word in undefined.split() if re.fullmatch(r"cu[A-Z]\w*", word))
     return sorted(symbols)
 
@@ -149,11 +150,25 @@ def libcuda_stub(venv: Path, work: Path) -> Path | None:
 
 
 class Stage:
+    """Runs the checks of (pin set, Python) pairs, up to `jobs` at once (each is a chain of processes, mostly
+    imports of SGLang on one core); downloads and installs, cold only, one at a time."""
+
     def __init__(self, work: Path):
         self.work = work
         self.problems: list[str] = []
         self.passed = 0
         self.wheel: dict | None = None
+        self.lock = threading.Lock()          # counters, the overlay wheel, FFmpeg
+        self.install_lock = threading.Lock()  # one pip download or install at a time
+        self.local = threading.local()
+
+    def say(self, text: str) -> None:
+        """Output of the pair this thread checks (printed whole when it ends), or printed now."""
+        lines = getattr(self.local, "lines", None)
+        if lines is None:
+            print(text, flush=True)
+        else:
+            lines.append(text)
 
     def step(self, label: str, what: str, action):
         """Run one check; record its problem (and return None) when it fails."""
@@ -161,18 +176,33 @@ class Stage:
         try:
             result = action()
         except (StepFailed, RuntimeError) as error:
-            self.problems.append("%s: %s: %s" % (label, what, error))
-            print("FAILED  %s: %s (%.0f s)\n        %s" % (label, what, time.time() - start, str(error).replace("\n", "\n        ")), flush=True)
+            with self.lock:
+                self.problems.append("%s: %s: %s" % (label, what, error))
+            self.say("FAILED  %s: %s (%.0f s)\n        %s" % (label, what, time.time() - start, str(error).replace("\n", "\n        ")))
             return None
-        self.passed += 1
-        print("ok      %s: %s (%.0f s)" % (label, what, time.time() - start), flush=True)
+        with self.lock:
+            self.passed += 1
+        self.say("ok      %s: %s (%.0f s)" % (label, what, time.time() - start))
         return result
 
     def overlay_wheel(self) -> dict:
         """The overlay wheel built from this checkout now (into this run's own directory, so never a cached one)."""
-        if self.wheel is None:
-            self.wheel = run_module("overlay_build", {"source": str(REPO / "sglang_overlay"), "dest": str(self.work / "overlay")})
-        return self.wheel
+        with self.lock:
+            if self.wheel is None:
+                self.wheel = run_module("overlay_build", {"source": str(REPO / "sglang_overlay"), "dest": str(self.work / "overlay")})
+            return self.wheel
+
+    def check_pair(self, directory: Path, spec: dict, python: str) -> list[str]:
+        """check() with this thread's output collected and returned."""
+        self.local.lines = []
+        try:
+            self.check(directory, spec, python)
+        except Exception as error:  # a bug here must still name the pair, and not hide the others' results
+            with self.lock:
+                self.problems.append("%s py%s: the stage itself failed: %r" % (spec["name"], python, error))
+            self.local.lines.append("FAILED  %s py%s: %r" % (spec["name"], python, error))
+        lines, self.local.lines = self.local.lines, None
+        return lines
 
     def check(self, directory: Path, spec: dict, python: str) -> None:
         label = "%s py%s" % (spec["name"], python)
@@ -181,15 +211,16 @@ class Stage:
         interpreter = self.step(label, "find a Python %s" % python, lambda: pinset_env.find_python(python))
         if interpreter is None:
             return
-        wheels = self.step(label, "wheelhouse of %s (cached per lock, hash-checked)" % lock.name,
-                           lambda: pinset_env.wheelhouse(lock, python, spec["glibc"], spec["name"]))
-        venv = wheels and self.step(label, "install %s as the role does (cached per lock and recipe)" % lock.name,
-                                    lambda: pinset_env.stack_venv(lock, interpreter, wheels, spec["name"]))
+        with self.install_lock:
+            wheels = self.step(label, "wheelhouse of %s (cached per lock, hash-checked)" % lock.name,
+                               lambda: pinset_env.wheelhouse(lock, python, spec["glibc"], spec["name"]))
+            venv = wheels and self.step(label, "install %s as the role does (cached per lock and recipe)" % lock.name,
+                                        lambda: pinset_env.stack_venv(lock, interpreter, wheels, spec["name"]))
         if not venv:
             return
-        print("        %s (%s)" % (venv, interpreter))
+        self.say("        %s (%s)" % (venv, interpreter))
         if spec.get("install_without_dependencies"):
-            print("skip    %s: pip check (packages installed without dependencies, as the role skips it)" % label)
+            self.say("skip    %s: pip check (packages installed without dependencies, as the role skips it)" % label)
         else:
             self.step(label, "pip check", lambda: self.pip_check(venv))
         self.step(label, "ddtree.sglang.stack_verify (no GPU here: GPU claims left out)", lambda: self.stack_verify(venv, spec, python, pins))
@@ -197,22 +228,16 @@ class Stage:
                             lambda: self.release(venv, spec, lock))
         if release is None:
             return
-        # The module (both matrices and a dry parse) once, for a DDTREE service when there is one; the
-        # other services' flags through the module's own dry-parse probe (each matrix costs two imports
-        # of SGLang, about 10 s each here).
+        # The module once, with a DDTREE service's flags when there is one. (Every service's flags are
+        # dry-parsed with the same SGLang by Molecule, whose lab uses these inventory files.)
         services = sorted(example_services(), key=lambda service: (service.get("speculative") or {}).get("algorithm") != "DDTREE")
-        for index, service in enumerate(services):
-            if index == 0:
-                self.step(label, "ddtree.sglang.spec_verify: predicate matrix, and the flags of service %s" % service["name"],
-                          lambda service=service: self.spec_verify(venv, release, service))
-            else:
-                self.step(label, "dry parse of service %s's flags with the release (spec_verify's probe)" % service["name"],
-                          lambda service=service: self.dry_parse(venv, release, service))
+        if services:
+            self.step(label, "ddtree.sglang.spec_verify: predicate matrix, and the flags of service %s" % services[0]["name"],
+                      lambda: self.spec_verify(venv, release, services[0]))
 
-    @staticmethod
-    def pip_check(venv: Path) -> str:
+    def pip_check(self, venv: Path) -> str:
         passed, output = pinset_env.pip_check(venv)
-        print("        pip check: %s" % output.replace("\n", "\n        "))
+        self.say("        pip check: %s" % output.replace("\n", "\n        "))
         if not passed:
             raise StepFailed(output)
         return output
@@ -225,17 +250,18 @@ class Stage:
         if "sgl_kernel" in imports:
             stub = libcuda_stub(venv, self.work)
             if stub is None:
-                print("        sgl_kernel not imported: it needs libcuda.so.1 and no C compiler is here to make a stub")
+                self.say("        sgl_kernel not imported: it needs libcuda.so.1 and no C compiler is here to make a stub")
                 imports.remove("sgl_kernel")
             else:
                 env["LD_LIBRARY_PATH"] = ":".join(filter(None, [str(stub), os.environ.get("LD_LIBRARY_PATH")]))
-                print("        sgl_kernel loads against a stub libcuda.so.1 (no driver here): its links to torch and CUDA are checked")
+                self.say("        sgl_kernel loads against a stub libcuda.so.1 (no driver here): its links to torch and CUDA are checked")
         expect["imports"] = imports
         if spec["expect"].get("torch_cuda"):
-            ensure_ffmpeg()
+            with self.lock:
+                ensure_ffmpeg()
         result = run_module("stack_verify", {"stack": str(venv), "expected": expect}, env)
         facts = result["facts"]
-        print("        torch %s (CUDA %s), sglang %s, sglang-kernel %s, nvcc %s; imported: %s" % (
+        self.say("        torch %s (CUDA %s), sglang %s, sglang-kernel %s, nvcc %s; imported: %s" % (
             facts["torch"]["version"], facts["torch"]["cuda"], facts["packages"]["sglang"], facts["packages"]["sglang-kernel"],
             (facts.get("nvcc") or {}).get("version"), ", ".join(sorted(facts["imports"]))))
         return result
@@ -246,34 +272,16 @@ class Stage:
         stack = stack_id(spec["name"], lock.read_text().rstrip("\n") + "\n")
         result = run_module("release", {"root": str(self.work / "releases"), "wheel": wheel["wheel"], "stack": str(venv), "stack_id": stack,
                                         "arch": "cpu", "source_hash": wheel["source_hash"], "source_revision": wheel["revision"]})
-        print("        release %s of overlay %s (%s)" % (result["release_id"], wheel["source_hash"][:12], wheel["revision"]))
+        self.say("        release %s of overlay %s (%s)" % (result["release_id"], wheel["source_hash"][:12], wheel["revision"]))
         return result["release_dir"]
 
-    @staticmethod
-    def spec_verify(venv: Path, release: str, service: dict) -> dict:
+    def spec_verify(self, venv: Path, release: str, service: dict) -> dict:
         flags = [flag.replace("${SGLANG_API_KEY}", "dry-parse-placeholder") for flag in service_flags(service)]
         environment = service_environment(service)
         result = run_module("spec_verify", {"stack": str(venv), "release": release, "flags": flags, "environment": environment})
-        print("        " + "\n        ".join(result["matrix"]))
-        print("        parsed: %s" % json.dumps(result.get("parsed")))
+        self.say("        " + "\n        ".join(result["matrix"]))
+        self.say("        parsed: %s" % json.dumps(result.get("parsed")))
         return result
-
-
-    @staticmethod
-    def dry_parse(venv: Path, release: str, service: dict) -> dict:
-        flags = [flag.replace("${SGLANG_API_KEY}", "dry-parse-placeholder") for flag in service_flags(service)]
-        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1", PYTHONPATH=str(Path(release) / "site"))
-        env.update(service_environment(service))
-        done = subprocess.run([str(venv / "bin" / "python"), "-c", FLAGS_PROBE] + flags, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env)
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        if done.returncode != 0:
-            raise StepFailed("SGLang's parser on %s exits %d: %s" % (" ".join(flags), done.returncode, "\n".join(lines[-5:])))
-        parsed = json.loads(done.stdout[done.stdout.index("{"):])
-        if parsed.get("error"):
-            raise StepFailed("--speculative-algorithm %s does not resolve with the release: %s" % (parsed["algorithm"], parsed["error"]))
-        print("        parsed: %s" % json.dumps(parsed))
-        return parsed
 
 
 def production_pinsets(pinsets_dir: Path) -> list[tuple[Path, dict]]:
@@ -292,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pinsets-dir", type=Path, default=REPO / "roles" / "sglang_stack" / "files" / "pinsets",
                         help="where pin sets live (a scratch copy to try a change)")
     parser.add_argument("--python", action="append", help="only these Python versions (default: every one locked)")
+    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="pairs checked at once (default: 2, or 1 on one core)")
     options = parser.parse_args(argv)
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="pinsets-stage-") as work:
@@ -299,15 +308,16 @@ def main(argv: list[str] | None = None) -> int:
         pinsets = production_pinsets(options.pinsets_dir)
         if not pinsets:
             stage.problems.append("no production pin set (one without lab: true) in %s" % options.pinsets_dir)
+        pairs = []
         for directory, spec in pinsets:
             pythons = locked_pythons([path.name for path in directory.iterdir()])
             locks = {python: (directory / lock_name(python)).read_text() for python in pythons}
             stage.step(spec["name"], "pinset.yml expect against %s" % ", ".join(lock_name(python) for python in pythons),
                        lambda spec=spec, locks=locks: _no_problems(pinset_problems(spec, locks)))
-            for python in pythons:
-                if options.python and python not in options.python:
-                    continue
-                stage.check(directory, spec, python)
+            pairs += [(directory, spec, python) for python in pythons if not options.python or python in options.python]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+            for lines in pool.map(lambda pair: stage.check_pair(*pair), pairs):
+                print("\n".join(lines), flush=True)
         # Releases are read-only, as on a host: let the temporary directory go.
         subprocess.run(["chmod", "-R", "u+w", work], check=False)
     print("\npinsets stage: %.0f s" % (time.time() - start))

@@ -74,6 +74,9 @@ def test_seed_links_only_pinned_versions_from_complete_wheelhouses(env, tmp_path
     ("nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl", "3.12", True),
     ("cryptography-46.0.1-cp311-abi3-manylinux_2_34_x86_64.whl", "3.12", True),
     ("cryptography-46.0.1-cp311-abi3-manylinux_2_34_x86_64.whl", "3.10", False),
+    ("interegular-0.3.3-py37-none-any.whl", "3.12", True),
+    ("multiprocess-0.70.19-py312-none-any.whl", "3.12", True),
+    ("multiprocess-0.70.19-py312-none-any.whl", "3.11", False),
 ])
 def test_wheel_fits_python(env, name, python, fits):
     assert env.wheel_fits_python(name, python) is fits
