@@ -1,4 +1,5 @@
-"""Lock a pin set (see scripts/lock-pinset)."""
+"""Lock a pin set (see scripts/lock-pinset): resolve, then install the candidate lock as the role does and
+write it only when it installs, passes `pip check` and satisfies pinset.yml's `expect`."""
 
 import hashlib
 import json
@@ -11,16 +12,24 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections"))
-from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import lock_name, wheel_platforms  # noqa: E402
+from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import expect_lock_problems, lock_name, lock_pins, wheel_platforms  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import pinset_env  # noqa: E402
 
 
-def resolve(requirements, python, glibc, no_deps, extra_args):
-    """pip's resolution of the requirement lines: [(name, version, sha256)]."""
+def resolve(requirements, python, glibc, no_deps, extra_args, interpreter):
+    """pip's resolution of the requirement lines: [(name, version, sha256)].
+
+    pip runs under `interpreter` (--python), a real CPython of the target version: --python-version
+    only selects wheels, while environment markers (numpy<2.4; python_version <= "3.12") are evaluated
+    against the interpreter that runs the resolver.
+    """
     with tempfile.TemporaryDirectory() as tmp:
         req = Path(tmp, "req.txt")
         req.write_text("\n".join(requirements) + "\n")
         report = Path(tmp, "report.json")
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+        cmd = [sys.executable, "-m", "pip", "--python", interpreter, "install", "--dry-run", "--ignore-installed", "--quiet",
                "--report", str(report), "--only-binary=:all:", "--python-version", python,
                "--implementation", "cp", "--target", str(Path(tmp, "target")), "-r", str(req)]
         for platform in wheel_platforms(glibc):
@@ -39,8 +48,28 @@ def resolve(requirements, python, glibc, no_deps, extra_args):
         return locked
 
 
+def verify(candidate, spec, python, interpreter):
+    """Why the candidate lock must not be written: [] when it installs like the role installs it, passes
+    `pip check` (unless the pin set installs packages without their dependencies) and matches `expect`."""
+    try:
+        problems = expect_lock_problems(spec, lock_pins(candidate.read_text()), python)
+    except ValueError as error:
+        problems = [str(error)]
+    wheels = pinset_env.wheelhouse(candidate, python, spec["glibc"], spec["name"])
+    venv = pinset_env.stack_venv(candidate, interpreter, wheels, spec["name"])
+    if spec.get("install_without_dependencies"):
+        print("pip check skipped: %s installed without dependencies (as the role does)" % ", ".join(spec["install_without_dependencies"]))
+    else:
+        passed, output = pinset_env.pip_check(venv)
+        print("pip check (Python %s, %s):\n%s" % (python, venv, output))
+        if not passed:
+            problems.append("pip check fails in a venv installed from it:\n%s" % output)
+    return problems
+
+
 def main(pinset_dir, python):
     pinset_dir = Path(pinset_dir)
+    interpreter = pinset_env.find_python(python)
     spec = yaml.safe_load((pinset_dir / "pinset.yml").read_text())
     lines = [line.strip() for line in (pinset_dir / "requirements.in").read_text().splitlines()
              if line.strip() and not line.strip().startswith("#")]
@@ -53,7 +82,7 @@ def main(pinset_dir, python):
     locked = {}
     for requirements, flag in ((with_deps, False), (without_deps, True)):
         if requirements:
-            for name, version, sha in resolve(requirements, python, spec["glibc"], flag, extra):
+            for name, version, sha in resolve(requirements, python, spec["glibc"], flag, extra, interpreter):
                 locked[name.lower()] = (name, version, sha)
     out = pinset_dir / lock_name(python)
     header = [
@@ -63,8 +92,19 @@ def main(pinset_dir, python):
         "# %s" % ", ".join(sorted(no_deps)) + " resolved without their dependencies (see pinset.yml)." if no_deps else "#",
     ]
     body = ["%s==%s \\\n    --hash=sha256:%s" % (name, version, sha) for name, version, sha in sorted(locked.values(), key=lambda v: v[0].lower())]
-    out.write_text("\n".join(header + body) + "\n")
-    print("%s: %d packages" % (out, len(locked)))
+    text = "\n".join(header + body) + "\n"
+    with tempfile.TemporaryDirectory() as tmp:
+        candidate = Path(tmp, out.name)
+        candidate.write_text(text)
+        try:
+            problems = verify(candidate, spec, python, interpreter)
+        except RuntimeError as error:
+            problems = [str(error)]
+    if problems:
+        sys.exit("%s NOT written; the resolved lock:\n- %s\nFix requirements.in (a constraint) or pinset.yml and lock again."
+                 % (out, "\n- ".join(problems)))
+    out.write_text(text)
+    print("%s: %d packages, installed and checked with %s" % (out, len(locked), interpreter))
 
 
 if __name__ == "__main__":
