@@ -115,3 +115,19 @@ def test_release_prune_keeps_current_previous_and_keep(tmp_path, capsys):
     code, result = run_module(release_prune, args, capsys)
     assert sorted(os.listdir(os.path.join(root, "releases"))) == ["aaa", "bbb", "ccc"]
     assert result["in_use"] == {"bbb": ["coder/current"], "aaa": ["coder/previous"]}
+
+
+def test_plan_resolves_each_services_gate_settings(capsys):
+    slow = dict(SERVICE, health={"start_timeout": 1800})
+    code, result = run_module(service_plan, {"services": [slow, dict(SERVICE, name="chat", port=30001, gpus=[2], tp_size=1)],
+                                             "gpu_indices": list(range(8)),
+                                             "gate_defaults": {"start_timeout": 900, "no_progress_timeout": 120}}, capsys)
+    assert code == 0
+    assert [entry["gate"] for entry in result["services"]] == [
+        {"start_timeout": 1800, "no_progress_timeout": 120}, {"start_timeout": 900, "no_progress_timeout": 120}]
+
+
+def test_plan_refuses_an_unknown_health_setting(capsys):
+    code, result = run_module(service_plan, {"services": [dict(SERVICE, health={"start_timout": 1800})],
+                                             "gpu_indices": list(range(8))}, capsys)
+    assert code == 1 and "start_timout" in result["msg"]
