@@ -26,7 +26,7 @@ from typing import Any
 from .decoding import DecodePlan
 from .model import LabDraftConfig
 
-logger = logging.getLogger("sglang_overlay.lab_runtime")
+logger = logging.getLogger("ddtree_lab_runtime")
 
 SOURCE = "lab_runtime"
 
@@ -169,8 +169,8 @@ def plan_from_args(server_args: Any) -> DecodePlan:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-    from ..adapter import settings as dd_settings
-    from ..adapter.resolution import resolved_settings
+    from sglang_overlay.adapter import settings as dd_settings
+    from sglang_overlay.adapter.resolution import resolved_settings
 
     cfg = _view(server_args)
     requested = getattr(server_args, "speculative_algorithm", None)
