@@ -182,7 +182,7 @@ class HealthGate:
         self.t0 = clock()
         self.origin = self.t0
         self.stage = STAGES[0]
-        self.result = {"unit": self.unit, "service": params["name"], "release": params["release"],
+        self.result = {"unit": self.unit, "service": params["name"], "release_id": params["release_id"],
                        "stage": self.stage, "passed": False, "timings": {},
                        "recorded": {"baseline": False, "metrics": False}, "unit_state": {}}
         self.pending = {}  # what to record once every stage passed
@@ -413,7 +413,7 @@ class HealthGate:
                     entry["status"] = "new"
                     new_document = baseline_add(new_document, self.model, prompt, max_tokens, {
                         "text": reply["text"], "completion_tokens": reply["completion_tokens"],
-                        "recorded_at": _now_utc(), "release": self.params["release"]})
+                        "recorded_at": _now_utc(), "release_id": self.params["release_id"]})
                 else:
                     entry["status"] = "missing"
                 continue
@@ -460,6 +460,6 @@ class HealthGate:
             raise GateFailed("performance", "; ".join(problems))
         if params["record_metrics"]:
             self.pending["metrics"] = metrics_add(self.read_record(params["metrics_file"]), {
-                "model": self.model, "release": params["release"], "recorded_at": _now_utc(),
+                "model": self.model, "release_id": params["release_id"], "recorded_at": _now_utc(),
                 "tokens_per_second": current["tokens_per_second"], "accept_length": current["accept_length"],
                 "prompts": len(self.generations), "max_tokens": params["max_tokens"]})

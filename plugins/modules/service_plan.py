@@ -106,6 +106,8 @@ services:
       gate: {start_timeout: 1800, no_progress_timeout: 120}
 """
 
+import copy
+
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
@@ -143,7 +145,8 @@ SERVICE_OPTIONS = dict(
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            services=dict(type="list", elements="dict", required=True, options=SERVICE_OPTIONS),
+            # A copy: ansible-core fills suboption defaults into the `default` dicts it is given.
+            services=dict(type="list", elements="dict", required=True, options=copy.deepcopy(SERVICE_OPTIONS)),
             gpu_indices=dict(type="list", elements="int", required=True),
             gate_defaults=dict(type="dict", default={}),
             host=dict(type="str", default="host"),

@@ -164,9 +164,10 @@ options:
     description: Append this run's numbers to O(metrics_file) when every stage passed.
     type: bool
     default: false
-  release:
-    description: A label (the release id) stored with recorded baselines and metrics.
+  release_id:
+    description: The release gated, stored with recorded baselines and metrics and returned for reports.
     type: str
+    aliases: [release]
   extra_signatures:
     description: More journal substrings (case-insensitive) that mean a fatal error.
     type: list
@@ -212,7 +213,7 @@ EXAMPLES = r"""
     metrics_file: /var/lib/sglang/coder/metrics.json
     record_metrics: true
     min_accept_length: 2.0
-    release: "{{ release_id }}"
+    release_id: "{{ release_id }}"
   register: gate
   become: true
 
@@ -251,8 +252,8 @@ service:
   returned: always
   type: str
   sample: coder
-release:
-  description: The release gated (I(release)), for reports; null when not given.
+release_id:
+  description: The release gated (I(release_id)), for reports; null when not given.
   returned: always
   type: str
   sample: 9c1d0b7e3f2a
@@ -371,7 +372,7 @@ ARGUMENT_SPEC = dict(
     metrics_file=dict(type="path"),
     max_regression=dict(type="float", default=0.5),
     record_metrics=dict(type="bool", default=False),
-    release=dict(type="str"),
+    release_id=dict(type="str", aliases=["release"]),
     extra_signatures=dict(type="list", elements="str", default=[]),
     extra_progress_markers=dict(type="list", elements="str", default=[]),
 )

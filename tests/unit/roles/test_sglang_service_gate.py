@@ -71,7 +71,7 @@ def role_variables(capsys):
         sglang_service_since={"stdout": "2026-11-30 10:00:00"},
         sglang_service_release={"release_id": "new"},
         sglang_service_rollback_since={"stdout": "2026-11-30 10:05:00"},
-        sglang_service_rolled_back={"current": "old", "before": {"current": "new"}},
+        sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
         sglang_service_failed={"item": entry, "passed": False, "msg": "failed"},
         sglang_service_gate_results=[],
     )
@@ -92,9 +92,9 @@ def test_deploy_and_rollback_gates_use_the_services_own_settings(role_variables)
     assert float(rollback_args["start_timeout"]) == 1800 == float(deploy_args["start_timeout"])
     assert float(rollback_args["no_progress_timeout"]) == 120 == float(deploy_args["no_progress_timeout"])
     assert float(rollback_args["min_accept_length"]) == 2.5 == float(deploy_args["min_accept_length"])
-    assert deploy_args["release"] == "new" and rollback_args["release"] == "old"
+    assert deploy_args["release_id"] == "new" and rollback_args["release_id"] == "old"
     # Only the deploy's numbers are compared with and recorded as the release's metrics.
     assert deploy_args["record_metrics"] is True and deploy_args["metrics_file"] == "/var/lib/sglang/coder/metrics.json"
     assert rollback_args["record_metrics"] is False and "metrics_file" not in rollback_args
-    same = {key for key in deploy_args if key not in ("since", "release", "record_metrics", "metrics_file")}
+    same = {key for key in deploy_args if key not in ("since", "release_id", "record_metrics", "metrics_file")}
     assert {key: deploy_args[key] for key in same} == {key: rollback_args.get(key) for key in same}

@@ -103,14 +103,14 @@ def test_a_good_start_passes_every_stage_and_records_baseline_and_metrics(clock)
 
     clock.sleep = open_port_later
     passed, message, result, written, _warnings = run(host, clock, baseline_file=BASELINE, metrics_file=METRICS, record_metrics=True,
-                                                      release="r1")
+                                                      release_id="r1")
     assert passed, message
     # The unit started at 999 s (systemd's monotonic clock), the gate at 1000 s, the port opened at 1002 s.
     assert result["startup"]["measured_from"] == "unit start" and clock_at_open == [1002.0]
     assert message.startswith("sglang-coder.service is healthy: port after 3.0 s")
     assert list(result["timings"]) == ["unit_watch", "health", "chat", "degenerate", "baseline", "performance", "total"]
     assert result["baseline"]["status"] == "recorded" and result["recorded"] == {"baseline": True, "metrics": True}
-    assert written[BASELINE]["baselines"]["coder"]["64"]["List the first ten prime numbers, separated by commas."]["release"] == "r1"
+    assert written[BASELINE]["baselines"]["coder"]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
     assert written[METRICS]["records"][-1]["accept_length"] == 3.4
     assert result["performance"]["tokens_per_second"] == 64.0  # 32 tokens in 0.5 s
 
