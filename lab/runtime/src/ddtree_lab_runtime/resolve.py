@@ -1,7 +1,7 @@
 """Flags -> what to run: SGLang's parser and registry, the plugins' resolution hooks, lab stand-ins.
 
-``ServerArgs.resolve_once()`` cannot run in the lab (it imports transformers and torchvision, see
-FACTS.md). What matters of it for the lab is the speculative part, so this module runs:
+``ServerArgs.resolve_once()`` cannot run in the lab (it imports transformers and torchvision,
+which the lab stack does not have). What matters of it for the lab is the speculative part, so this module runs:
 
 1. SGLang's ``run_hook`` for the first pipeline step (``handle_deprecated_dp_attention``) with a
    no-op stand-in: plugins' wrappers of that step run for real (the DDTree adapter's
