@@ -151,4 +151,3 @@ def exception_summary(lines: list, start: int = 0) -> str | None:
         elif in_traceback and _EXCEPTION_LINE.match(text):
             return clip_line(text)
     return None
-

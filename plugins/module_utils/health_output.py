@@ -94,7 +94,6 @@ def compare_output(expected: str, actual: str, tolerance: float = 0.0) -> dict:
     return result
 
 
-
 def tokens_per_second(generations: list) -> float | None:
     """sum(completion_tokens) / sum(seconds) over generations [{"completion_tokens", "seconds"}]."""
     tokens = sum(g.get("completion_tokens") or 0 for g in generations)
@@ -102,7 +101,6 @@ def tokens_per_second(generations: list) -> float | None:
     if not generations or seconds <= 0:
         return None
     return round(tokens / seconds, 3)
-
 
 
 def _number(value) -> float | None:

@@ -37,7 +37,6 @@ def baseline_add(document: dict | None, model: str, prompt: str, max_tokens: int
     return document
 
 
-
 def previous_metrics(document: dict | None, model: str) -> dict | None:
     """The last recorded metrics for this model in a metrics document {"format": 1, "records": [...]}."""
     for record in reversed((document or {}).get("records") or []):
@@ -50,7 +49,6 @@ def metrics_add(document: dict | None, record: dict, keep: int = 50) -> dict:
     """A copy of the metrics document with record appended (the last `keep` records kept)."""
     records = list((document or {}).get("records") or []) + [record]
     return {"format": FILE_FORMAT, "records": records[-keep:]}
-
 
 
 def read_json(path: str | None) -> dict | None:

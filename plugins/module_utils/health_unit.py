@@ -214,7 +214,6 @@ def wants_kernel_log(unit: dict | None) -> bool:
     return unit.get("result") == "oom-kill" or exit_info.get("code") in ("killed", "dumped")
 
 
-
 # ---------------------------------------------------------------------------------------------------
 # The start watch: a state machine fed with (time, unit properties, new journal lines, port open?)
 # ---------------------------------------------------------------------------------------------------
@@ -320,4 +319,3 @@ class StartWatch:
 
     def evidence(self) -> list:
         return signature_evidence(self.lines, self.matches)
-

@@ -28,7 +28,6 @@ def test_split_journal_output_takes_the_cursor_and_drops_notices():
     assert split_journal_output("") == ([], None)
 
 
-
 # ---- signatures ----------------------------------------------------------------------------------
 
 def test_good_start_has_no_fatal_signature_and_every_progress_marker():

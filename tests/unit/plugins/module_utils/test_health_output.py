@@ -72,7 +72,6 @@ def test_compare_output_exact_and_tolerant():
     assert compare_output(expected, expected + " and 31")["match"] is False  # longer counts too
 
 
-
 # ---- performance ---------------------------------------------------------------------------------
 
 def test_tokens_per_second():
@@ -96,7 +95,6 @@ def test_compare_metrics_floors_and_regression():
         "tokens/s 90 is 55% below the previous release's 200")  # numbers from Jinja may be strings
     assert compare_metrics({"tokens_per_second": 90.0, "accept_length": None}, {"accept_length": 2.0}) == [
         "no acceptance length was measured, but the floor is 2 (is speculative decoding on?)"]
-
 
 
 def test_redact():

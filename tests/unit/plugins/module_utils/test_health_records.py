@@ -25,7 +25,6 @@ def test_baseline_document_is_keyed_by_model_max_tokens_and_prompt():
     assert baseline_lookup(None, "coder", "p1", 64) is None
 
 
-
 def test_metrics_document_keeps_the_last_records_per_model():
     document = None
     for index in range(5):
