@@ -32,6 +32,9 @@ import time
 EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED = 1, 2, 75
 KEEP_WORKTREES = 5
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# This checkout's collection (collections/ links to it), for the cache folder's rule.
+sys.path.insert(0, os.path.join(REPO_ROOT, "collections"))
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.cache import cache_dir  # noqa: E402
 
 
 def log(message):
@@ -51,9 +54,7 @@ def git(*args, cwd=None, capture=True):
 
 
 def default_workdir():
-    cache = os.environ.get("DDTREE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddtree-sglang")
-    return os.path.join(cache, "rollouts")
+    return cache_dir("rollouts")
 
 
 def parse_args(argv):

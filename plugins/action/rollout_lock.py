@@ -15,6 +15,7 @@ from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.cache import cache_dir
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_lock import (
     LockError, acquire, describe_holder)
 
@@ -28,9 +29,7 @@ ARGUMENT_SPEC = dict(
 
 
 def default_lock_dir():
-    cache = os.environ.get("DDTREE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddtree-sglang")
-    return os.environ.get("DDTREE_LOCK_DIR") or os.path.join(cache, "locks")
+    return os.environ.get("DDTREE_LOCK_DIR") or cache_dir("locks")
 
 
 class ActionModule(ActionBase):

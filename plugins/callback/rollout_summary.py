@@ -71,7 +71,7 @@ ACTIONS = {
     "ddtree.sglang.service_link": "link",
     "ddtree.sglang.sglang_health": "gate",
 }
-START_FACT = "ddtree_rollout_releases_at_start"
+START_FACT = "ddtree_rollout_release_ids_at_start"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 

@@ -16,26 +16,41 @@ STACK_MARKER = ".ddtree-stack-complete"
 SERVICE_LINKS = ("current", "previous")
 
 
+def link_release_id(link: str) -> str | None:
+    """The release id a service's link names (the last part of its target), or None when there is no link.
+
+    The one reader of services' links: every module that asks which release a service runs asks here.
+    """
+    return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
+
+
+def service_release_ids(services_root: str, service: str) -> dict:
+    """{"current": release id or None, "previous": release id or None} of one service."""
+    return {link: link_release_id(os.path.join(services_root, service, link)) for link in SERVICE_LINKS}
+
+
+def release_link_target(services_root: str, service: str, releases_root: str, release_id: str) -> str:
+    """What a service's link holds to name a release: the release's path relative to the service's
+    directory, so the tree can be moved whole, wherever releases_root is."""
+    return os.path.relpath(os.path.join(releases_root, release_id), os.path.join(services_root, service))
+
+
 def _service_links(services_root):
-    """(service, link name, path) of every service's current and previous link that exists."""
+    """(service, link name, release id) of every service's current and previous link that exists."""
     if not os.path.isdir(services_root):
         return
     for service in sorted(os.listdir(services_root)):
-        for link in SERVICE_LINKS:
-            path = os.path.join(services_root, service, link)
-            if os.path.islink(path):
-                yield service, link, path
+        for link, release_id in service_release_ids(services_root, service).items():
+            if release_id:
+                yield service, link, release_id
 
 
 def release_stack_ids(services_root, releases_root):
-    """{stack_id: ["svc/current", ...]} for every release a service's current or previous link points to."""
+    """{stack_id: ["svc/current", ...]} for every release a service's current or previous link names."""
     users = {}
-    for service, link, path in _service_links(services_root):
-        release = os.path.realpath(path)
-        if os.path.dirname(release) != os.path.realpath(releases_root):
-            continue
+    for service, link, release_id in _service_links(services_root):
         try:
-            with open(os.path.join(release, "manifest.json")) as handle:
+            with open(os.path.join(releases_root, release_id, "manifest.json")) as handle:
                 stack_id = json.load(handle).get("stack_id")
         except (OSError, ValueError):
             stack_id = None
@@ -47,8 +62,8 @@ def release_stack_ids(services_root, releases_root):
 def releases_in_use(services_root):
     """{release_id: ["svc/current", ...]} for the releases services' current and previous links name."""
     users = {}
-    for service, link, path in _service_links(services_root):
-        users.setdefault(os.path.basename(os.readlink(path)), []).append("%s/%s" % (service, link))
+    for service, link, release_id in _service_links(services_root):
+        users.setdefault(release_id, []).append("%s/%s" % (service, link))
     return users
 
 

@@ -55,9 +55,12 @@ def source_hash(files):
     return digest.hexdigest()
 
 
-def release_id(overlay_source_hash, stack_id, arch):
-    """A release is one overlay source, built for one stack and one GPU architecture ('cpu' in the lab)."""
-    return hashlib.sha256(("%s\n%s\n%s" % (overlay_source_hash, stack_id, arch)).encode("utf-8")).hexdigest()[:12]
+def release_id(overlay_source_hash, stack_id, arch, extra_wheel_hashes=()):
+    """A release is one overlay source, built for one stack and one GPU architecture ('cpu' in the lab),
+    with the extra wheels installed beside it (none in production, where the id is that of the three)."""
+    identity = "%s\n%s\n%s" % (overlay_source_hash, stack_id, arch)
+    identity += "".join("\n%s" % digest for digest in extra_wheel_hashes)
+    return hashlib.sha256(identity.encode("utf-8")).hexdigest()[:12]
 
 
 def manifest_problems(manifest, files, links):

@@ -18,6 +18,11 @@ ALGORITHMS = ("NONE", "EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK", "UNO", "FR
 NEEDS_DRAFT_MODEL = ("DDTREE", "DFLASH", "EAGLE", "EAGLE3", "STANDALONE")
 CHAIN_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+# The health-gate settings a service may set for itself (its `health` field), each an option of
+# ddtree.sglang.sglang_health. The first two have role-wide defaults; the others, when unset, are the
+# module's own defaults.
+GATE_SETTINGS = ("start_timeout", "no_progress_timeout", "min_tokens_per_second", "min_accept_length",
+                 "max_regression", "baseline_tolerance")
 
 
 def service_problems(services, gpu_indices, host="host"):
@@ -110,6 +115,24 @@ def service_environment(service):
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in service.get("gpus") or [])}
     env.update({str(key): str(value) for key, value in (service.get("environment") or {}).items()})
     return env
+
+
+def gate_settings(service: dict, defaults: dict) -> dict:
+    """The health-gate settings of a service: its own `health` values over the role's defaults.
+
+    The one place that merges them, so the gate after a deploy and the gate after a rollback run with
+    the same settings (a slow-starting model needs its start_timeout on the way back too). Settings
+    set neither way are left out: the module's defaults apply.
+    """
+    own = service.get("health") or {}
+    settings = {}
+    for key in GATE_SETTINGS:
+        value = own.get(key)
+        if value is None:
+            value = (defaults or {}).get(key)
+        if value is not None:
+            settings[key] = value
+    return settings
 
 
 def systemd_quote(arg):

@@ -41,7 +41,7 @@ EXAMPLES = r"""
 - name: Build the overlay on the controller
   ddtree.sglang.overlay_build:
     source: "{{ playbook_dir }}/../sglang_overlay"
-    dest: ~/.cache/ddtree-sglang/overlay
+    dest: "{{ lookup('ddtree.sglang.cache_dir', 'overlay') }}"
   delegate_to: localhost
   run_once: true
   register: overlay

@@ -40,6 +40,13 @@ options:
   wheel:
     description: The overlay wheel on the host. Required with I(state=present).
     type: path
+  extra_wheels:
+    description:
+      - More wheels on the host to install into C(site/) with the overlay (the lab's runtime; none in
+        production). Their sha256 is part of the derived I(release_id) and is recorded in the manifest.
+    type: list
+    elements: path
+    default: []
   stack:
     description: The stack (venv) the release is for. Required with I(state=present).
     type: path
@@ -123,6 +130,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.ddtree.sglang.plugins.module_utils.release import (
     MANIFEST,
     MANIFEST_FORMAT,
+    file_sha256,
     manifest_problems,
     release_id,
     tree_hashes,
@@ -154,7 +162,7 @@ def run(module, command, env, what):
     return stdout
 
 
-def build(module, path):
+def build(module, path, extra_wheels):
     params = module.params
     python = os.path.join(params["stack"], "bin", "python")
     site = os.path.join(path, "site")
@@ -162,7 +170,7 @@ def build(module, path):
     os.makedirs(cache)
     env = {"PYTHONPATH": site, "PYTHONNOUSERSITE": "1", "TRITON_CACHE_DIR": cache}
     run(module, [python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "--disable-pip-version-check",
-                 "--target", site, params["wheel"]], {"PYTHONNOUSERSITE": "1"}, "installing the overlay wheel")
+                 "--target", site, params["wheel"]] + params["extra_wheels"], {"PYTHONNOUSERSITE": "1"}, "installing the overlay wheel")
     os.symlink(params["stack"], os.path.join(path, "stack"))
     warmup = [python, "-m", "sglang_overlay.kernels.warmup", "--cache-dir", cache]
     # No GPU (the lab): the warm-up says nothing was compiled and the cache stays empty.
@@ -180,6 +188,7 @@ def build(module, path):
         "arch": params["arch"],
         "source_revision": params["source_revision"],
         "source_hash": params["source_hash"],
+        "extra_wheels": extra_wheels,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": files,
         "links": links,
@@ -199,6 +208,7 @@ def main():
             release_id=dict(type="str"),
             state=dict(type="str", choices=["present", "verified"], default="present"),
             wheel=dict(type="path"),
+            extra_wheels=dict(type="list", elements="path", default=[]),
             stack=dict(type="path"),
             stack_id=dict(type="str"),
             arch=dict(type="str", default="cpu"),
@@ -209,8 +219,14 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
+    extra_wheels = []
+    for wheel in params["extra_wheels"]:
+        if not os.path.isfile(wheel):
+            module.fail_json(msg="extra wheel %s is not on the host" % wheel, problems=[], rebuilt_partial=False)
+        extra_wheels.append({"wheel": os.path.basename(wheel), "sha256": file_sha256(wheel)})
     if not params["release_id"]:
-        params["release_id"] = release_id(params["source_hash"], params["stack_id"], params["arch"])
+        params["release_id"] = release_id(params["source_hash"], params["stack_id"], params["arch"],
+                                          [extra["sha256"] for extra in extra_wheels])
     path = os.path.join(params["root"], params["release_id"])
     complete = os.path.isfile(os.path.join(path, MANIFEST))
     if complete:
@@ -230,7 +246,7 @@ def main():
     if partial:
         shutil.rmtree(path)
     os.makedirs(path)
-    manifest = build(module, path)
+    manifest = build(module, path, extra_wheels)
     module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial, manifest=summary(manifest))
 
 

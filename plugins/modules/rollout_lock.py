@@ -35,7 +35,8 @@ options:
   dir:
     description:
       - Directory of the lock files.
-      - Defaults to C(DDTREE_LOCK_DIR), else C($DDTREE_CACHE/locks), else C(~/.cache/ddtree-sglang/locks).
+      - Defaults to C(DDTREE_LOCK_DIR), else C(locks) in the controller's cache folder (C($DDTREE_CACHE), else
+        C($XDG_CACHE_HOME/ddtree-sglang), else C(~/.cache/ddtree-sglang)).
     type: path
   timeout:
     description: Seconds to wait for another rollout to finish; C(0) refuses at once.

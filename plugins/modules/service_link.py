@@ -12,7 +12,8 @@ module: service_link
 short_description: Point an SGLang service at a release, atomically, keeping the one to fall back to
 version_added: 0.1.0
 description:
-  - Each service has C(<services_root>/<service>/current) and C(previous), links to releases.
+  - Each service has C(<services_root>/<service>/current) and C(previous), links to releases in
+    I(releases_root) (relative, so the tree can be moved whole).
   - With I(state=current), makes C(current) point at I(release_id) and C(previous) at the release
     C(current) pointed at before (when it differs). Each link is replaced with one C(rename), so a
     reader sees the old or the new target, never none.
@@ -76,39 +77,43 @@ state:
   returned: success
   type: str
   sample: current
-current:
-  description: The release id C(current) points at afterwards.
+release_id:
+  description: The release C(current) points at afterwards (the release the service runs).
   returned: always
   type: str
-previous:
-  description: The release id C(previous) points at afterwards (null when none).
+  sample: 9c1d0b7e3f2a
+previous_release_id:
+  description: The release C(previous) points at afterwards (null when none).
   returned: always
   type: str
+  sample: 0b7e3f2a9c1d
 before:
-  description: The links' release ids before the change.
+  description: The same two before the change.
   returned: always
   type: dict
-  sample: {current: 0b7e3f2a9c1d, previous: null}
+  sample: {release_id: 0b7e3f2a9c1d, previous_release_id: null}
 """
 
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.layout import release_link_target, service_release_ids
 from ansible_collections.ddtree.sglang.plugins.module_utils.release import verify_release
 
 
-def target_id(link):
-    return os.path.basename(os.readlink(link)) if os.path.islink(link) else None
-
-
-def replace_link(link, release_id):
-    """Point link at ../../releases/<id> with one rename (relative, so the tree can be moved whole)."""
+def replace_link(link, target):
+    """Point link at target with one rename: a reader sees the old or the new target, never none."""
     tmp = "%s.tmp-%d" % (link, os.getpid())
     if os.path.lexists(tmp):
         os.remove(tmp)
-    os.symlink(os.path.join("..", "..", "releases", release_id), tmp)
+    os.symlink(target, tmp)
     os.replace(tmp, link)
+
+
+def named(links):
+    """current/previous link -> the result's names for the release ids they hold."""
+    return {"release_id": links["current"], "previous_release_id": links["previous"]}
 
 
 def main():
@@ -125,16 +130,13 @@ def main():
     )
     params = module.params
     service_dir = os.path.join(params["services_root"], params["service"])
-    links = {name: os.path.join(service_dir, name) for name in ("current", "previous")}
-    before = {name: target_id(path) for name, path in links.items()}
+    before = service_release_ids(params["services_root"], params["service"])
     if params["state"] == "current":
         after = {"current": params["release_id"], "previous": before["current"] if before["current"] != params["release_id"] else before["previous"]}
     else:
         if not before["previous"]:
-            module.fail_json(msg="service %s has no previous release to go back to" % params["service"], before=before)
+            module.fail_json(msg="service %s has no previous release to go back to" % params["service"], before=named(before))
         after = {"current": before["previous"], "previous": before["current"]}
-    if os.path.realpath(os.path.join(params["releases_root"], "..")) != os.path.realpath(os.path.join(params["services_root"], "..")):
-        module.fail_json(msg="services_root and releases_root must be siblings (links are relative: ../../releases/<id>)")
     release_dir = os.path.join(params["releases_root"], after["current"])
     if module.check_mode and params["state"] == "current" and not os.path.exists(release_dir):
         # A plan: the release is built (and verified) by the run that activates it.
@@ -144,9 +146,9 @@ def main():
         problems = verify_release(release_dir)
     if problems:
         module.fail_json(msg="release %s will not be activated for %s: %s" % (after["current"], params["service"], "; ".join(problems[:5])),
-                         problems=problems, before=before)
+                         problems=problems, before=named(before))
     changed = after != before
-    result = dict(changed=changed, service=params["service"], state=params["state"], current=after["current"], previous=after["previous"], before=before)
+    result = dict(changed=changed, service=params["service"], state=params["state"], before=named(before), **named(after))
     if module._diff:
         result["diff"] = {
             "before": "current -> %s\nprevious -> %s\n" % (before["current"], before["previous"]),
@@ -157,10 +159,10 @@ def main():
     if changed and not module.check_mode:
         os.makedirs(service_dir, exist_ok=True)
         # previous first: at every moment current names a good release.
-        if after["previous"] and after["previous"] != before["previous"]:
-            replace_link(links["previous"], after["previous"])
-        if after["current"] != before["current"]:
-            replace_link(links["current"], after["current"])
+        for link in ("previous", "current"):
+            if after[link] and after[link] != before[link]:
+                replace_link(os.path.join(service_dir, link),
+                             release_link_target(params["services_root"], params["service"], params["releases_root"], after[link]))
     module.exit_json(**result)
 
 

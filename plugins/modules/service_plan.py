@@ -45,12 +45,30 @@ options:
       api_key: {description: API key (from Ansible Vault); never returned, type: str}
       extra_args: {description: More launch_server flags, type: list, elements: str, default: []}
       environment: {description: More environment variables, type: dict, default: {}}
-      health: {description: Health-gate settings (read by the health gate), type: dict, default: {}}
+      health:
+        description:
+          - This service's own health-gate settings, over O(gate_defaults) (each is the
+            M(ddtree.sglang.sglang_health) option of the same name). Unset, the gate's defaults apply.
+        type: dict
+        default: {}
+        suboptions:
+          start_timeout: {description: Seconds the whole start may take, type: float}
+          no_progress_timeout: {description: Seconds without a journal progress marker, type: float}
+          min_tokens_per_second: {description: Floor for tokens/s, type: float}
+          min_accept_length: {description: Floor for the acceptance length, type: float}
+          max_regression: {description: Largest allowed drop from the previous release's numbers, type: float}
+          baseline_tolerance: {description: Share of a baseline's length allowed to differ at its end, type: float}
   gpu_indices:
     description: The host's GPU indices (from M(ddtree.sglang.gpu_facts)).
     type: list
     elements: int
     required: true
+  gate_defaults:
+    description:
+      - Health-gate settings for services that do not set their own in C(health) (the role passes
+        C(start_timeout) and C(no_progress_timeout)).
+    type: dict
+    default: {}
   host:
     description: The host's name, for messages.
     type: str
@@ -64,6 +82,7 @@ EXAMPLES = r"""
   ddtree.sglang.service_plan:
     services: "{{ sglang_services }}"
     gpu_indices: "{{ ansible_facts.ddtree_gpu.gpus | map(attribute='index') | list }}"
+    gate_defaults: {start_timeout: 900, no_progress_timeout: 120}
     host: "{{ inventory_hostname }}"
   register: plan
 """
@@ -84,12 +103,15 @@ services:
       gpus: [0, 1]
       port: 30000
       served_model_name: coder
-      health: {}
+      gate: {start_timeout: 1800, no_progress_timeout: 120}
 """
+
+import copy
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
+    gate_settings,
     service_environment,
     service_flags,
     service_problems,
@@ -109,15 +131,24 @@ SERVICE_OPTIONS = dict(
     api_key=dict(type="str", no_log=True),
     extra_args=dict(type="list", elements="str", default=[]),
     environment=dict(type="dict", default={}),
-    health=dict(type="dict", default={}),
+    health=dict(type="dict", default={}, options=dict(
+        start_timeout=dict(type="float"),
+        no_progress_timeout=dict(type="float"),
+        min_tokens_per_second=dict(type="float", no_log=False),
+        min_accept_length=dict(type="float"),
+        max_regression=dict(type="float"),
+        baseline_tolerance=dict(type="float"),
+    )),
 )
 
 
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            services=dict(type="list", elements="dict", required=True, options=SERVICE_OPTIONS),
+            # A copy: ansible-core fills suboption defaults into the `default` dicts it is given.
+            services=dict(type="list", elements="dict", required=True, options=copy.deepcopy(SERVICE_OPTIONS)),
             gpu_indices=dict(type="list", elements="int", required=True),
+            gate_defaults=dict(type="dict", default={}),
             host=dict(type="str", default="host"),
         ),
         supports_check_mode=True,
@@ -141,7 +172,7 @@ def main():
             "host": service.get("host") or "127.0.0.1",
             "has_api_key": bool(service.get("api_key")),
             "served_model_name": service.get("served_model_name") or service["name"],
-            "health": service.get("health") or {},
+            "gate": gate_settings(service, module.params["gate_defaults"]),
         })
     module.exit_json(changed=False, services=plan)
 

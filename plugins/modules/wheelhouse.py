@@ -60,7 +60,7 @@ EXAMPLES = r"""
 - name: Prepare the lab-cpu wheelhouse on the controller
   ddtree.sglang.wheelhouse:
     lock: roles/sglang_stack/files/pinsets/lab-cpu/requirements-py311.lock
-    dest: ~/.cache/ddtree-sglang/wheelhouse/lab-cpu-py311
+    dest: "{{ lookup('ddtree.sglang.cache_dir', 'wheelhouse/lab-cpu-py311') }}"
     python_version: "3.11"
     glibc: "2.36"
   delegate_to: localhost

@@ -10,7 +10,7 @@ Everything here is a plain function of recorded data, so it is tested from recor
 
 Event: {"host", "kind", "task", "service", "result"} with kind one of
   lock        ddtree.sglang.rollout_lock's result
-  start       the releases each service pointed at before the run ({service: release id or None})
+  start       the releases each service pointed at before the run ({service: {release_id, previous_release_id}})
   release     ddtree.sglang.release's result (the release built for this host)
   link        ddtree.sglang.service_link's result (a switch, or a rollback with state=previous)
   gate        ddtree.sglang.sglang_health's result (the first for a service; after a rollback, the
@@ -22,7 +22,11 @@ Event: {"host", "kind", "task", "service", "result"} with kind one of
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 1
+# 2: every release id is named release_id, or <qualifier>_release_id where an object holds several
+# (before_release_id/after_release_id, failed_release_id/rolled_back_to_release_id; the host's
+# release.release_id, a gate's release_id). 1 had release_before/release_after, failed_release,
+# rolled_back_to, release.id and a gate's release.
+SCHEMA_VERSION = 2
 JOURNAL_LINES = 25
 DIFF_CHARS = 4000
 # Diffs in a plan's Markdown stop here (a GitHub comment holds 65536 characters); plan.json has them all.
@@ -44,7 +48,7 @@ def gate_summary(result):
     matches = [entry.get("status") for entry in baseline.get("results") or []]
     summary = {
         "passed": result.get("passed") is True,
-        "release": result.get("release"),
+        "release_id": result.get("release_id"),
         "stage": result.get("failed_stage") or result.get("stage"),
         "time_to_port_s": startup.get("time_to_port_s"),
         "health_latency_s": health.get("latency_s"),
@@ -77,7 +81,7 @@ def _failure_message(result):
 
 def _service(record, name):
     return record["services"].setdefault(name, {
-        "name": name, "release_before": None, "release_after": None, "switched": False, "gate": None,
+        "name": name, "before_release_id": None, "after_release_id": None, "switched": False, "gate": None,
         "rollback": None})
 
 
@@ -97,7 +101,7 @@ def _host_status(record, kind):
         return "failed"
     if not record["seen"]:
         return "not reached"
-    if any(service["release_after"] != service["release_before"] for service in services if service["release_after"]):
+    if any(service["after_release_id"] != service["before_release_id"] for service in services if service["after_release_id"]):
         return "updated"
     return "unchanged"
 
@@ -122,27 +126,29 @@ def build_report(events, targeted, kind="rollout", meta=None):
                     "holder": result.get("holder"), "msg": result.get("msg")}
             continue
         if kind_ == "start":
-            for service, release in sorted((result or {}).items()):
-                _service(record, service)["release_before"] = release or None
-                _service(record, service)["release_after"] = release or None
+            for service, links in sorted((result or {}).items()):
+                release_id = (links or {}).get("release_id") or None
+                _service(record, service)["before_release_id"] = release_id
+                _service(record, service)["after_release_id"] = release_id
             continue
         record["seen"] = True
         if kind_ == "release":
-            record["release"] = {"id": result.get("release_id"), "built": bool(result.get("changed"))}
+            record["release"] = {"release_id": result.get("release_id"), "built": bool(result.get("changed"))}
         elif kind_ == "link":
             service = _service(record, event["service"])
-            before = (result.get("before") or {}).get("current")
+            before = (result.get("before") or {}).get("release_id")
             if event.get("rollback"):
-                service["rollback"] = dict(service["rollback"] or {}, failed_release=before, rolled_back_to=result.get("current"))
+                service["rollback"] = dict(service["rollback"] or {}, failed_release_id=before,
+                                           rolled_back_to_release_id=result.get("release_id"))
             else:
-                if service["release_before"] is None:
-                    service["release_before"] = before
+                if service["before_release_id"] is None:
+                    service["before_release_id"] = before
                 service["switched"] = service["switched"] or bool(result.get("changed"))
-            service["release_after"] = result.get("current")
+            service["after_release_id"] = result.get("release_id")
         elif kind_ == "gate":
             service = _service(record, event["service"])
             summary = gate_summary(result)
-            if service["rollback"] and "failed_release" in service["rollback"]:
+            if service["rollback"] and "failed_release_id" in service["rollback"]:
                 service["rollback"]["gate"] = summary
             else:
                 service["gate"] = summary
@@ -160,9 +166,9 @@ def build_report(events, targeted, kind="rollout", meta=None):
         record = hosts[name]
         record["status"] = _host_status(record, kind)
         for service in record["services"].values():
-            if service["rollback"] and "failed_release" not in service["rollback"]:
+            if service["rollback"] and "failed_release_id" not in service["rollback"]:
                 # The gate failed but no rollback followed (the run stopped first): say so.
-                service["rollback"]["failed_release"] = None
+                service["rollback"]["failed_release_id"] = None
         record["services"] = [record["services"][key] for key in sorted(record["services"])]
         del record["seen"]
         rows.append(record)
@@ -249,11 +255,11 @@ def render_markdown(report):
             if service is None:
                 out.append("| %s | – | – | – | %s | – |" % (_cell(row["host"]), _cell(row["status"])))
                 continue
-            after = service["release_after"]
+            after = service["after_release_id"]
             if report["kind"] == "plan" and row["release"]:
-                after = row["release"]["id"]
+                after = row["release"]["release_id"]
             out.append("| %s | %s | %s | %s | %s | %s |" % (
-                _cell(row["host"]), _cell(service["name"]), _code(service["release_before"]), _code(after),
+                _cell(row["host"]), _cell(service["name"]), _code(service["before_release_id"]), _code(after),
                 _cell(row["status"]), _cell(_gate_cell(service["gate"]) if report["kind"] != "plan" else "–")))
     out.append("")
 
@@ -264,19 +270,19 @@ def render_markdown(report):
                 continue
             evidence = rollback.get("evidence") or {}
             out += ["### %s · %s: %s" % (row["host"], service["name"],
-                                         "rolled back" if rollback.get("rolled_back_to") else "gate failed, not rolled back"), ""]
+                                         "rolled back" if rollback.get("rolled_back_to_release_id") else "gate failed, not rolled back"), ""]
             message = evidence.get("msg", "").strip()
             # The gate's message starts with "<unit> failed at <stage> (<kind>): ", said already here.
             if " failed at %s (" % evidence.get("stage") in message.split(": ", 1)[0]:
                 message = message.split(": ", 1)[1]
             out.append("Release %s failed the health gate at **%s** (%s): %s" % (
-                _code(rollback.get("failed_release") or evidence.get("release")), evidence.get("stage"),
+                _code(rollback.get("failed_release_id") or evidence.get("release_id")), evidence.get("stage"),
                 evidence.get("failure_kind") or "?", message))
             out.append("")
-            if rollback.get("rolled_back_to"):
+            if rollback.get("rolled_back_to_release_id"):
                 back = rollback.get("gate") or {}
                 out.append("Rolled back to %s; its gate %s." % (
-                    _code(rollback["rolled_back_to"]),
+                    _code(rollback["rolled_back_to_release_id"]),
                     "passed" if back.get("passed") else "FAILED at %s: %s" % (back.get("stage"), back.get("msg", "")) if back else
                     "was not run"))
                 out.append("")
@@ -306,7 +312,7 @@ def render_markdown(report):
                 "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for host, name, label, gate in gates:
             out.append("| %s |" % " | ".join(_cell(value) for value in (
-                host, name, label, _short(gate["release"]), "passed" if gate["passed"] else "failed at %s" % gate["stage"],
+                host, name, label, _short(gate["release_id"]), "passed" if gate["passed"] else "failed at %s" % gate["stage"],
                 _number(gate["time_to_port_s"], " s"), _number(gate["health_latency_s"], " s", 2), _number(gate["chat_latency_s"], " s", 2),
                 gate["baseline_matches"] and "%s (%s)" % (gate["baseline"], gate["baseline_matches"]) or gate["baseline"],
                 _pair(gate["tokens_per_second"], gate["previous_tokens_per_second"]),
@@ -351,11 +357,11 @@ def summary_lines(report):
             lines.append(("%s: %s - %s" % (row["host"], row["status"], detail), bad))
         for service in row["services"]:
             text = "%s %s: %s, release %s -> %s" % (row["host"], service["name"], row["status"],
-                                                    _short(service["release_before"]) or "none", _short(service["release_after"]) or "none")
+                                                    _short(service["before_release_id"]) or "none", _short(service["after_release_id"]) or "none")
             if service["gate"]:
                 text += ", gate " + _gate_cell(service["gate"])
-            if service["rollback"] and service["rollback"].get("rolled_back_to"):
-                text += ", rolled back to %s" % _short(service["rollback"]["rolled_back_to"])
+            if service["rollback"] and service["rollback"].get("rolled_back_to_release_id"):
+                text += ", rolled back to %s" % _short(service["rollback"]["rolled_back_to_release_id"])
             lines.append((text, bad))
         if row["failure"] and row["services"] and not any(s["rollback"] for s in row["services"]):
             lines.append(("%s: failed at %s: %s" % (row["host"], row["failure"]["task"], row["failure"]["msg"]), True))

@@ -146,8 +146,8 @@ def test_commit_a_rolls_out_on_both_hosts(lab, fleet):
     assert report["verdict"] == "succeeded" and report["revision"] == commit_a and report["trigger"] == "gitops test"
     rows = services(report)
     assert {key: row["status"] for key, row in rows.items()} == {("ct200", "coder"): "updated", ("ct129", "chat"): "updated"}
-    release_a = rows[("ct200", "coder")]["release_after"]
-    assert rows[("ct129", "chat")]["release_after"] == release_a and all(row["gate"]["passed"] for row in rows.values())
+    release_a = rows[("ct200", "coder")]["after_release_id"]
+    assert rows[("ct129", "chat")]["after_release_id"] == release_a and all(row["gate"]["passed"] for row in rows.values())
     assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_a
     assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3
     STATE["release_a"] = release_a
@@ -166,11 +166,11 @@ def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_o
     assert report["verdict"] == "failed" and report["revision"] == commit_b
     rows = services(report)
     coder, chat = rows[("ct200", "coder")], rows[("ct129", "chat")]
-    assert coder["status"] == "rolled back" and coder["release_before"] == coder["release_after"] == release_a
-    assert coder["rollback"]["failed_release"] not in (None, release_a) and coder["rollback"]["rolled_back_to"] == release_a
+    assert coder["status"] == "rolled back" and coder["before_release_id"] == coder["after_release_id"] == release_a
+    assert coder["rollback"]["failed_release_id"] not in (None, release_a) and coder["rollback"]["rolled_back_to_release_id"] == release_a
     assert coder["gate"]["passed"] is False and coder["gate"]["stage"] in ("degenerate", "baseline")
     assert coder["rollback"]["gate"]["passed"] is True
-    assert chat["status"] == "not reached" and chat["release_after"] == release_a
+    assert chat["status"] == "not reached" and chat["after_release_id"] == release_a
     markdown = (reports / "rollout.md").read_text()
     assert "| ct200 | coder | `%s` | `%s` | rolled back |" % (release_a[:12], release_a[:12]) in markdown
     assert "| ct129 | chat | `%s` | `%s` | not reached |" % (release_a[:12], release_a[:12]) in markdown
@@ -178,7 +178,7 @@ def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_o
     assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_a
     assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3
     history = on_host(lab, "ct200", "tail", "-n", "1", "/var/lib/sglang/coder/history.jsonl")
-    assert json.loads(history)["rolled_back_to"] == release_a
+    assert json.loads(history)["rolled_back_to_release_id"] == release_a
 
 
 def pull_command(lab, fleet):
@@ -212,8 +212,8 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     report = load(reports / "rollout.json")
     assert report["verdict"] == "succeeded" and report["revision"] == commit_c and report["trigger"] == "pull timer"
     rows = services(report)
-    release_c = rows[("ct200", "coder")]["release_after"]
-    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["release_after"] == release_c
+    release_c = rows[("ct200", "coder")]["after_release_id"]
+    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["after_release_id"] == release_c
     assert {row["status"] for row in rows.values()} == {"updated"}
     assert len(list((reports / "history").glob("*-rollout.json"))) == 1
 
@@ -229,7 +229,7 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     keep(reports / "rollout.md", "failed-pull-rollout.md")
     assert report["verdict"] == "failed" and report["revision"] == commit_d
     rows = services(report)
-    assert rows[("ct200", "coder")]["status"] == "rolled back" and rows[("ct200", "coder")]["release_after"] == release_c
+    assert rows[("ct200", "coder")]["status"] == "rolled back" and rows[("ct200", "coder")]["after_release_id"] == release_c
     assert rows[("ct129", "chat")]["status"] == "not reached"
     assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_c
     STATE["release_c"] = release_c
@@ -266,6 +266,6 @@ def test_two_triggers_at_once_one_refuses_one_waits_nothing_breaks(lab, fleet):
     # The waiting one started its work only after the first had finished.
     assert waiting_report["lock"]["waited_s"] > 0 and waiting_report["finished"] >= first_report["finished"]
     assert {row["status"] for row in waiting_report["hosts"]} == {"unchanged"}
-    release = services(first_report)[("ct200", "coder")]["release_after"]
+    release = services(first_report)[("ct200", "coder")]["after_release_id"]
     assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release
     assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3

@@ -3,8 +3,8 @@
 Decision: DDTREE *is* DFLASH for everything but the verify step. So the first resolution step
 declares ``speculative_algorithm = "DFLASH"`` (SGLang's own ``declare_resolution``; the raw input
 on the record keeps saying DDTREE) and stores the DDTree settings on the record as bookkeeping.
-From then on SGLang's own code does all DFLASH setup unchanged, including everything FACTS.md
-lists as gaps of a plain plugin algorithm:
+From then on SGLang's own code does all DFLASH setup unchanged, including everything a plain plugin
+algorithm lacks (docs/adapter.md lists the gaps):
 
 * ``_handle_dflash`` runs (draft path check, num_steps = topk = 1, block size / draft-token count,
   draft attention backend, max_running_requests 48);

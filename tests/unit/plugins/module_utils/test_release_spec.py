@@ -1,6 +1,7 @@
 """Release manifests (tampering, partial releases) and the predicate-matrix comparison."""
 
 import copy
+import hashlib
 import json
 import os
 
@@ -48,6 +49,14 @@ def test_release_id_depends_on_source_stack_and_arch():
     assert len(base) == 12 and base == release.release_id("src", "stack", "sm_120")
     assert len({base, release.release_id("src2", "stack", "sm_120"), release.release_id("src", "stack2", "sm_120"),
                 release.release_id("src", "stack", "sm_86")}) == 4
+
+
+def test_extra_wheels_are_part_of_the_release_id_and_production_ids_stay():
+    base = release.release_id("src", "stack", "cpu")
+    # Without extra wheels (production), the id is what it was before extra wheels existed.
+    assert base == hashlib.sha256(b"src\nstack\ncpu").hexdigest()[:12] == release.release_id("src", "stack", "cpu", [])
+    lab = release.release_id("src", "stack", "cpu", ["a" * 64])
+    assert len({base, lab, release.release_id("src", "stack", "cpu", ["b" * 64])}) == 3
 
 
 PREDICATES = ["is_dflash", "is_dflash_family", "is_eagle", "is_speculative", "need_topk"]

@@ -74,3 +74,11 @@ def test_environment_never_holds_the_api_key():
                                          ("a b", '"a b"'), ('say "hi"', '"say \\"hi\\""')])
 def test_systemd_quote(arg, quoted):
     assert services.systemd_quote(arg) == quoted
+
+
+def test_gate_settings_take_the_services_own_values_over_the_role_defaults():
+    slow = dict(CODER, health={"start_timeout": 1800, "no_progress_timeout": None, "min_accept_length": 2.5})
+    defaults = {"start_timeout": 900, "no_progress_timeout": 120}
+    assert services.gate_settings(slow, defaults) == {"start_timeout": 1800, "no_progress_timeout": 120, "min_accept_length": 2.5}
+    # Unset both ways: left out, so the module's own defaults apply.
+    assert services.gate_settings(CODER, {}) == {}

@@ -1,4 +1,4 @@
-"""service_link and service_plan driven through main()."""
+"""service_link, service_release_info, release_prune and service_plan driven through main()."""
 
 import json
 import os
@@ -33,15 +33,15 @@ def test_switch_then_rollback(tmp_path, capsys):
     make_release(root, "aaa")
     make_release(root, "bbb")
     code, result = run_module(service_link, link_args(root, release_id="aaa"), capsys)
-    assert code == 0 and result["changed"] and result["current"] == "aaa" and result["previous"] is None
+    assert code == 0 and result["changed"] and result["release_id"] == "aaa" and result["previous_release_id"] is None
     code, result = run_module(service_link, link_args(root, release_id="aaa"), capsys)
     assert result["changed"] is False
     code, result = run_module(service_link, link_args(root, release_id="bbb", _ansible_diff=True), capsys)
-    assert (result["current"], result["previous"]) == ("bbb", "aaa")
+    assert (result["release_id"], result["previous_release_id"]) == ("bbb", "aaa")
     assert result["diff"]["before"] == "current -> aaa\nprevious -> None\n"
     assert target(root, "current") == "../../releases/bbb" and target(root, "previous") == "../../releases/aaa"
     code, result = run_module(service_link, link_args(root, state="previous"), capsys)
-    assert (result["current"], result["previous"]) == ("aaa", "bbb")
+    assert (result["release_id"], result["previous_release_id"]) == ("aaa", "bbb")
     assert target(root, "current") == "../../releases/aaa"
 
 
@@ -55,7 +55,7 @@ def test_check_mode_changes_nothing(tmp_path, capsys):
 def test_check_mode_plans_a_release_not_built_yet_but_never_activates_a_missing_one(tmp_path, capsys):
     root = str(tmp_path)
     code, result = run_module(service_link, link_args(root, release_id="new", _ansible_check_mode=True), capsys)
-    assert code == 0 and result["changed"] and result["current"] == "new" and "not built yet" in json.dumps(result["warnings"])
+    assert code == 0 and result["changed"] and result["release_id"] == "new" and "not built yet" in json.dumps(result["warnings"])
     code, result = run_module(service_link, link_args(root, release_id="new"), capsys)
     assert code == 1 and "will not be activated" in result["msg"]
 
@@ -115,3 +115,42 @@ def test_release_prune_keeps_current_previous_and_keep(tmp_path, capsys):
     code, result = run_module(release_prune, args, capsys)
     assert sorted(os.listdir(os.path.join(root, "releases"))) == ["aaa", "bbb", "ccc"]
     assert result["in_use"] == {"bbb": ["coder/current"], "aaa": ["coder/previous"]}
+
+
+def test_plan_resolves_each_services_gate_settings(capsys):
+    slow = dict(SERVICE, health={"start_timeout": 1800})
+    code, result = run_module(service_plan, {"services": [slow, dict(SERVICE, name="chat", port=30001, gpus=[2], tp_size=1)],
+                                             "gpu_indices": list(range(8)),
+                                             "gate_defaults": {"start_timeout": 900, "no_progress_timeout": 120}}, capsys)
+    assert code == 0
+    assert [entry["gate"] for entry in result["services"]] == [
+        {"start_timeout": 1800, "no_progress_timeout": 120}, {"start_timeout": 900, "no_progress_timeout": 120}]
+
+
+def test_plan_refuses_an_unknown_health_setting(capsys):
+    code, result = run_module(service_plan, {"services": [dict(SERVICE, health={"start_timout": 1800})],
+                                             "gpu_indices": list(range(8))}, capsys)
+    assert code == 1 and "start_timout" in result["msg"]
+
+
+def test_links_follow_releases_root_wherever_it_is_and_are_read_back_by_one_reader(tmp_path, capsys):
+    from ansible_collections.ddtree.sglang.plugins.modules import release_prune, service_release_info
+
+    releases_root = str(tmp_path / "data" / "overlay-releases")
+    services_root = str(tmp_path / "opt" / "services")
+    for release_id in ("aaa", "bbb"):
+        make_release(str(tmp_path / "data"), release_id)
+    os.rename(str(tmp_path / "data" / "releases"), releases_root)
+    args = {"service": "coder", "services_root": services_root, "releases_root": releases_root}
+    for release_id in ("aaa", "bbb"):
+        code, result = run_module(service_link, dict(args, release_id=release_id), capsys)
+        assert code == 0, result
+    link = os.path.join(services_root, "coder", "current")
+    assert os.readlink(link) == "../../../data/overlay-releases/bbb"  # relative, so the tree moves whole
+    assert os.path.realpath(link) == os.path.join(os.path.realpath(releases_root), "bbb")
+    code, result = run_module(service_release_info, {"services": ["coder", "chat"], "services_root": services_root}, capsys)
+    assert result["services"] == {"coder": {"release_id": "bbb", "previous_release_id": "aaa"},
+                                  "chat": {"release_id": None, "previous_release_id": None}}
+    code, result = run_module(release_prune, {"root": releases_root, "services_root": services_root, "keep": [],
+                                              "_ansible_check_mode": True}, capsys)
+    assert result["in_use"] == {"bbb": ["coder/current"], "aaa": ["coder/previous"]} and result["removed"] == []

@@ -237,7 +237,7 @@ def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, t
     journal_calls = [call for call in host.calls() if call.startswith("journalctl")]
     assert "--since 2026-11-30 10:00:00" in journal_calls[0] and "--after-cursor" in journal_calls[-1]
     baseline = json.loads((tmp_path / "state" / "baseline.json").read_text())
-    assert baseline["baselines"]["coder"]["64"]["List the first ten prime numbers, separated by commas."]["release"] == "r1"
+    assert baseline["baselines"]["coder"]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
     metrics = json.loads((tmp_path / "state" / "metrics.json").read_text())
     assert metrics["records"][0]["accept_length"] == 3.4
 
@@ -246,7 +246,7 @@ def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, t
     assert code == 0, result["msg"]
     assert result["changed"] is False and result["baseline"]["status"] == "passed"
     assert {r["status"] for r in result["baseline"]["results"]} == {"match"}
-    assert result["performance"]["previous"]["release"] == "r1" and result["performance"]["problems"] == []
+    assert result["performance"]["previous"]["release_id"] == "r1" and result["performance"]["problems"] == []
 
 
 def test_check_mode_records_nothing(host, tmp_path, capsys):

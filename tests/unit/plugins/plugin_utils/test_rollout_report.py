@@ -11,32 +11,32 @@ JOURNAL = ["[2026-11-30 10:00:02] Load weight begin.", "Traceback (most recent c
 
 
 def passed_gate(service, release, tps=41.5, accept=3.4):
-    return {"service": service, "release": release, "passed": True, "stage": "performance",
+    return {"service": service, "release_id": release, "passed": True, "stage": "performance",
             "startup": {"time_to_port_s": 3.2}, "health": {"latency_s": 0.21}, "chat": {"latency_s": 0.55},
             "baseline": {"status": "passed", "results": [{"status": "match"}, {"status": "match"}]},
             "performance": {"tokens_per_second": tps, "accept_length": accept,
-                            "previous": {"tokens_per_second": 40.0, "accept_length": 3.3, "release": OLD}},
+                            "previous": {"tokens_per_second": 40.0, "accept_length": 3.3, "release_id": OLD}},
             "timings": {"total": 9.8}}
 
 
 def failed_gate(service, release):
-    return {"service": service, "release": release, "passed": False, "stage": "unit_watch", "failed_stage": "unit_watch",
+    return {"service": service, "release_id": release, "passed": False, "stage": "unit_watch", "failed_stage": "unit_watch",
             "failure_kind": "crash", "msg": "sglang-coder.service failed at unit_watch (crash): the process exited",
             "journal_excerpt": JOURNAL, "signature_matches": [{"line": JOURNAL[2]}], "timings": {"total": 4.0}}
 
 
 def link(host, service, before, current, state="current"):
     return {"host": host, "kind": "link", "service": service, "rollback": state == "previous",
-            "result": {"service": service, "state": state, "changed": before != current, "current": current,
-                       "before": {"current": before, "previous": None}}}
+            "result": {"service": service, "state": state, "changed": before != current, "release_id": current,
+                       "before": {"release_id": before, "previous_release_id": None}}}
 
 
 def gate(host, result):
     return {"host": host, "kind": "gate", "service": result["service"], "result": result}
 
 
-START = [{"host": "ct200", "kind": "start", "result": {"coder": OLD}},
-         {"host": "ct129", "kind": "start", "result": {"chat": OLD}}]
+START = [{"host": "ct200", "kind": "start", "result": {"coder": {"release_id": OLD, "previous_release_id": None}}},
+         {"host": "ct129", "kind": "start", "result": {"chat": {"release_id": OLD, "previous_release_id": None}}}]
 LOCK = {"host": "ct200", "kind": "lock", "result": {"waited_s": 0.1, "locked": ["ct129", "ct200"]}}
 
 
@@ -58,12 +58,12 @@ def test_failed_canary_is_rolled_back_and_the_host_not_reached_keeps_its_release
     canary, other = report["hosts"]
     assert canary["host"] == "ct200" and canary["status"] == "rolled back"
     coder = canary["services"][0]
-    assert (coder["release_before"], coder["release_after"]) == (OLD, OLD)
+    assert (coder["before_release_id"], coder["after_release_id"]) == (OLD, OLD)
     assert coder["gate"]["passed"] is False and coder["gate"]["failure_kind"] == "crash"
-    assert coder["rollback"]["failed_release"] == NEW and coder["rollback"]["rolled_back_to"] == OLD
+    assert coder["rollback"]["failed_release_id"] == NEW and coder["rollback"]["rolled_back_to_release_id"] == OLD
     assert coder["rollback"]["gate"]["passed"] is True
     assert coder["rollback"]["evidence"]["journal_excerpt"] == JOURNAL
-    assert other["status"] == "not reached" and other["services"][0]["release_after"] == OLD
+    assert other["status"] == "not reached" and other["services"][0]["after_release_id"] == OLD
     json.dumps(report)  # JSON-ready
 
 
@@ -108,7 +108,7 @@ def test_a_host_refused_before_the_switch_keeps_its_release_and_the_failure_is_n
     report = build_report(events, ["ct200"])
     row = report["hosts"][0]
     assert row["status"] == "failed" and row["failure"]["msg"] == "DDTREE is not DFlash-family"
-    assert row["services"][0]["release_after"] == OLD
+    assert row["services"][0]["after_release_id"] == OLD
     assert "- **ct200** at *Check each service's flags*: DDTREE is not DFlash-family" in render_markdown(report)
 
 

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from ..core import ancestor_mask, draft_topk, greedy_walk, sample_target_tokens, sampled_walk, verify_positions
+from sglang_overlay.core import ancestor_mask, draft_topk, greedy_walk, sample_target_tokens, sampled_walk, verify_positions
 from .model import Context, LabDraftConfig, LabLM, mix_seed
 from .tokenizer import VOCAB_SIZE
 
@@ -44,11 +44,11 @@ from .tokenizer import VOCAB_SIZE
 def _tree_builder():
     """``kernels.build_tree`` (dispatch by device) when the kernels package is there, else the core's builder."""
     try:
-        from ..kernels import build_tree  # noqa: PLC0415
+        from sglang_overlay.kernels import build_tree  # noqa: PLC0415
 
         return build_tree, "sglang_overlay.kernels.build_tree"
     except Exception:  # kernels not shipped / triton missing
-        from ..core import build_tree_batched  # noqa: PLC0415
+        from sglang_overlay.core import build_tree_batched  # noqa: PLC0415
 
         return build_tree_batched, "sglang_overlay.core.build_tree_batched"
 

@@ -28,7 +28,7 @@ from .decoding import DecodePlan, SamplingParams
 from .scheduler import GenRequest, Histogram, Scheduler
 from .tokenizer import ByteTokenizer
 
-logger = logging.getLogger("sglang_overlay.lab_runtime")
+logger = logging.getLogger("ddtree_lab_runtime")
 
 
 @dataclass

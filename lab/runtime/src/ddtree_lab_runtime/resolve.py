@@ -1,7 +1,7 @@
 """Flags -> what to run: SGLang's parser and registry, the plugins' resolution hooks, lab stand-ins.
 
-``ServerArgs.resolve_once()`` cannot run in the lab (it imports transformers and torchvision, see
-FACTS.md). What matters of it for the lab is the speculative part, so this module runs:
+``ServerArgs.resolve_once()`` cannot run in the lab (it imports transformers and torchvision,
+which the lab stack does not have). What matters of it for the lab is the speculative part, so this module runs:
 
 1. SGLang's ``run_hook`` for the first pipeline step (``handle_deprecated_dp_attention``) with a
    no-op stand-in: plugins' wrappers of that step run for real (the DDTree adapter's
@@ -26,7 +26,7 @@ from typing import Any
 from .decoding import DecodePlan
 from .model import LabDraftConfig
 
-logger = logging.getLogger("sglang_overlay.lab_runtime")
+logger = logging.getLogger("ddtree_lab_runtime")
 
 SOURCE = "lab_runtime"
 
@@ -169,8 +169,8 @@ def plan_from_args(server_args: Any) -> DecodePlan:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-    from ..adapter import settings as dd_settings
-    from ..adapter.resolution import resolved_settings
+    from sglang_overlay.adapter import settings as dd_settings
+    from sglang_overlay.adapter.resolution import resolved_settings
 
     cfg = _view(server_args)
     requested = getattr(server_args, "speculative_algorithm", None)

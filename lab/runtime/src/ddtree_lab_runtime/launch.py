@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from typing import Optional, Sequence
 
-logger = logging.getLogger("sglang_overlay.lab_runtime")
+logger = logging.getLogger("ddtree_lab_runtime")
 
 
 def _avail_mem_gb() -> float:
@@ -138,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     faults = lab_env.faults
     logger.info("server_args=%r", server_args)
     logger.info(
-        "lab runtime (sglang_overlay.lab_runtime, not SGLang's scheduler): decoder=%s algorithm=%s "
+        "lab runtime (ddtree_lab_runtime, not SGLang's scheduler): decoder=%s algorithm=%s "
         "budget=%s top_k=%s draft_len=%s faults=%s%s",
         plan.mode, plan.algorithm, plan.budget, plan.top_k, plan.draft_len, faults.describe(),
         f" ({plan.note})" if plan.note else "",

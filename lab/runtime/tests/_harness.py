@@ -1,4 +1,4 @@
-"""Start ``python -m sglang_overlay.lab_runtime`` as a subprocess on a free loopback port and talk to it."""
+"""Start ``python -m ddtree_lab_runtime`` as a subprocess on a free loopback port and talk to it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+# The runtime's own source: importable in the runtimes the tests start, as the release's site dir
+# makes it in the lab.
+SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 MODEL = "/models/lab-target-8b"
 DRAFT = "/models/lab-target-8b-dflash-b16"
 
@@ -86,14 +89,14 @@ class Runtime:
         self.name = name
         self.port = free_port()
         self.log_path = tmp / f"{name}.log"
-        self.argv = [sys.executable, "-m", "sglang_overlay.lab_runtime", "--model-path", model,
+        self.argv = [sys.executable, "-m", "ddtree_lab_runtime", "--model-path", model,
                      "--port", str(self.port), *args]
         full_env = {k: v for k, v in os.environ.items()
                     if not k.startswith(("LAB_", "SGLANG_")) and k != "CUDA_VISIBLE_DEVICES"}
-        # The given directories first (they may hide packages), then the test run's own path, which
-        # holds the overlay under test (scripts/run-tests).
+        # The given directories first (they may hide packages), then the runtime's source, then the test
+        # run's own path, which holds the overlay under test (scripts/run-tests).
         inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-        full_env["PYTHONPATH"] = os.pathsep.join([str(p) for p in (pythonpath or [])] + inherited)
+        full_env["PYTHONPATH"] = os.pathsep.join([str(p) for p in [*(pythonpath or []), SRC]] + inherited)
         full_env["LAB_RUNTIME_LOAD_SECONDS"] = "0.2"
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")

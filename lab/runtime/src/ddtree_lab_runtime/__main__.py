@@ -1,4 +1,4 @@
-"""``python -m sglang_overlay.lab_runtime <flags of python -m sglang.launch_server>`` (lab only)."""
+"""``python -m ddtree_lab_runtime <flags of python -m sglang.launch_server>`` (lab only)."""
 
 from .gpus import reexec_with_gpus
 

@@ -16,11 +16,12 @@
                             arguments", exit 2 (as a release that renders a flag SGLang lacks)
 ==========================  ==========================================================================
 
-A fault can also travel *inside a release*: a module ``release_fault.py`` beside this one (in the
-release's ``site/sglang_overlay/lab_runtime/``; a module, so the wheel carries it) whose ``FAULT``
-string holds the same syntax. The collection's fault tests build a
-new release with one, so the fault belongs to that release and a rollback to the previous release
-removes it, exactly as a broken release in production. ``LAB_RUNTIME_FAULT`` wins over the file.
+A fault can also travel *inside a release*: a module ``sglang_overlay/release_fault.py`` in the
+release's site dir (a module of the overlay's package, so the overlay's wheel carries it) whose
+``FAULT`` string holds the same syntax. The collection's fault tests write one into a copy of the
+overlay's source and build a new release from it, so the fault belongs to that release and a
+rollback to the previous release removes it, exactly as a broken release in production. The overlay
+itself has no such module. ``LAB_RUNTIME_FAULT`` wins over the file.
 
 Tunables: ``LAB_RUNTIME_LOAD_SECONDS`` (simulated weight loading, default 1.5),
 ``LAB_RUNTIME_DRAIN_SECONDS`` (SIGTERM: how long in-flight requests may finish, default 15, as
@@ -74,11 +75,12 @@ class Faults:
         return ",".join(parts) or "none"
 
 
-RELEASE_FAULT_MODULE = __package__ + ".release_fault"
+# Not ours to ship: only a faulty release built by the lab's tests has it.
+RELEASE_FAULT_MODULE = "sglang_overlay.release_fault"
 
 
 def release_fault() -> Optional[str]:
-    """The fault a release carries (``release_fault.FAULT`` beside this module), if any."""
+    """The fault a release carries (``sglang_overlay.release_fault.FAULT``), if any."""
     import importlib
 
     try:

@@ -25,7 +25,7 @@ from .decoding import Decoder, RequestStats, SamplingParams
 from .faults import Faults
 from .tokenizer import STOP_TOKEN_IDS, ByteTokenizer, IncrementalDecoder
 
-logger = logging.getLogger("sglang_overlay.lab_runtime")
+logger = logging.getLogger("ddtree_lab_runtime")
 
 TTFT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0)
 ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,

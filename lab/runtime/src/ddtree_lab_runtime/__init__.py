@@ -1,10 +1,10 @@
 """The lab runtime: a stand-in for ``python -m sglang.launch_server`` on the lab's GPU-less hosts.
 
-LAB-ONLY CODE. It ships inside the overlay package so that a release's site dir carries it, but
-nothing else in ``sglang_overlay`` imports it, and a production unit never starts it (production
-units run ``sglang.launch_server``). The lab's units run::
+LAB-ONLY CODE, a package of its own beside the overlay: only the lab's releases carry it (the lab's
+inventory has the sglang_service role install its wheel into each release), and a production unit
+never starts it (production units run ``sglang.launch_server``). The lab's units run::
 
-    python -m sglang_overlay.lab_runtime <the same flags as python -m sglang.launch_server>
+    python -m ddtree_lab_runtime <the same flags as python -m sglang.launch_server>
 
 inside the lab stack (the real SGLang 0.5.23 on CPU torch, no transformers, no torchvision) with
 the release's site dir on PYTHONPATH. It behaves like SGLang where the deploy tooling can see it:
@@ -22,7 +22,7 @@ the release's site dir on PYTHONPATH. It behaves like SGLang where the deploy to
 * the DDTree incident (a DFlash-draft algorithm that is not DFlash-family: no hidden-state
   capture, output ``!!!!!!!!``) and fault switches from the environment (``faults``).
 
-See docs/lab_runtime.md for the contract (flags, environment, endpoints, what is not modelled).
+See lab/runtime/README.md for the contract (flags, environment, endpoints, what is not modelled).
 """
 
 __all__: list[str] = []

@@ -1,0 +1,465 @@
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The health gate's sequence: six stages, each failing fast with its evidence (docs/health-gate.md).
+
+HealthGate runs unit_watch, health, chat, degenerate, baseline and performance in order, on the rules
+of health_journal, health_unit, health_output and health_records. Its view of the host is a
+ServiceIO (systemctl, journalctl, the port, HTTP) and its time a clock and a sleep, both passed in,
+so the sequence is tested with a scripted host and no waiting. ddtree.sglang.sglang_health is the
+module around it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+
+from ansible.module_utils.urls import open_url
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_output import (
+    compare_metrics,
+    compare_output,
+    degenerate_output,
+    redact,
+    tokens_per_second,
+)
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import (
+    baseline_add,
+    baseline_lookup,
+    metrics_add,
+    previous_metrics,
+    read_json,
+)
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_journal import split_journal_output
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_unit import (
+    UNIT_PROPERTIES,
+    StartWatch,
+    kernel_oom_lines,
+    parse_systemctl_show,
+    wants_kernel_log,
+)
+
+STAGES = ("unit_watch", "health", "chat", "degenerate", "baseline", "performance")
+TEXT_LIMIT = 500  # characters of a generated text or an HTTP body kept in results
+
+
+class GateFailed(Exception):
+    """A stage failed: kind (the result's failure_kind), reason, and evidence for the result."""
+
+    def __init__(self, kind: str, reason: str, **evidence):
+        super().__init__(reason)
+        self.kind = kind
+        self.reason = reason
+        self.evidence = evidence
+
+
+def unit_name(service: str) -> str:
+    return "sglang-%s.service" % service
+
+
+def connect_host(host: str) -> str:
+    """The address to reach a service listening on host: a wildcard address is reached through loopback."""
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+class ServiceIO:
+    """The host as the gate sees it: the unit's state and journal, the kernel log, the port and HTTP.
+
+    run_command is AnsibleModule.run_command; systemctl and journalctl are the binaries' paths.
+    """
+
+    def __init__(self, run_command, systemctl: str, journalctl: str, unit: str, host: str, port: int,
+                 api_key: str | None = None, connect_timeout: float = 1.0):
+        self.run_command = run_command
+        self.systemctl = systemctl
+        self.journalctl = journalctl
+        self.unit = unit
+        self.host = connect_host(host)
+        self.port = port
+        self.api_key = api_key
+        self.connect_timeout = connect_timeout
+        url_host = "[%s]" % self.host if ":" in self.host else self.host
+        self.base_url = "http://%s:%d" % (url_host, port)
+        self.cursor = None
+
+    def unit_properties(self) -> dict:
+        command = [self.systemctl, "show", self.unit, "-p", ",".join(UNIT_PROPERTIES)]
+        rc, out, err = self.run_command(command)
+        if rc != 0:
+            raise GateFailed("systemctl", "%s exited with %d: %s" % (" ".join(command), rc, (err or out).strip()[:500]))
+        return parse_systemctl_show(out)
+
+    def journal_lines(self, since: str) -> list:
+        """The unit's journal lines since `since` on the first call, then those after the last call's."""
+        command = [self.journalctl, "-u", self.unit, "--no-pager", "-q", "-o", "cat", "--show-cursor"]
+        command += ["--after-cursor", self.cursor] if self.cursor else ["--since", since]
+        rc, out, err = self.run_command(command)
+        if rc != 0 and err.strip():
+            raise GateFailed("journal", "%s exited with %d: %s" % (" ".join(command), rc, err.strip()[:500]))
+        lines, cursor = split_journal_output(out)
+        self.cursor = cursor or self.cursor
+        return lines
+
+    def kernel_lines(self, since: str) -> list:
+        rc, out, _err = self.run_command([self.journalctl, "-k", "--no-pager", "-q", "-o", "short-precise", "--since", since])
+        return out.splitlines() if rc == 0 else []
+
+    def port_open(self) -> bool:
+        try:
+            with socket.create_connection((self.host, self.port), timeout=self.connect_timeout):
+                return True
+        except OSError:
+            return False
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0, auth: bool = False) -> dict:
+        """-> {"status": int or None, "data": parsed JSON or None, "text": str, "seconds", "error": str or None}."""
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = json.dumps(body)
+        if auth and self.api_key:
+            headers["Authorization"] = "Bearer %s" % self.api_key
+        start = time.monotonic()
+        status, text, error = None, "", None
+        try:
+            response = open_url(self.base_url + path, data=data, headers=headers, method=method, timeout=timeout,
+                                use_proxy=False, follow_redirects="none", use_netrc=False)
+            status = response.getcode()
+            text = response.read().decode("utf-8", "replace")
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+            try:
+                text = exc.read().decode("utf-8", "replace")
+            except Exception:  # the body of an error is only evidence
+                text = ""
+        except (urllib.error.URLError, socket.timeout, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            if isinstance(reason, socket.timeout) or "timed out" in str(reason):
+                error = "timed out after %.1f s" % timeout
+            else:
+                error = "%s: %s" % (type(reason).__name__, reason)
+        except Exception as exc:  # http.client's RemoteDisconnected, IncompleteRead, ...
+            error = "%s: %s" % (type(exc).__name__, exc)
+        seconds = round(time.monotonic() - start, 3)
+        parsed = None
+        if text:
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = None
+        return {"status": status, "data": parsed, "text": redact(text[:TEXT_LIMIT], self.api_key), "seconds": seconds,
+                "error": redact(error, self.api_key)}
+
+
+def _now_utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+class HealthGate:
+    """One run of the gate over a service. params: the sglang_health module's options.
+
+    run() -> (passed, message, result). Records (baseline, metrics) are written through write(path,
+    document) only when every stage passed, and never in check mode; warn(text) takes warnings.
+    """
+
+    def __init__(self, params: dict, io: ServiceIO, check_mode: bool = False, warn=None, write=None,
+                 clock=time.monotonic, sleep=time.sleep):
+        self.params = params
+        self.io = io
+        self.check_mode = check_mode
+        self.warn = warn or (lambda text: None)
+        self.write = write
+        self.clock = clock
+        self.sleep = sleep
+        self.unit = unit_name(params["name"])
+        self.since = None
+        self.watch = None
+        self.t0 = clock()
+        self.origin = self.t0
+        self.stage = STAGES[0]
+        self.result = {"unit": self.unit, "service": params["name"], "release_id": params["release_id"],
+                       "stage": self.stage, "passed": False, "timings": {},
+                       "recorded": {"baseline": False, "metrics": False}, "unit_state": {}}
+        self.pending = {}  # what to record once every stage passed
+        self.model = params["model"]
+        self.chat_text = ""
+        self.generations = []
+
+    # ---- the run ---------------------------------------------------------------------------------
+
+    def run(self) -> tuple:
+        try:
+            for stage in STAGES:
+                self.stage = self.result["stage"] = stage
+                start = self.clock()
+                try:
+                    getattr(self, "stage_" + stage)()
+                finally:
+                    self.result["timings"][stage] = round(self.clock() - start, 3)
+        except GateFailed as failure:
+            return self.failed(failure)
+        for what, path in (("baseline", self.params["baseline_file"]), ("metrics", self.params["metrics_file"])):
+            if what in self.pending:
+                if not self.check_mode:
+                    self.write(path, self.pending[what])
+                self.result["recorded"][what] = True
+        self.result["timings"]["total"] = round(self.clock() - self.t0, 3)
+        self.result["passed"] = True
+        performance = self.result.get("performance", {})
+        message = "%s is healthy: port after %s s, /health %s s, %s tokens/s, acceptance length %s" % (
+            self.unit, self.result["startup"].get("time_to_port_s"), self.result["health"]["latency_s"],
+            performance.get("tokens_per_second"), performance.get("accept_length"))
+        return True, message, self.result
+
+    def failed(self, failure: GateFailed) -> tuple:
+        self.result["timings"]["total"] = round(self.clock() - self.t0, 3)
+        if self.watch is not None:
+            self.record_startup()
+            self.result["journal_excerpt"] = self.watch.excerpt()
+            self.result["signature_matches"] = self.watch.evidence()
+        self.result.update(failure.evidence)
+        self.result.update(failed_stage=self.stage, failure_kind=failure.kind)
+        message = "%s failed at %s (%s): %s" % (self.unit, self.stage, failure.kind, failure.reason)
+        return False, redact(message, self.params["api_key"]), self.result
+
+    def read_record(self, path: str | None) -> dict | None:
+        try:
+            return read_json(path)
+        except (OSError, ValueError) as exc:
+            raise GateFailed("state_file", "cannot read %s: %s" % (path, exc))
+
+    # ---- unit watch ------------------------------------------------------------------------------
+
+    def unit_props(self) -> dict:
+        props = self.io.unit_properties()
+        self.result["unit_state"]["properties"] = props
+        return props
+
+    def since_of(self, props: dict) -> str:
+        if self.params["since"]:
+            return self.params["since"]
+        stamp = props.get("InactiveExitTimestamp", "")
+        return stamp if stamp and stamp != "n/a" else "now"
+
+    def watch_once(self, port_open: bool = False) -> dict:
+        props = self.unit_props()
+        lines = self.io.journal_lines(self.since)
+        state = self.watch.feed(self.clock(), props, lines, port_open)
+        self.result["unit_state"].update({key: self.watch.unit.get(key) for key in ("phase", "kind", "reason", "state")})
+        return state
+
+    def fail_from_watch(self):
+        """The watch failed: fetch the kernel log when it may tell an OOM, and raise with the evidence."""
+        evidence = {}
+        if wants_kernel_log(self.watch.unit):
+            pids = [self.result["unit_state"]["properties"].get("ExecMainPID")]
+            oom = kernel_oom_lines(self.io.kernel_lines(self.since), self.unit, pids)
+            evidence["kernel_log"] = oom
+            self.watch.refine(oom)
+        failure = self.watch.failure
+        raise GateFailed(failure["kind"], failure["reason"], **evidence)
+
+    def check_unit(self):
+        """Between requests: fail (after the settle poll) if the unit or journal shows a fatal error."""
+        state = self.watch_once(port_open=True)
+        while state["state"] == "failing":
+            self.sleep(self.params["poll_interval"])
+            state = self.watch_once(port_open=True)
+        if state["state"] == "failed":
+            self.fail_from_watch()
+
+    def stage_unit_watch(self):
+        props = self.unit_props()
+        self.since = self.since_of(props)
+        started = int(props.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
+        measured_from = "gate start"
+        if 0 < started <= self.t0:
+            self.origin, measured_from = started, "unit start"
+        self.watch = StartWatch(
+            started_at=self.t0,
+            no_progress_timeout=self.params["no_progress_timeout"],
+            start_timeout=self.params["start_timeout"],
+            settle_seconds=self.params["poll_interval"],
+            extra_signatures=self.params["extra_signatures"],
+            extra_progress_markers=self.params["extra_progress_markers"],
+        )
+        self.result["startup"] = {"since": self.since, "measured_from": measured_from}
+        while True:
+            state = self.watch_once(port_open=self.io.port_open())
+            self.record_startup()
+            if state["state"] == "failed":
+                self.fail_from_watch()
+            if state["state"] == "ready":
+                return
+            self.sleep(self.params["poll_interval"])
+
+    def record_startup(self):
+        def rel(moment):
+            return None if moment is None else round(moment - self.origin, 3)
+
+        self.result["startup"].update({
+            "time_to_first_progress_s": rel(self.watch.first_progress_at),
+            "time_to_port_s": rel(self.watch.port_at),
+            "progress": [{"marker": p["marker"], "at_s": rel(p["at"])} for p in self.watch.progress],
+        })
+
+    # ---- health, chat, outputs -------------------------------------------------------------------
+
+    def stage_health(self):
+        path = self.params["health_path"]
+        deadline = self.clock() + self.params["health_timeout"]
+        attempts = []
+        self.result["health"] = {"path": path, "status": None, "latency_s": None, "attempts": attempts}
+        while True:
+            remaining = deadline - self.clock()
+            answer = self.io.request("GET", path, timeout=max(1.0, remaining))
+            attempts.append({"status": answer["status"], "seconds": answer["seconds"], "error": answer["error"]})
+            del attempts[:-10]
+            self.result["health"].update(status=answer["status"], latency_s=answer["seconds"])
+            if answer["status"] == 200:
+                return
+            self.check_unit()
+            if self.clock() >= deadline:
+                break
+            self.sleep(max(0.0, min(self.params["poll_interval"], deadline - self.clock())))
+        models = self.io.request("GET", "/v1/models", timeout=5.0, auth=True)
+        self.result["health"]["v1_models_status"] = models["status"]
+        answered = [a for a in attempts if a["status"] is not None or (a["error"] or "").startswith("timed out")]
+        kind = "hung" if len(answered) == len(attempts) else "unreachable"
+        seen = ", ".join(str(a["status"]) if a["status"] is not None else a["error"] for a in attempts)
+        reason = "%s did not answer 200 within %g s although the unit is %s (%s)" % (
+            path, self.params["health_timeout"], self.result["unit_state"].get("state"), seen)
+        if kind == "hung":
+            reason += "; the scheduler is hung"
+        if models["status"] == 200:
+            reason += "; /v1/models still answers 200 (answered from memory, it is not health)"
+        raise GateFailed(kind, reason)
+
+    def model_name(self) -> str:
+        if self.model:
+            return self.model
+        answer = self.io.request("GET", "/v1/models", timeout=self.params["request_timeout"], auth=True)
+        try:
+            return answer["data"]["data"][0]["id"]
+        except (TypeError, KeyError, IndexError):
+            raise GateFailed("chat", "could not read the served model name from /v1/models (%s): %s" % (
+                answer["status"] or answer["error"], answer["text"][:200]))
+
+    def generate(self, prompt: str, max_tokens: int, what: str) -> dict:
+        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": max_tokens, "temperature": 0}
+        answer = self.io.request("POST", "/v1/chat/completions", body, timeout=self.params["request_timeout"], auth=True)
+        problem = None
+        if answer["error"]:
+            problem = answer["error"]
+        elif answer["status"] != 200:
+            problem = "HTTP %s: %s" % (answer["status"], answer["text"][:300])
+        else:
+            try:
+                choice = answer["data"]["choices"][0]
+                text = choice["message"]["content"] or ""
+                tokens = (answer["data"].get("usage") or {}).get("completion_tokens")
+                return {"text": text, "completion_tokens": tokens, "finish_reason": choice.get("finish_reason"),
+                        "seconds": answer["seconds"]}
+            except (TypeError, KeyError, IndexError):
+                problem = "an answer that is not a chat completion: %s" % answer["text"][:300]
+        self.check_unit()  # a crash explains a failed request better than the request does
+        kind = "chat_timeout" if answer["error"] and answer["error"].startswith("timed out") else "chat"
+        raise GateFailed(kind, "%s: /v1/chat/completions failed although %s answered 200: %s" % (
+            what, self.params["health_path"], problem))
+
+    def stage_chat(self):
+        self.model = self.model_name()
+        reply = self.generate(self.params["chat_prompt"], self.params["chat_max_tokens"], "the chat request")
+        self.chat_text = reply["text"]
+        self.result["chat"] = {"text": reply["text"][:TEXT_LIMIT], "completion_tokens": reply["completion_tokens"],
+                               "finish_reason": reply["finish_reason"], "latency_s": reply["seconds"], "model": self.model}
+
+    def stage_degenerate(self):
+        verdict = degenerate_output(self.chat_text)
+        self.result["degenerate"] = verdict
+        if verdict["degenerate"]:
+            raise GateFailed("degenerate", "the chat output is degenerate: %s" % verdict["reason"])
+
+    def stage_baseline(self):
+        path = self.params["baseline_file"]
+        max_tokens = self.params["max_tokens"]
+        document = self.read_record(path) if path else None
+        results = []
+        self.result["baseline"] = {"status": "passed" if path else "skipped", "file": path, "model": self.model, "results": results}
+        new_document = document
+        mismatches = []
+        for prompt in self.params["prompts"]:
+            reply = self.generate(prompt, max_tokens, "baseline prompt %r" % prompt[:60])
+            self.generations.append(reply)
+            entry = {"prompt": prompt, "text": reply["text"][:TEXT_LIMIT], "completion_tokens": reply["completion_tokens"],
+                     "seconds": reply["seconds"]}
+            results.append(entry)
+            verdict = degenerate_output(reply["text"])
+            if verdict["degenerate"]:
+                entry["status"] = "degenerate"
+                raise GateFailed("degenerate", "the output for baseline prompt %r is degenerate: %s" % (prompt[:60], verdict["reason"]))
+            if not path:
+                entry["status"] = "unchecked"
+                continue
+            recorded = baseline_lookup(document, self.model, prompt, max_tokens)
+            if recorded is None:
+                if self.params["record_baseline"]:
+                    entry["status"] = "new"
+                    new_document = baseline_add(new_document, self.model, prompt, max_tokens, {
+                        "text": reply["text"], "completion_tokens": reply["completion_tokens"],
+                        "recorded_at": _now_utc(), "release_id": self.params["release_id"]})
+                else:
+                    entry["status"] = "missing"
+                continue
+            comparison = compare_output(recorded.get("text", ""), reply["text"], self.params["baseline_tolerance"])
+            entry.update(comparison, status="match" if comparison["match"] else "mismatch")
+            if not comparison["match"]:
+                mismatches.append((prompt, comparison))
+        statuses = [entry["status"] for entry in results]
+        if mismatches:
+            self.result["baseline"]["status"] = "failed"
+            prompt, comparison = mismatches[0]
+            raise GateFailed("baseline_mismatch", (
+                "%d of %d greedy outputs differ from the baseline for model %s (max_tokens %d); prompt %r differs "
+                "after character %d (%d differ, %d allowed): expected %r, got %r") % (
+                len(mismatches), len(results), self.model, max_tokens, prompt[:60],
+                comparison["common_prefix"], comparison["differing_chars"], comparison["allowed_chars"],
+                comparison.get("expected_excerpt"), comparison.get("actual_excerpt")))
+        if "new" in statuses:
+            self.result["baseline"]["status"] = "recorded"
+            self.pending["baseline"] = new_document
+        elif "missing" in statuses:
+            self.result["baseline"]["status"] = "missing"
+            self.warn("%s: no baseline in %s for model %s (max_tokens %d) and record_baseline is false: outputs "
+                      "were not compared" % (self.unit, path, self.model, max_tokens))
+
+    def stage_performance(self):
+        params = self.params
+        current = {"tokens_per_second": tokens_per_second(self.generations), "accept_length": None}
+        info = self.io.request("GET", "/server_info", timeout=params["request_timeout"], auth=True)
+        try:
+            current["accept_length"] = info["data"]["internal_states"][0].get("avg_spec_accept_length")
+        except (TypeError, KeyError, IndexError, AttributeError):
+            current["server_info_error"] = info["error"] or "HTTP %s" % info["status"]
+        previous = params["previous"]
+        if previous is None and params["metrics_file"]:
+            previous = previous_metrics(self.read_record(params["metrics_file"]), self.model)
+        floors = {"tokens_per_second": params["min_tokens_per_second"], "accept_length": params["min_accept_length"]}
+        problems = compare_metrics(current, floors, previous, params["max_regression"])
+        self.result["performance"] = dict(
+            current, completion_tokens=sum(g["completion_tokens"] or 0 for g in self.generations),
+            generation_s=round(sum(g["seconds"] for g in self.generations), 3),
+            previous=previous, floors=floors, max_regression=params["max_regression"], problems=problems)
+        if problems:
+            raise GateFailed("performance", "; ".join(problems))
+        if params["record_metrics"]:
+            self.pending["metrics"] = metrics_add(self.read_record(params["metrics_file"]), {
+                "model": self.model, "release_id": params["release_id"], "recorded_at": _now_utc(),
+                "tokens_per_second": current["tokens_per_second"], "accept_length": current["accept_length"],
+                "prompts": len(self.generations), "max_tokens": params["max_tokens"]})

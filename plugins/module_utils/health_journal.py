@@ -1,0 +1,153 @@
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The health gate's journal rules: what the lines a starting SGLang service writes mean.
+
+Fatal signatures (FATAL_SIGNATURES: the first kind in the list that matched names the cause),
+progress markers (PROGRESS_MARKERS: each resets the no-progress deadline) and the evidence quoted
+from a journal. Plain functions of journal lines; docs/health-gate.md explains each rule.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+# (substring, kind), matched case-insensitively. The order is the priority when several match: the
+# first kind in this list that matched names the cause (a plugin that failed to load explains the
+# "Unknown speculative algorithm name" after it; a CUDA OOM explains the scheduler exception around it).
+FATAL_SIGNATURES = (
+    ("unrecognized arguments", "bad_flag"),
+    ("ambiguous option", "bad_flag"),
+    ("Failed to load plugin", "plugin"),
+    ("Unknown speculative algorithm name", "unknown_algorithm"),
+    ("CUDA out of memory", "cuda_oom"),
+    ("no kernel image is available", "arch"),
+    ("undefined symbol", "abi"),
+    ("Could not load any common_ops", "abi"),
+    ("libtorchcodec", "torchcodec"),
+    ("Scheduler hit an exception", "scheduler_exception"),
+    ("Received sigquit", "self_kill"),  # launch phase
+    ("SIGQUIT received", "self_kill"),  # running phase (tokenizer manager's handler)
+    ("Traceback (most recent call last)", "traceback"),
+)
+
+# (substring, name), matched case-insensitively; each occurrence resets the no-progress deadline.
+# Weights load once per model (target, then draft); CUDA-graph capture of a large batch range can take
+# minutes, so its begin/end lines count as progress too.
+PROGRESS_MARKERS = (
+    ("Load weight begin", "load_weight_begin"),
+    ("Load weight end", "load_weight_end"),
+    ("Memory pool end", "memory_pool_end"),
+    ("CUDA graph begin", "cuda_graph_begin"),
+    ("CUDA graph end", "cuda_graph_end"),
+    ("Uvicorn running on", "uvicorn_running"),
+    ("The server is fired up and ready to roll!", "fired_up"),
+)
+
+KIND_DESCRIPTIONS = {
+    "bad_flag": "a launch flag was rejected (exit status 2; restarting cannot fix it)",
+    "plugin": "an SGLang plugin failed to load (is the release's overlay intact?)",
+    "unknown_algorithm": "the speculative algorithm is unknown to SGLang (was the overlay plugin loaded?)",
+    "cuda_oom": "CUDA out of memory on the GPU (another process holds GPU memory, or the memory fraction is too high)",
+    "arch": "the GPU kernels were not built for this GPU's architecture",
+    "abi": "a native library does not match the stack (torch / kernel package ABI)",
+    "torchcodec": "torchcodec cannot load its FFmpeg libraries",
+    "scheduler_exception": "the scheduler hit an exception",
+    "self_kill": "SGLang killed its own process tree after a fatal error in a child (not an OOM)",
+    "traceback": "a Python exception",
+    "custom": "a configured fatal pattern",
+    "oom": "the kernel OOM killer killed it (host memory)",
+    "killed": "it was killed by a signal from outside SGLang",
+    "exited": "the server process exited",
+    "restarted": "the server crashed",
+    "crash_loop": "systemd gave up restarting it (start limit hit)",
+    "timeout": "systemd timed out starting or stopping it",
+    "stopping": "the unit is stopping",
+    "inactive": "the unit is not running",
+    "unit_missing": "the unit does not exist",
+    "failed": "the unit failed",
+    "no_progress": "no progress marker in the journal within the no-progress deadline",
+    "start_timeout": "the port did not open within the start timeout",
+}
+
+LINE_LIMIT = 500  # characters kept of one journal line in results
+
+
+def clip_line(line: str, limit: int = LINE_LIMIT) -> str:
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def split_journal_output(stdout: str) -> tuple:
+    """journalctl -o cat --show-cursor output -> (lines, cursor or None).
+
+    Drops journalctl's own '-- ... --' notices (no entries, reboots) and the cursor line.
+    """
+    lines, cursor = [], None
+    for line in stdout.splitlines():
+        if line.startswith("-- cursor: "):
+            cursor = line[len("-- cursor: "):].strip()
+        elif line.startswith("-- ") and line.endswith(" --"):
+            continue
+        else:
+            lines.append(line)
+    return lines, cursor
+
+
+def match_signatures(lines: list, signatures=FATAL_SIGNATURES, extra=(), start: int = 0) -> list:
+    """Every line (from index start on) holding a fatal signature, in journal order.
+
+    -> [{"index": i, "pattern": substring, "kind": kind, "line": line}], one entry per line (the
+    highest-priority signature of that line). extra: more substrings, of kind "custom".
+    """
+    table = [(pattern.lower(), pattern, kind) for pattern, kind in signatures]
+    table += [(pattern.lower(), pattern, "custom") for pattern in extra]
+    found = []
+    for index in range(start, len(lines)):
+        lowered = lines[index].lower()
+        for needle, pattern, kind in table:
+            if needle in lowered:
+                found.append({"index": index, "pattern": pattern, "kind": kind, "line": clip_line(lines[index])})
+                break
+    return found
+
+
+def match_progress(line: str, markers=PROGRESS_MARKERS, extra=()) -> str | None:
+    """The progress marker's name a journal line carries, or None."""
+    lowered = line.lower()
+    for pattern, name in markers:
+        if pattern.lower() in lowered:
+            return name
+    for pattern in extra:
+        if pattern.lower() in lowered:
+            return pattern
+    return None
+
+
+def signature_evidence(lines: list, matches: list, before: int = 3, after: int = 15, limit: int = 10) -> list:
+    """The matched lines with context: up to `before` lines before and `after` after each match
+    (a traceback's body and its final exception line), at most `limit` matches."""
+    evidence = []
+    for match in matches[:limit]:
+        index = match["index"]
+        context = [clip_line(line) for line in lines[max(0, index - before):index + after + 1]]
+        evidence.append(dict(match, context=context))
+    return evidence
+
+
+_LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*")  # SGLang's "[2026-11-30 10:00:01 TP0] "
+_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
+
+
+def exception_summary(lines: list, start: int = 0) -> str | None:
+    """The 'SomeError: message' line that ends the first traceback at or after line `start`: it names
+    what went wrong (in a chained traceback, the original cause)."""
+    in_traceback = False
+    for line in lines[start:]:
+        text = _LOG_PREFIX.sub("", line).strip()
+        if "Traceback (most recent call last)" in text:
+            in_traceback = True
+        elif in_traceback and _EXCEPTION_LINE.match(text):
+            return clip_line(text)
+    return None

@@ -1,0 +1,100 @@
+"""The sglang_service role gates a service the same way after a deploy and after a rollback.
+
+The role's task files are read as data and their ddtree.sglang.sglang_health calls rendered with
+ansible-core's own templating, following include_tasks, for a service whose plan came from
+service_plan: what the role really passes, without a host.
+"""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.ddtree.sglang.plugins.modules import service_plan
+
+from conftest import run_module
+
+TASKS = Path(__file__).resolve().parents[3] / "roles" / "sglang_service" / "tasks"
+DEFAULTS = TASKS.parent / "defaults" / "main.yml"
+OMIT = "__omit_place_holder__test"
+GATE = "ddtree.sglang.sglang_health"
+INCLUDE = "ansible.builtin.include_tasks"
+
+# A slow-starting model: its own start_timeout is twice the role's default.
+SLOW = {"name": "coder", "model_path": "/m", "draft_model_path": "/d", "gpus": [0, 1], "tp_size": 2, "port": 30000,
+        "speculative": {"algorithm": "DDTREE"}, "health": {"start_timeout": 1800, "min_accept_length": 2.5}}
+
+
+def render(value, variables):
+    # Imported here, not when pytest collects this file: imported that early, it took `warnings` out of
+    # the module results that tests/unit/plugins/modules read.
+    from ansible.template import Templar, trust_as_template
+
+    templar = Templar(variables=variables)
+    if isinstance(value, str):
+        return templar.template(trust_as_template(value))
+    return templar.template(value)
+
+
+def gate_calls(task_file, variables):
+    """The sglang_health calls a task file makes, following include_tasks: [(task name, arguments)]."""
+    calls = []
+    for task in yaml.safe_load((TASKS / task_file).read_text()):
+        if GATE in task:
+            arguments = {key: render(value, variables) for key, value in task[GATE].items()}
+            calls.append((task["name"], {key: value for key, value in arguments.items() if value != OMIT}))
+        elif INCLUDE in task:
+            inner = dict(variables)
+            for key, value in (task.get("vars") or {}).items():
+                inner[key] = render(value, inner)
+            loop_var = (task.get("loop_control") or {}).get("loop_var", "item")
+            for element in render(task["loop"], inner) if "loop" in task else [None]:
+                calls += gate_calls(task[INCLUDE], dict(inner, **{loop_var: element}) if "loop" in task else inner)
+    return calls
+
+
+@pytest.fixture
+def role_variables(capsys):
+    """A failed deploy of SLOW, as gate.yml and rollback.yml see it."""
+    defaults = yaml.safe_load(DEFAULTS.read_text())
+    code, result = run_module(service_plan, {
+        "services": [SLOW], "gpu_indices": list(range(8)), "host": "ct200",
+        "gate_defaults": {"start_timeout": defaults["sglang_service_start_timeout"],
+                          "no_progress_timeout": defaults["sglang_service_no_progress_timeout"]}}, capsys)
+    assert code == 0
+    entry = result["services"][0]
+    return dict(
+        defaults, omit=OMIT, sglang_services=[SLOW],
+        sglang_service_plan={"services": [entry]},
+        sglang_service_restarted={"results": [{"changed": True, "item": entry["unit"]}]},
+        sglang_service_started={"results": []},
+        sglang_service_since={"stdout": "2026-11-30 10:00:00"},
+        sglang_service_release={"release_id": "new"},
+        sglang_service_rollback_since={"stdout": "2026-11-30 10:05:00"},
+        sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
+        sglang_service_failed={"item": entry, "passed": False, "msg": "failed"},
+        sglang_service_gate_results=[],
+    )
+
+
+def test_one_task_file_holds_the_gate_call():
+    files = sorted(path.name for path in TASKS.glob("*.yml") if GATE in path.read_text())
+    assert files == ["health_gate.yml"]
+
+
+def test_deploy_and_rollback_gates_use_the_services_own_settings(role_variables):
+    deploy = gate_calls("gate.yml", role_variables)
+    rollback = gate_calls("rollback.yml", role_variables)
+    assert len(deploy) == 1 and len(rollback) == 1
+    deploy_args, rollback_args = deploy[0][1], rollback[0][1]
+    # The service's own start_timeout holds on the way back: the previous release of a slow model
+    # needs as long to start as the new one did.
+    assert float(rollback_args["start_timeout"]) == 1800 == float(deploy_args["start_timeout"])
+    assert float(rollback_args["no_progress_timeout"]) == 120 == float(deploy_args["no_progress_timeout"])
+    assert float(rollback_args["min_accept_length"]) == 2.5 == float(deploy_args["min_accept_length"])
+    assert deploy_args["release_id"] == "new" and rollback_args["release_id"] == "old"
+    # Only the deploy's numbers are compared with and recorded as the release's metrics.
+    assert deploy_args["record_metrics"] is True and deploy_args["metrics_file"] == "/var/lib/sglang/coder/metrics.json"
+    assert rollback_args["record_metrics"] is False and "metrics_file" not in rollback_args
+    same = {key for key in deploy_args if key not in ("since", "release_id", "record_metrics", "metrics_file")}
+    assert {key: deploy_args[key] for key in same} == {key: rollback_args.get(key) for key in same}
