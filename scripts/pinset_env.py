@@ -43,8 +43,10 @@ def log(message: str) -> None:
 
 
 def cache_root() -> Path:
-    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ddtree-sglang"
-    return Path(os.environ.get("DDTREE_CACHE") or default) / "pinsets"
+    """$DDTREE_CACHE/pinsets (the cache folder's rule lives once, in plugin_utils/cache.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections"))
+    from ansible_collections.ddtree.sglang.plugins.plugin_utils.cache import cache_dir  # pylint: disable=import-outside-toplevel
+    return Path(cache_dir("pinsets"))
 
 
 def run(command: list[str], what: str, env: dict | None = None) -> str:
