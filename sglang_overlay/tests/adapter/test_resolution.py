@@ -254,8 +254,8 @@ def test_ddtree_create_worker_returns_the_ddtree_worker(env, draft_dir, fake_wor
     assert SpeculativeAlgorithm.DFLASH.create_worker(args) is fake_worker_module
 
 
-def test_graph_guard_refuses_tree_verify_batches():
-    from sglang_overlay.adapter.hooks import TREE_VERIFY_MARKER, around_can_run_graph
+def test_graph_guard_refuses_tree_verify_batches_without_a_tree_mask_graph():
+    from sglang_overlay.adapter.hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, around_can_run_graph
 
     def original(self, forward_batch):
         return "graph decision"
@@ -263,6 +263,39 @@ def test_graph_guard_refuses_tree_verify_batches():
     tree_batch = types.SimpleNamespace(spec_info=types.SimpleNamespace(**{TREE_VERIFY_MARKER: True}))
     chain_batch = types.SimpleNamespace(spec_info=types.SimpleNamespace())
     plain_batch = types.SimpleNamespace(spec_info=None)
-    assert around_can_run_graph(original, None, tree_batch) is False
-    assert around_can_run_graph(original, None, chain_batch) == "graph decision"
-    assert around_can_run_graph(original, None, plain_batch) == "graph decision"
+    causal_runner = types.SimpleNamespace()  # captured with DFLASH's mask-less input
+    masked_runner = types.SimpleNamespace(**{TREE_MASK_CAPTURED: True})
+    assert around_can_run_graph(original, causal_runner, tree_batch) is False
+    assert around_can_run_graph(original, masked_runner, tree_batch) == "graph decision"
+    assert around_can_run_graph(original, causal_runner, chain_batch) == "graph decision"
+    assert around_can_run_graph(original, causal_runner, plain_batch) == "graph decision"
+
+
+def _graph_runner(draft_dir, algo="DDTREE", is_draft_worker=False):
+    args = resolve(base(draft_dir, algo))
+    model_runner = types.SimpleNamespace(is_draft_worker=is_draft_worker, server_args=args)
+    return types.SimpleNamespace(model_runner=model_runner, buffers=types.SimpleNamespace(custom_mask="BUF"))
+
+
+def test_ddtree_target_graphs_are_captured_with_the_tree_mask(env, draft_dir, monkeypatch):
+    from sglang_overlay.adapter import hooks
+
+    monkeypatch.delenv(hooks.EAGER_ENV, raising=False)
+    runner = _graph_runner(draft_dir)
+    dummy = hooks.after_get_spec_info(types.SimpleNamespace(custom_mask=None), runner, 64)
+    assert dummy.custom_mask == "BUF" and getattr(runner, hooks.TREE_MASK_CAPTURED) is True
+
+
+@pytest.mark.parametrize("case", ["DFLASH server", "draft runner", "eager env", "no custom_mask field"])
+def test_other_graph_captures_are_unchanged(env, draft_dir, monkeypatch, case):
+    from sglang_overlay.adapter import hooks
+
+    monkeypatch.delenv(hooks.EAGER_ENV, raising=False)
+    algo = "DFLASH" if case == "DFLASH server" else "DDTREE"
+    runner = _graph_runner(draft_dir, algo, is_draft_worker=(case == "draft runner"))
+    if case == "eager env":
+        monkeypatch.setenv(hooks.EAGER_ENV, "1")
+    dummy = types.SimpleNamespace() if case == "no custom_mask field" else types.SimpleNamespace(custom_mask=None)
+    out = hooks.after_get_spec_info(dummy, runner, 64)
+    assert getattr(out, "custom_mask", None) is None
+    assert not getattr(runner, hooks.TREE_MASK_CAPTURED, False)

@@ -182,6 +182,7 @@ def test_every_hook_target_exists_in_the_sources():
         hooks.TARGET_ADD_CLI_ARGS,
         hooks.TARGET_FROM_CLI_ARGS,
         hooks.TARGET_CREATE_WORKER,
+        hooks.TARGET_GRAPH_SPEC_INFO,
         *hooks.GRAPH_GUARD_TARGETS,
     ]
     for target in targets:

@@ -8,6 +8,7 @@ DDTree tree-verify input); any other server, built-in algorithms included, runs 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -25,9 +26,23 @@ TARGET_CAN_RUN_PREFILL_GRAPH = (
     "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph"
 )
 GRAPH_GUARD_TARGETS = (TARGET_CAN_RUN_GRAPH, TARGET_CAN_RUN_PREFILL_GRAPH)
+# The dummy verify input a decode graph runner captures TARGET_VERIFY with. Registered at start-up:
+# the target's graphs are captured before the DDTree worker exists.
+TARGET_GRAPH_SPEC_INFO = (
+    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
+)
 
 # Attribute that marks the DDTree tree-verify input (see tree_verify.DDTreeVerifyInput).
 TREE_VERIFY_MARKER = "ddtree_tree_verify"
+# Set on a decode graph runner whose TARGET_VERIFY graphs read the tree mask (see after_get_spec_info).
+TREE_MASK_CAPTURED = "ddtree_tree_mask_captured"
+# DDTREE_EAGER_TREE_VERIFY=1 in a server's environment: capture DFLASH's causal verify graphs as
+# before and run the tree verify eagerly (the guard refuses every replay). For A/B measurements.
+EAGER_ENV = "DDTREE_EAGER_TREE_VERIFY"
+
+
+def eager_tree_verify() -> bool:
+    return os.environ.get(EAGER_ENV, "") == "1"
 
 
 def around_create_worker(original, self, server_args, *args, **kwargs):
@@ -43,17 +58,46 @@ def around_create_worker(original, self, server_args, *args, **kwargs):
     return original(self, server_args, *args, **kwargs)
 
 
-def around_can_run_graph(original, self, forward_batch, *args, **kwargs):
-    """Never replay a CUDA graph (decode or prefill runner) for a DDTree tree verify.
+def after_get_spec_info(result, self, *args, **kwargs):
+    """A DDTREE server's target captures its TARGET_VERIFY graphs reading the tree-mask buffer.
 
-    The TARGET_VERIFY graphs are captured with DFLASH's dummy verify input, which has no custom
-    attention mask: a tree replayed through them would silently attend causally (wrong tokens,
-    no error). The tree verify therefore always runs eagerly. Other batches (the DFlash draft
-    forward, prefill, every other server) get the runner's own decision.
+    DFLASH's dummy verify input has no custom mask on backends with a causal verify path (Triton,
+    FlashInfer, FA3, ...), so its graphs attend causally. For a DDTREE server's *target* runner the
+    input gets the runner's mask buffer instead, as SGLang's own EAGLE top-k > 1 and NGRAM dummy
+    inputs do: the backend then captures its masked verify kernel, which reads the mask from the
+    backend's graph buffer; at replay the backend copies the step's tree mask into that buffer
+    (``_update_target_verify_buffers``). The runner is marked so the guard lets tree verifies
+    replay only through graphs captured this way. The drafter's runner and every other server: no
+    change.
+    """
+    model_runner = getattr(self, "model_runner", None)
+    if result is None or model_runner is None or getattr(model_runner, "is_draft_worker", True):
+        return result
+    if eager_tree_verify() or not hasattr(result, "custom_mask"):
+        return result
+    from .resolution import resolved_settings
+
+    if resolved_settings(getattr(model_runner, "server_args", None)) is None:
+        return result
+    if result.custom_mask is None:
+        result.custom_mask = self.buffers.custom_mask
+    setattr(self, TREE_MASK_CAPTURED, True)
+    return result
+
+
+def around_can_run_graph(original, self, forward_batch, *args, **kwargs):
+    """Replay a graph for a DDTree tree verify only where the graph reads the tree mask.
+
+    A TARGET_VERIFY graph captured with DFLASH's mask-less dummy input would attend causally: a
+    tree replayed through it would emit wrong tokens without any error. So a batch carrying the
+    DDTree tree-verify input gets the runner's own decision only from a decode runner marked by
+    ``after_get_spec_info``; the prefill runner and unmarked runners answer False (eager verify).
+    Other batches (the DFlash draft forward, prefill, every other server) get the runner's decision.
     """
     spec_info = getattr(forward_batch, "spec_info", None)
     if spec_info is not None and getattr(spec_info, TREE_VERIFY_MARKER, False):
-        return False
+        if not getattr(self, TREE_MASK_CAPTURED, False):
+            return False
     return original(self, forward_batch, *args, **kwargs)
 
 
@@ -66,6 +110,7 @@ def register_startup_hooks() -> None:
     HookRegistry.register(TARGET_ADD_CLI_ARGS, after_add_cli_args, HookType.AFTER)
     HookRegistry.register(TARGET_FROM_CLI_ARGS, around_from_cli_args, HookType.AROUND)
     HookRegistry.register(TARGET_CREATE_WORKER, around_create_worker, HookType.AROUND)
+    HookRegistry.register(TARGET_GRAPH_SPEC_INFO, after_get_spec_info, HookType.AFTER)
 
 
 _graph_guard_installed = False
@@ -94,5 +139,8 @@ def hooks_applied() -> dict[str, bool]:
     """Which of the adapter's hook targets HookRegistry has patched (for diagnostics)."""
     from sglang.srt.plugins.hook_registry import HookRegistry
 
-    targets = [TARGET_ADD_CLI_ARGS, TARGET_FROM_CLI_ARGS, TARGET_CREATE_WORKER, *GRAPH_GUARD_TARGETS]
+    targets = [
+        TARGET_ADD_CLI_ARGS, TARGET_FROM_CLI_ARGS, TARGET_CREATE_WORKER, TARGET_GRAPH_SPEC_INFO,
+        *GRAPH_GUARD_TARGETS,
+    ]
     return {t: t in HookRegistry._patched for t in targets}

@@ -25,6 +25,7 @@ from ..core.tree import (
     draft_topk,
 )
 from ..core.verify import ancestor_mask, eagle_verify_links, verify_positions
+from ..kernels.draft_topk import MAX_FUSED_K, fused_available, fused_draft_topk
 
 # ---- drafter logits -> per-position top-k log-probs ------------------------------------------
 
@@ -45,9 +46,10 @@ def dense_head_topk(
         k: candidates per row.
         vocab_size: real vocabulary rows of ``weight`` (padding rows excluded); default all.
         chunk_rows: rows per matmul, bounding the ``[chunk, V]`` logits buffer.
-        stable: break equal log-probs by the smaller id (a full sort over the vocabulary, about
-            4x slower on an H200 at 48 x 15 rows of a 152k vocabulary). The server does not need
-            it: which of two equally likely tokens gets the smaller rank changes the tree's
+        stable: on a CPU, break equal log-probs by the smaller id (a full sort over the
+            vocabulary) instead of ``torch.topk``'s unspecified order. On CUDA the fused kernel
+            (``kernels.draft_topk``) always applies the smaller-id rule, in one pass over the
+            logits. Which of two equally likely tokens gets the smaller rank changes the tree's
             shape, never the output (every emitted token is the target's own choice).
 
     Returns:
@@ -63,7 +65,10 @@ def dense_head_topk(
         end = min(rows, start + int(chunk_rows))
         h = hidden[start:end].to(w.dtype)
         logits = torch.matmul(h, w.T)
-        lp, ids = draft_topk(logits, k, stable=stable)
+        if logits.is_cuda and k <= MAX_FUSED_K and fused_available():
+            lp, ids = fused_draft_topk(logits, k)
+        else:
+            lp, ids = draft_topk(logits, k, stable=stable)
         out_lp[start:end], out_ids[start:end] = lp, ids
     return out_lp, out_ids
 

@@ -60,7 +60,7 @@ from sglang.srt.speculative.spec_utils import (
     prepare_mamba_track_for_verify,
 )
 
-from .hooks import TREE_VERIFY_MARKER, install_graph_guard
+from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree
 from .tree_step import run_tree_step
@@ -76,13 +76,15 @@ logger = logging.getLogger(__name__)
 
 
 class DDTreeVerifyInput(NgramVerifyInput):
-    """SGLang's NGRAM tree-verify input, marked as DDTree's (the CUDA-graph guard keys on it)."""
+    """SGLang's NGRAM tree-verify input, marked as DDTree's (the CUDA-graph guard keys on it).
+
+    It replays the target's TARGET_VERIFY graph when that graph was captured reading the tree mask
+    (hooks.after_get_spec_info); otherwise the guard makes the verify run eagerly.
+    """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         setattr(self, TREE_VERIFY_MARKER, True)
-        # Graph replays are refused for this input, and the verify always runs eagerly.
-        self.cuda_graph_compatible = False
 
 
 @dataclass
@@ -160,12 +162,15 @@ class DDTreeWorker(DFlashWorkerV2):
                 "branch a recurrent state (--speculative-ddtree-allow-hybrid-unsafe overrides)"
             )
         install_graph_guard()
+        graph_runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
+        self.tree_verify_graphs = bool(getattr(graph_runner, TREE_MASK_CAPTURED, False))
         if get_parallel().tp_rank == 0:
             logger.info(
-                "DDTREE worker ready: budget=%d, top_k=%d, window=%d, tree verify eager.",
+                "DDTREE worker ready: budget=%d, top_k=%d, window=%d, tree verify %s.",
                 settings.budget,
                 settings.effective_top_k,
                 settings.window,
+                "in CUDA graphs (tree mask captured)" if self.tree_verify_graphs else "eager",
             )
 
     # The drafter's LM head must stay eager: DDTree needs its distributions, not a greedy chain.
@@ -221,7 +226,7 @@ class DDTreeWorker(DFlashWorkerV2):
             logits_output=logits_output,
             next_token_ids=step.out_tokens.reshape(-1),
             accept_lens=step.accept_lens,
-            can_run_cuda_graph=False,
+            can_run_cuda_graph=bool(result.verified.target_out.can_run_cuda_graph),
             next_draft_input=next_draft_input,
             speculative_num_draft_tokens=int(self.block_size),
             new_seq_lens=new_seq_lens,
@@ -350,9 +355,9 @@ class DDTreeWorker(DFlashWorkerV2):
             if int(tp_group.world_size) != 1:
                 raise RuntimeError("DDTREE with a quantized lm_head is only supported at tp=1")
             logits = lm_head.quant_method.apply(lm_head, hidden_rows, None)[:, :vocab]
-            from ..core.tree import draft_topk
+            from ..kernels.draft_topk import draft_topk_fast
 
-            return draft_topk(logits, k, stable=False)
+            return draft_topk_fast(logits, k)
 
     # ---- 4. target verify over the tree (eager, custom mask) --------------------------------
 

@@ -3,6 +3,8 @@
 Modules:
     tree_build  build_tree (dispatch: Triton kernel on CUDA, core.tree.build_tree_batched elsewhere),
                 build_tree_kernel, empty_tree_batch, kernel_config, check_kernel_limits, limits
+    draft_topk  fused_draft_topk (per-row top-k log-probs from one pass over the logits, Triton),
+                draft_topk_fast (the kernel on CUDA, core.tree.draft_topk elsewhere)
     warmup      ahead-of-time compilation of the kernel variants into a Triton cache + a JSON manifest
                 (``python -m sglang_overlay.kernels.warmup --arch sm_90 ...``)
 
@@ -19,6 +21,7 @@ _LAZY = {
         "MAX_BUDGET", "MAX_DEPTH", "MAX_TOP_K", "KernelConfig", "kernel_config", "check_kernel_limits",
         "default_num_warps", "empty_tree_batch", "build_tree_kernel", "build_tree", "triton_available",
     ),
+    "draft_topk": ("MAX_FUSED_K", "fused_draft_topk", "draft_topk_fast", "fused_available"),
     "warmup": ("warmup_kernels", "WarmupError"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}

@@ -1,0 +1,88 @@
+"""Fused draft top-k benchmark: ``kernels.draft_topk.fused_draft_topk`` vs ``core.tree.draft_topk``.
+
+    PYTHONPATH=sglang_overlay/src python3 sglang_overlay/benchmarks/draft_topk.py [--json out.json]
+
+Needs a CUDA GPU. For each (rows, vocabulary, k) -- by default the issue's shape, 64 requests x 15
+draft positions of a 151936-token vocabulary, bf16 -- it times, in the same run:
+
+* ``draft_topk(stable=True)`` (float32 cast, ``log_softmax``, stable sort; the documented tie rule),
+* ``draft_topk(stable=False)`` (``torch.topk``; what the server used before the fused kernel),
+* ``fused_draft_topk`` for several chunk sizes,
+
+and checks the fused result against the stable one (ids identical, max log-prob difference).
+Times are ``triton.testing.do_bench`` medians (CUDA events, warm-up, L2 flushed between calls).
+Also: ``memory bound`` = the time to read the logits once at the measured copy bandwidth
+(``torch`` clone of the same tensor / 2), the floor for any one-pass kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="960,240,15", help="comma list of rows (requests x 15)")
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--k", default="8,15")
+    ap.add_argument("--blocks", default="2048,4096,8192")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    ap.add_argument("--json", default=None, help="write the results as JSON here")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("draft_topk benchmark: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import triton.testing
+
+    from sglang_overlay.core.tree import draft_topk
+    from sglang_overlay.kernels.draft_topk import DEFAULT_BLOCK, fused_draft_topk
+
+    dtype = getattr(torch, args.dtype)
+    dev = torch.device("cuda")
+    blocks = [int(b) for b in args.blocks.split(",")]
+    results = {"device": torch.cuda.get_device_name(0), "dtype": args.dtype, "vocab": args.vocab,
+               "default_block": DEFAULT_BLOCK, "cases": []}
+    print(f"# fused draft top-k on {results['device']}, {args.dtype}, vocabulary {args.vocab}")
+    print()
+    head = "| rows | k | stable sort ms | torch.topk ms | " + " | ".join(
+        f"fused b{b} ms" for b in blocks) + " | fused/stable | fused/topk | read-once ms | ids equal | max lp diff |"
+    print(head)
+    print("|" + " --- |" * (head.count("|") - 1))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    for rows in (int(r) for r in args.rows.split(",")):
+        # Draft-like logits: a few strong candidates over a long tail, in the server's dtype.
+        logits = (torch.randn(rows, args.vocab, device=dev, generator=gen) * 2.5).to(dtype)
+        copy_ms = triton.testing.do_bench(lambda: logits.clone()) / 2
+        for k in (int(x) for x in args.k.split(",")):
+            t_stable = triton.testing.do_bench(lambda: draft_topk(logits, k, stable=True))
+            t_topk = triton.testing.do_bench(lambda: draft_topk(logits, k, stable=False))
+            t_fused = {}
+            for b in blocks:
+                t_fused[b] = triton.testing.do_bench(lambda b=b: fused_draft_topk(logits, k, block=b))
+            want_lp, want_ids = draft_topk(logits, k, stable=True)
+            got_lp, got_ids = fused_draft_topk(logits, k)
+            ids_equal = bool(torch.equal(got_ids, want_ids))
+            lp_diff = float((got_lp - want_lp).abs().max())
+            best = t_fused[DEFAULT_BLOCK]
+            case = {
+                "rows": rows, "k": k, "stable_ms": t_stable, "topk_ms": t_topk,
+                "fused_ms": {str(b): t for b, t in t_fused.items()}, "fused_default_ms": best,
+                "ratio_fused_to_stable": best / t_stable, "ratio_fused_to_topk": best / t_topk,
+                "read_once_ms": copy_ms, "ids_equal": ids_equal, "max_lp_diff": lp_diff,
+            }
+            results["cases"].append(case)
+            print(f"| {rows} | {k} | {t_stable:.3f} | {t_topk:.3f} | "
+                  + " | ".join(f"{t_fused[b]:.3f}" for b in blocks)
+                  + f" | {best / t_stable:.3f} | {best / t_topk:.3f} | {copy_ms:.3f} | {ids_equal} | {lp_diff:.2e} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

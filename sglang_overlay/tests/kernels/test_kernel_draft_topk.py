@@ -1,0 +1,112 @@
+"""The fused draft top-k (Triton, in the interpreter on CPU) against ``core.tree.draft_topk``.
+
+Ids must be identical (ties: smaller id first, across chunk boundaries too); log-probs equal up to
+the rounding of the row's logsumexp. The shapes are small (the interpreter runs the kernel body
+in numpy); several chunks per row and a short tail chunk are always exercised.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from sglang_overlay.core.tree import draft_topk
+from sglang_overlay.kernels import draft_topk as fk
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and fk.fused_available()
+needs_interpreter = pytest.mark.skipif(not INTERPRETED, reason="needs triton with TRITON_INTERPRET=1 (CPU)")
+
+
+def _logits(kind: str, rows: int, vocab: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "random":
+        x = torch.randn(rows, vocab, generator=gen) * 3
+    elif kind == "ties":  # few distinct values: long runs of exact ties spanning chunks
+        x = torch.randint(0, 4, (rows, vocab), generator=gen).to(torch.float32)
+    elif kind == "neginf":  # masked-out vocabulary (-inf) and a row with fewer finite than k
+        x = torch.randn(rows, vocab, generator=gen)
+        x[torch.rand(rows, vocab, generator=gen) < 0.5] = float("-inf")
+        x[0, :] = float("-inf")
+        x[0, [5, vocab - 1]] = torch.tensor([1.0, 2.0])
+    else:
+        raise ValueError(kind)
+    return x.to(dtype)
+
+
+def _assert_same_log_probs(got: torch.Tensor, want: torch.Tensor) -> None:
+    """-inf exactly where ``draft_topk`` has it; finite values within the logsumexp's rounding."""
+    assert torch.equal(got.isinf(), want.isinf())
+    finite = ~want.isinf()
+    assert torch.allclose(got[finite], want[finite], rtol=0, atol=2e-6), (got, want)
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "kind,rows,vocab,k,block,dtype",
+    [
+        ("random", 5, 1000, 8, 128, torch.bfloat16),   # 8 chunks, tail of 104
+        ("random", 3, 700, 15, 64, torch.float32),     # k = the service's block - 1
+        ("random", 2, 300, 1, 256, torch.float16),     # k = 1, two chunks
+        ("ties", 4, 520, 8, 64, torch.bfloat16),       # ties across chunk boundaries
+        ("ties", 2, 100, 12, 16, torch.float32),       # k close to the chunk size
+        ("neginf", 3, 500, 6, 64, torch.bfloat16),     # -inf logits, ties among them by id
+    ],
+)
+def test_fused_equals_draft_topk(kind, rows, vocab, k, block, dtype):
+    logits = _logits(kind, rows, vocab, dtype, seed=rows * 1000 + vocab + k)
+    got_lp, got_ids = fk.fused_draft_topk(logits, k, block=block)
+    want_lp, want_ids = draft_topk(logits, k, stable=True)
+    assert got_ids.dtype == torch.int64 and got_lp.dtype == torch.float32
+    assert torch.equal(got_ids, want_ids), (got_ids, want_ids)
+    _assert_same_log_probs(got_lp, want_lp)
+
+
+@needs_interpreter
+def test_fused_keeps_leading_dims():
+    logits = _logits("random", 6, 200, torch.bfloat16, seed=3).view(2, 3, 200)
+    lp, ids = fk.fused_draft_topk(logits, 4, block=64)
+    want_lp, want_ids = draft_topk(logits, 4, stable=True)
+    assert lp.shape == (2, 3, 4) and torch.equal(ids, want_ids)
+    _assert_same_log_probs(lp, want_lp)
+
+
+@needs_interpreter
+def test_fused_strided_rows():
+    base = _logits("random", 4, 600, torch.bfloat16, seed=9)
+    view = base[:, :500]  # rows with a stride larger than the vocabulary
+    lp, ids = fk.fused_draft_topk(view, 5, block=128)
+    want_lp, want_ids = draft_topk(view, 5, stable=True)
+    assert torch.equal(ids, want_ids)
+    _assert_same_log_probs(lp, want_lp)
+
+
+@pytest.mark.skipif(not fk.fused_available(), reason="needs triton")
+@pytest.mark.parametrize(
+    "k,block,dtype,match",
+    [
+        (0, 64, torch.float32, "k must be in 1..64"),
+        (65, 64, torch.float32, "k must be in 1..64"),
+        (4, 100, torch.float32, "power of two"),
+        (4, 64, torch.int32, "float32/float16/bfloat16"),
+    ],
+)
+def test_fused_refuses_bad_arguments(k, block, dtype, match):
+    with pytest.raises(ValueError, match=match):
+        fk.fused_draft_topk(torch.zeros(2, 300, dtype=dtype), k, block=block)
+
+
+def test_draft_topk_fast_falls_back_on_cpu():
+    logits = _logits("ties", 3, 90, torch.float32, seed=1)
+    lp, ids = fk.draft_topk_fast(logits, 5)
+    want_lp, want_ids = draft_topk(logits, 5, stable=True)
+    assert torch.equal(ids, want_ids) and torch.equal(lp, want_lp)
+
+
+@needs_interpreter
+def test_fused_ties_smaller_id_first_across_chunks():
+    # Two chunks of 16; the 3.0s of the first chunk (ids 0..3) come before those of the second.
+    x = torch.tensor([[3.0] * 4 + [1.0] * 12 + [3.0] * 4 + [0.0] * 12])
+    _, ids = fk.fused_draft_topk(x, 6, block=16)
+    assert ids.tolist() == [[0, 1, 2, 3, 16, 17]]

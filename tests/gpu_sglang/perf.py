@@ -1,0 +1,96 @@
+"""Tokens/s of NONE, DFLASH and DDTREE (tree verify eager = before, in CUDA graphs = after) in one run.
+
+Usage (on the device, after device-setup.sh): python perf.py OUT MODELS [ROUNDS]
+All servers take scenario.py's flags (CUDA graphs on for every one); they differ only in the algorithm
+and, for `ddtree-eager`, DDTREE_EAGER_TREE_VERIFY=1 (the overlay then captures DFLASH's causal verify
+graphs and runs the tree verify eagerly, as every release before issue 19 did). NONE starts first (it
+fills the JIT cache), then the other three together; then the measurements run one server at a time
+(the others idle), ROUNDS rounds (default 3) of 1, 16 and 64 concurrent greedy requests (T = 0, 64 new
+tokens, ignore_eos) on the held-out prompts: 8, 32 and 64 requests. tokens/s = completion tokens / wall
+seconds of the round. Greedy outputs of the first round are kept to compare servers (graphs vs eager).
+Writes OUT/results-perf.json and OUT/server-perf-NAME.log.
+"""
+import concurrent.futures as cf
+import json
+import os
+import re
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scenario as sc  # noqa: E402
+import synth_lang as sl  # noqa: E402
+
+CONCURRENCY = {1: 8, 16: 32, 64: 64}  # concurrent requests -> requests per measurement
+
+
+def measure(server, prompts, conc):
+    params = {"temperature": 0, "max_new_tokens": sc.GREEDY_NEW, "ignore_eos": True}
+    jobs = prompts[: CONCURRENCY[conc]]
+    t = time.time()
+    with cf.ThreadPoolExecutor(conc) as ex:
+        outs = list(ex.map(lambda p: server.generate(p, params), jobs))
+    secs = time.time() - t
+    tokens = sum(o["completion_tokens"] or 0 for o in outs)
+    acc = [o["accept"] for o in outs if o["accept"] is not None]
+    return {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
+            "mean_accept": (sum(acc) / len(acc)) if acc else None}, [o["ids"] for o in outs]
+
+
+def main():
+    out, models = sys.argv[1], sys.argv[2]
+    rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
+    lang = sl.Language()
+    prompts = sl.greedy_prompts(lang)
+    servers = [sc.Server("perf-none", "NONE", sc.RELEASE, 30100, out, models),
+               sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models),
+               sc.Server("perf-ddtree-eager", "DDTREE", sc.RELEASE, 30102, out, models),
+               sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models)]
+    servers[2].env["DDTREE_EAGER_TREE_VERIFY"] = "1"
+    t0 = time.time()
+    doc = {"plan": "perf", "rounds": rounds, "requests": CONCURRENCY, "new_tokens": sc.GREEDY_NEW,
+           "servers": {s.name: s.info for s in servers}, "runs": [], "outputs": {}}
+
+    def save():
+        doc["seconds"] = round(time.time() - t0, 1)
+        with open(os.path.join(out, "results-perf.json"), "w") as fh:
+            json.dump(doc, fh)
+
+    try:
+        servers[0].start()
+        servers[0].wait_ready()
+        for s in servers[1:]:
+            s.start()
+        for s in servers[1:]:
+            s.wait_ready()
+        ready = [s for s in servers if "ready_s" in s.info]
+        print("[perf] ready: %s after %.0f s" % ([s.name for s in ready], time.time() - t0), flush=True)
+        for r in range(rounds):
+            for s in ready:
+                for conc in CONCURRENCY:
+                    try:
+                        m, ids = measure(s, prompts, conc)
+                    except Exception as e:  # noqa: BLE001 (recorded; the other servers still run)
+                        m, ids = {"error": repr(e)}, None
+                    doc["runs"].append(dict(m, round=r, server=s.name, concurrency=conc))
+                    if r == 0 and ids is not None and conc in (1, 16):
+                        doc["outputs"]["%s/c%d" % (s.name, conc)] = ids
+                    print("[perf] round %d %s c%d %s" % (r, s.name, conc, m), flush=True)
+                save()
+    finally:
+        for s in servers:
+            s.stop()
+        for s in servers:
+            try:
+                log = open(os.path.join(out, "server-%s.log" % s.name)).read()
+                s.info["graph_decode_batches"] = len(re.findall(r"cuda graph: True", log))
+                s.info["eager_decode_batches"] = len(re.findall(r"cuda graph: False", log))
+                s.info["ddtree_ready_line"] = (re.findall(r"DDTREE worker ready[^\n]*", log) or [None])[0]
+            except OSError:
+                pass
+        save()
+    print("[perf] done in %.0f s" % (time.time() - t0), flush=True)
+
+
+if __name__ == "__main__":
+    main()
