@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import scenario as sc  # noqa: E402
 import synth_lang as sl  # noqa: E402
 
-CONCURRENCY = {1: 8, 16: 32, 64: 64}  # concurrent requests -> requests per measurement
+CONCURRENCY = {1: 6, 16: 32, 64: 64}  # concurrent requests -> requests per measurement
 
 
 def measure(server, prompts, conc):
@@ -89,7 +89,41 @@ def main():
             except OSError:
                 pass
         save()
+    print_table(doc)
     print("[perf] done in %.0f s" % (time.time() - t0), flush=True)
+
+
+def print_table(doc):
+    """Median tokens/s per server and concurrency, DDTREE / DFLASH ratios, greedy agreement."""
+    by = {}
+    for run in doc["runs"]:
+        if "tokens_per_s" in run:
+            by.setdefault((run["server"], run["concurrency"]), []).append(run["tokens_per_s"])
+    med = {k: sorted(v)[len(v) // 2] for k, v in by.items()}
+    acc = {}
+    for run in doc["runs"]:
+        if run.get("mean_accept") is not None:
+            acc.setdefault(run["server"], []).append(run["mean_accept"])
+    print("| server | " + " | ".join("c%d tok/s (runs)" % c for c in CONCURRENCY) + " | accept len |")
+    print("| --- |" + " --- |" * (len(CONCURRENCY) + 1))
+    for name in doc["servers"]:
+        cells = ["%s (%s)" % (med.get((name, c)), ", ".join(str(x) for x in by.get((name, c), []))) for c in CONCURRENCY]
+        a = acc.get(name)
+        print("| %s | %s | %s |" % (name, " | ".join(cells), ("%.2f" % (sum(a) / len(a))) if a else "-"))
+    for name in ("perf-ddtree-eager", "perf-ddtree"):
+        for c in CONCURRENCY:
+            d, t = med.get(("perf-dflash", c)), med.get((name, c))
+            if d and t:
+                runs = [round(x / y, 3) for x, y in zip(by[(name, c)], by[("perf-dflash", c)])]
+                print("%s / DFLASH at c%d: %.3f (per round %s)" % (name, c, t / d, runs))
+    outs = doc["outputs"]
+    for c in (1, 16):
+        ref = outs.get("perf-ddtree-eager/c%d" % c)
+        for name in ("perf-none", "perf-dflash", "perf-ddtree"):
+            got = outs.get("%s/c%d" % (name, c))
+            if ref is not None and got is not None:
+                same = sum(1 for a, b in zip(ref, got) if a == b)
+                print("greedy c%d: %s == ddtree-eager on %d of %d prompts" % (c, name, same, len(ref)))
 
 
 if __name__ == "__main__":
