@@ -29,6 +29,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_output import
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import (
     baseline_add,
+    baseline_key,
     baseline_lookup,
     metrics_add,
     previous_metrics,
@@ -189,6 +190,8 @@ class HealthGate:
         self.model = params["model"]
         self.chat_text = ""
         self.generations = []
+        self._server_info = None  # /server_info's answer for the baseline key, fetched once
+        self._key = None  # decoding_key()
 
     # ---- the run ---------------------------------------------------------------------------------
 
@@ -386,12 +389,31 @@ class HealthGate:
         if verdict["degenerate"]:
             raise GateFailed("degenerate", "the chat output is degenerate: %s" % verdict["reason"])
 
+    def server_info(self) -> dict:
+        """/server_info, once per run, for the baseline key: -> the request's answer (ServiceIO.request)."""
+        if self._server_info is None:
+            self._server_info = self.io.request("GET", "/server_info", timeout=self.params["request_timeout"], auth=True)
+        return self._server_info
+
+    def decoding_key(self) -> dict:
+        """What greedy outputs and metrics are comparable across (health_records.baseline_key), from
+        /server_info; warns once when /server_info did not answer."""
+        if self._key is None:
+            info = self.server_info()
+            self._key = baseline_key(self.model, info["data"] if info["status"] == 200 else None)
+            if self._key["family"] == "?":
+                self.warn("%s: /server_info did not answer (%s), so the baseline key %r does not name the decoding "
+                          "family" % (self.unit, info["error"] or "HTTP %s" % info["status"], self._key["key"]))
+        return self._key
+
     def stage_baseline(self):
         path = self.params["baseline_file"]
         max_tokens = self.params["max_tokens"]
         document = self.read_record(path) if path else None
         results = []
-        self.result["baseline"] = {"status": "passed" if path else "skipped", "file": path, "model": self.model, "results": results}
+        key = self.decoding_key()
+        self.result["baseline"] = {"status": "passed" if path else "skipped", "file": path, "model": self.model,
+                                   "key": key["key"], "family": key["family"], "results": results}
         new_document = document
         mismatches = []
         for prompt in self.params["prompts"]:
@@ -407,11 +429,11 @@ class HealthGate:
             if not path:
                 entry["status"] = "unchecked"
                 continue
-            recorded = baseline_lookup(document, self.model, prompt, max_tokens)
+            recorded = baseline_lookup(document, key["key"], prompt, max_tokens)
             if recorded is None:
                 if self.params["record_baseline"]:
                     entry["status"] = "new"
-                    new_document = baseline_add(new_document, self.model, prompt, max_tokens, {
+                    new_document = baseline_add(new_document, key["key"], prompt, max_tokens, {
                         "text": reply["text"], "completion_tokens": reply["completion_tokens"],
                         "recorded_at": _now_utc(), "release_id": self.params["release_id"]})
                 else:
@@ -426,9 +448,9 @@ class HealthGate:
             self.result["baseline"]["status"] = "failed"
             prompt, comparison = mismatches[0]
             raise GateFailed("baseline_mismatch", (
-                "%d of %d greedy outputs differ from the baseline for model %s (max_tokens %d); prompt %r differs "
+                "%d of %d greedy outputs differ from the baseline for %s (max_tokens %d); prompt %r differs "
                 "after character %d (%d differ, %d allowed): expected %r, got %r") % (
-                len(mismatches), len(results), self.model, max_tokens, prompt[:60],
+                len(mismatches), len(results), key["key"], max_tokens, prompt[:60],
                 comparison["common_prefix"], comparison["differing_chars"], comparison["allowed_chars"],
                 comparison.get("expected_excerpt"), comparison.get("actual_excerpt")))
         if "new" in statuses:
@@ -436,12 +458,14 @@ class HealthGate:
             self.pending["baseline"] = new_document
         elif "missing" in statuses:
             self.result["baseline"]["status"] = "missing"
-            self.warn("%s: no baseline in %s for model %s (max_tokens %d) and record_baseline is false: outputs "
-                      "were not compared" % (self.unit, path, self.model, max_tokens))
+            self.warn("%s: no baseline in %s for %s (max_tokens %d) and record_baseline is false: outputs "
+                      "were not compared" % (self.unit, path, key["key"], max_tokens))
 
     def stage_performance(self):
         params = self.params
         current = {"tokens_per_second": tokens_per_second(self.generations), "accept_length": None}
+        # Read anew: the acceptance length must include the baseline stage's requests (measured on the H200:
+        # the answer fetched for the baseline key, before them, had none yet on a fresh server).
         info = self.io.request("GET", "/server_info", timeout=params["request_timeout"], auth=True)
         try:
             current["accept_length"] = info["data"]["internal_states"][0].get("avg_spec_accept_length")
@@ -449,7 +473,7 @@ class HealthGate:
             current["server_info_error"] = info["error"] or "HTTP %s" % info["status"]
         previous = params["previous"]
         if previous is None and params["metrics_file"]:
-            previous = previous_metrics(self.read_record(params["metrics_file"]), self.model)
+            previous = previous_metrics(self.read_record(params["metrics_file"]), self.decoding_key()["key"])
         floors = {"tokens_per_second": params["min_tokens_per_second"], "accept_length": params["min_accept_length"]}
         problems = compare_metrics(current, floors, previous, params["max_regression"])
         self.result["performance"] = dict(
@@ -460,6 +484,7 @@ class HealthGate:
             raise GateFailed("performance", "; ".join(problems))
         if params["record_metrics"]:
             self.pending["metrics"] = metrics_add(self.read_record(params["metrics_file"]), {
-                "model": self.model, "release_id": params["release_id"], "recorded_at": _now_utc(),
+                "model": self.model, "key": self.decoding_key()["key"], "release_id": params["release_id"],
+                "recorded_at": _now_utc(),
                 "tokens_per_second": current["tokens_per_second"], "accept_length": current["accept_length"],
                 "prompts": len(self.generations), "max_tokens": params["max_tokens"]})

@@ -28,20 +28,33 @@ FATAL_SIGNATURES = (
     ("Could not load any common_ops", "abi"),
     ("libtorchcodec", "torchcodec"),
     ("Scheduler hit an exception", "scheduler_exception"),
+    # SGLang's subprocess watchdog: "Subprocess scheduler_0 (pid=2373) crashed with exit code -9.
+    # Triggering SIGQUIT for cleanup..." (H200: the scheduler SIGKILLed while serving). It names the child
+    # and its exit code, which the "SIGQUIT received" after it does not.
+    ("Triggering SIGQUIT for cleanup", "child_crashed"),
     ("Received sigquit", "self_kill"),  # launch phase
     ("SIGQUIT received", "self_kill"),  # running phase (tokenizer manager's handler)
     ("Traceback (most recent call last)", "traceback"),
 )
 
-# (substring, name), matched case-insensitively; each occurrence resets the no-progress deadline.
-# Weights load once per model (target, then draft); CUDA-graph capture of a large batch range can take
-# minutes, so its begin/end lines count as progress too.
+# (substring, name), matched case-insensitively; each occurrence resets the no-progress deadline. In the
+# order a real SGLang 0.5.23 start logs them (tests/fixtures/sglang-journals/, from the H200): the
+# distributed init, the weights (once per model: target, then draft), the KV cache, CUDA-graph capture (a
+# large batch range can take minutes, so its begin/end lines count; "Capture target prefill CUDA graph
+# begin", "Capture draft verify CUDA graph end", ...), the scheduler's summary, the HTTP server, the
+# warm-up request's "fired up".
 PROGRESS_MARKERS = (
+    ("Init parallel begin", "init_parallel_begin"),
+    ("Init parallel ends", "init_parallel_end"),
     ("Load weight begin", "load_weight_begin"),
     ("Load weight end", "load_weight_end"),
+    ("KV Cache is allocated", "kv_cache_allocated"),
     ("Memory pool end", "memory_pool_end"),
     ("CUDA graph begin", "cuda_graph_begin"),
     ("CUDA graph end", "cuda_graph_end"),
+    ("max_total_num_tokens=", "scheduler_ready"),
+    ("Engine startup timings", "engine_started"),
+    ("Application startup complete", "application_started"),
     ("Uvicorn running on", "uvicorn_running"),
     ("The server is fired up and ready to roll!", "fired_up"),
 )
@@ -55,6 +68,7 @@ KIND_DESCRIPTIONS = {
     "abi": "a native library does not match the stack (torch / kernel package ABI)",
     "torchcodec": "torchcodec cannot load its FFmpeg libraries",
     "scheduler_exception": "the scheduler hit an exception",
+    "child_crashed": "an SGLang subprocess died (exit code -9 is SIGKILL: the kernel OOM killer or an operator)",
     "self_kill": "SGLang killed its own process tree after a fatal error in a child (not an OOM)",
     "traceback": "a Python exception",
     "custom": "a configured fatal pattern",
@@ -137,17 +151,27 @@ def signature_evidence(lines: list, matches: list, before: int = 3, after: int =
 
 
 _LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*")  # SGLang's "[2026-11-30 10:00:01 TP0] "
-_EXCEPTION_LINE = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b(?::.*)?$")
+# The line that ends a Python traceback: the exception's (dotted) class name, then ": message" or nothing.
+# Any class name: SGLang raises plain `Exception("Capture cuda graph failed: ...")`, torch raises
+# `torch.AcceleratorError`, Triton `triton.compiler.errors.CompilationError`, and a bare `raise
+# SomeError` prints the name alone. Uvicorn's "INFO:     ..." lines (log levels) are not exceptions.
+_EXCEPTION_LINE = re.compile(r"^(?!(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|TRACE):)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")
 
 
 def exception_summary(lines: list, start: int = 0) -> str | None:
-    """The 'SomeError: message' line that ends the first traceback at or after line `start`: it names
-    what went wrong (in a chained traceback, the original cause)."""
+    """The exception line ('SomeError: message') that ends the first traceback at or after line `start`:
+    it names what went wrong (in a chained traceback, the original cause, which comes first).
+
+    A traceback's frames and source lines are indented; the first line after "Traceback (most recent call
+    last):" that is not indented and reads as an exception class name (optionally followed by ": ...") is
+    its exception line, whatever the class is called. Lines of prose ("During handling of the above
+    exception, ...") are not class names and are passed over.
+    """
     in_traceback = False
     for line in lines[start:]:
-        text = _LOG_PREFIX.sub("", line).strip()
+        text = _LOG_PREFIX.sub("", line)
         if "Traceback (most recent call last)" in text:
             in_traceback = True
-        elif in_traceback and _EXCEPTION_LINE.match(text):
-            return clip_line(text)
+        elif in_traceback and text.strip() and not text[:1].isspace() and _EXCEPTION_LINE.match(text.strip()):
+            return clip_line(text.strip())
     return None

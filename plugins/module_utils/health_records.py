@@ -4,8 +4,11 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """The health gate's records on the host: baselines and metrics, as JSON documents.
 
-Baselines: {"format": 1, "baselines": {model: {str(max_tokens): {prompt: {"text", ...}}}}}.
-Metrics: {"format": 1, "records": [{model, release, recorded_at, tokens_per_second, accept_length, ...}]}.
+Baselines: {"format": 2, "baselines": {key: {str(max_tokens): {prompt: {"text", ...}}}}}, key from
+baseline_key (model, decoding family, tensor parallelism, SGLang version: docs/health-gate.md, "The
+baseline policy", says why). Format-1 documents (keyed by model alone) are read; their entries match no
+key, so the next passing release records its own.
+Metrics: {"format": 2, "records": [{model, key, release_id, recorded_at, tokens_per_second, accept_length, ...}]}.
 Documents are read whole and written whole (atomically), so a reader never sees half of one.
 """
 
@@ -15,32 +18,59 @@ import json
 import os
 import tempfile
 
-FILE_FORMAT = 1
+FILE_FORMAT = 2
+
+# SGLang's speculative algorithm -> the family whose greedy outputs are comparable. Measured on an H200
+# (docs/health-gate.md): DDTREE's greedy outputs equal DFLASH's (both run the multi-token verify forward),
+# while both differ from NONE's on 2 of 4 prompts (bf16 verify forward vs one-token decode). DDTREE reports
+# itself as DFLASH in /server_info already (it resolves as DFLASH with tree verification); the entry keeps
+# a server that reports the name it was asked for in the same family. NEXTN is SGLang's alias of EAGLE.
+ALGORITHM_FAMILIES = {"DDTREE": "DFLASH", "NEXTN": "EAGLE"}
 
 
-def baseline_lookup(document: dict | None, model: str, prompt: str, max_tokens: int) -> dict | None:
-    """The baseline entry for (model, max_tokens, prompt), or None.
+def decoding_family(algorithm) -> str:
+    """A speculative algorithm name (None: no speculative decoding) -> its decoding family."""
+    name = str(algorithm).upper() if algorithm else "NONE"
+    return ALGORITHM_FAMILIES.get(name, name)
 
-    Document: {"format": 1, "baselines": {model: {str(max_tokens): {prompt: {"text": ..., ...}}}}}.
+
+def baseline_key(model: str, server_info: dict | None) -> dict:
+    """What a greedy baseline is valid for, read from SGLang's /server_info answer.
+
+    -> {"key": "MODEL | DFLASH | tp 1 | sglang 0.5.23", "model", "family", "tp_size", "version"}.
+    A part that /server_info did not answer is "?" (such outputs are then compared only with outputs of a
+    server that also did not answer it).
     """
-    return (((document or {}).get("baselines") or {}).get(model) or {}).get(str(max_tokens), {}).get(prompt)
+    info = server_info if isinstance(server_info, dict) else {}
+    known = bool(info)
+    family = decoding_family(info.get("speculative_algorithm")) if known else "?"
+    tp_size = info.get("tp_size") if info.get("tp_size") is not None else "?"
+    version = info.get("version") or "?"
+    key = "%s | %s | tp %s | sglang %s" % (model, family, tp_size, version)
+    return {"key": key, "model": model, "family": family, "tp_size": tp_size, "version": version}
 
 
-def baseline_add(document: dict | None, model: str, prompt: str, max_tokens: int, entry: dict) -> dict:
-    """A copy of the document with this entry set."""
+def baseline_lookup(document: dict | None, key: str, prompt: str, max_tokens: int) -> dict | None:
+    """The baseline entry for (key, max_tokens, prompt), or None. key: baseline_key(...)["key"]."""
+    return (((document or {}).get("baselines") or {}).get(key) or {}).get(str(max_tokens), {}).get(prompt)
+
+
+def baseline_add(document: dict | None, key: str, prompt: str, max_tokens: int, entry: dict) -> dict:
+    """A copy of the document with this entry set (other keys' entries kept)."""
     document = {"format": FILE_FORMAT, "baselines": dict((document or {}).get("baselines") or {})}
-    per_model = dict(document["baselines"].get(model) or {})
-    per_length = dict(per_model.get(str(max_tokens)) or {})
+    per_key = dict(document["baselines"].get(key) or {})
+    per_length = dict(per_key.get(str(max_tokens)) or {})
     per_length[prompt] = entry
-    per_model[str(max_tokens)] = per_length
-    document["baselines"][model] = per_model
+    per_key[str(max_tokens)] = per_length
+    document["baselines"][key] = per_key
     return document
 
 
-def previous_metrics(document: dict | None, model: str) -> dict | None:
-    """The last recorded metrics for this model in a metrics document {"format": 1, "records": [...]}."""
+def previous_metrics(document: dict | None, key: str) -> dict | None:
+    """The last metrics recorded under this baseline key (baseline_key(...)["key"]: NONE's tokens/s are no
+    yardstick for DFLASH's) in a metrics document {"format": 2, "records": [...]}."""
     for record in reversed((document or {}).get("records") or []):
-        if record.get("model") == model:
+        if record.get("key") == key:
             return record
     return None
 

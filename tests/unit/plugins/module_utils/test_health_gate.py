@@ -12,6 +12,7 @@ from ansible_collections.ddtree.sglang.plugins.modules.sglang_health import ARGU
 
 GOOD_TEXT = "The capital of France is Paris, and the Seine runs through it."
 BASELINE = "/var/lib/sglang/coder/baseline.json"
+KEY = "coder | DFLASH | tp 1 | sglang 0.5.23"  # what ScriptedHost's /server_info makes the baseline key
 METRICS = "/var/lib/sglang/coder/metrics.json"
 
 
@@ -46,6 +47,8 @@ class ScriptedHost:
         self.chat_text = GOOD_TEXT
         self.on_chat = None
         self.requests = []
+        self.server_info = {"speculative_algorithm": "DFLASH", "tp_size": 1, "version": "0.5.23",
+                            "internal_states": [{"avg_spec_accept_length": 3.4}]}
 
     def unit_properties(self):
         return self.units.pop(0) if len(self.units) > 1 else self.units[0]
@@ -72,7 +75,7 @@ class ScriptedHost:
             answer["data"] = {"choices": [{"message": {"content": self.chat_text}, "finish_reason": "length"}],
                               "usage": {"completion_tokens": 32}}
         elif path == "/server_info":
-            answer["data"] = {"internal_states": [{"avg_spec_accept_length": 3.4}]}
+            answer["data"] = self.server_info
         return answer
 
 
@@ -110,7 +113,7 @@ def test_a_good_start_passes_every_stage_and_records_baseline_and_metrics(clock)
     assert message.startswith("sglang-coder.service is healthy: port after 3.0 s")
     assert list(result["timings"]) == ["unit_watch", "health", "chat", "degenerate", "baseline", "performance", "total"]
     assert result["baseline"]["status"] == "recorded" and result["recorded"] == {"baseline": True, "metrics": True}
-    assert written[BASELINE]["baselines"]["coder"]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
+    assert written[BASELINE]["baselines"][KEY]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
     assert written[METRICS]["records"][-1]["accept_length"] == 3.4
     assert result["performance"]["tokens_per_second"] == 64.0  # 32 tokens in 0.5 s
 
@@ -157,3 +160,110 @@ def test_an_unreadable_record_names_the_file(clock, tmp_path):
     broken.write_text("{")
     passed, message, result, _written, _warnings = run(ScriptedHost(clock, journal=GOOD_START), clock, metrics_file=str(broken))
     assert not passed and result["failure_kind"] == "state_file" and str(broken) in message
+
+
+# ---- the baseline policy (docs/health-gate.md, "The baseline policy") -------------------------------
+
+PROMPT = "List the first ten prime numbers, separated by commas."
+
+
+def recorded(key, text, accept_length=None, tokens_per_second=None):
+    """A baseline document (and a metrics document) as an earlier release under `key` left them."""
+    baseline = {"format": 2, "baselines": {key: {"64": {PROMPT: {"text": text, "release_id": "r0"}}}}}
+    metrics = {"format": 2, "records": [{"model": "coder", "key": key, "release_id": "r0",
+                                         "tokens_per_second": tokens_per_second, "accept_length": accept_length}]}
+    return baseline, metrics
+
+
+def run_with_records(clock, tmp_path, algorithm, chat_text, baseline, metrics=None, **overrides):
+    import json
+    host = ScriptedHost(clock, journal=GOOD_START)
+    host.server_info = dict(host.server_info, speculative_algorithm=algorithm)
+    host.chat_text = chat_text
+    (tmp_path / "baseline.json").write_text(json.dumps(baseline))
+    (tmp_path / "metrics.json").write_text(json.dumps(metrics or {"format": 2, "records": []}))
+    return run(host, clock, baseline_file=str(tmp_path / "baseline.json"), metrics_file=str(tmp_path / "metrics.json"),
+               **overrides)
+
+
+def test_ddtree_is_checked_against_the_baseline_dflash_recorded(clock, tmp_path):
+    # DDTREE resolves as DFLASH and its greedy outputs equal DFLASH's (H200): DFLASH's baseline is its reference.
+    baseline, _metrics = recorded(KEY, GOOD_TEXT)
+    passed, message, result, written, _warnings = run_with_records(clock, tmp_path, "DDTREE", GOOD_TEXT, baseline)
+    assert passed, message
+    assert result["baseline"]["key"] == KEY and result["baseline"]["results"][0]["status"] == "match"
+    assert BASELINE not in written
+
+
+def test_a_lossy_walk_fails_against_the_baseline_of_its_family(clock, tmp_path):
+    baseline, _metrics = recorded(KEY, GOOD_TEXT)
+    lossy = "The capital of France is Paris, and the Loire runs through it."
+    passed, message, result, _written, _warnings = run_with_records(clock, tmp_path, "DFLASH", lossy, baseline)
+    assert not passed and result["failed_stage"] == "baseline" and result["failure_kind"] == "baseline_mismatch"
+    assert KEY in message
+
+
+def test_switching_from_none_to_a_speculative_algorithm_records_a_new_baseline_instead_of_rolling_back(clock, tmp_path):
+    # NONE's greedy outputs legitimately differ from DFLASH's (bf16 verify forward vs one-token decode).
+    none_key = "coder | NONE | tp 1 | sglang 0.5.23"
+    baseline, metrics = recorded(none_key, "Something NONE said.", tokens_per_second=10000.0)
+    passed, message, result, written, _warnings = run_with_records(clock, tmp_path, "DDTREE", GOOD_TEXT, baseline, metrics,
+                                                                   record_metrics=True)
+    assert passed, message
+    assert result["baseline"]["status"] == "recorded" and result["performance"]["previous"] is None
+    document = written[str(tmp_path / "baseline.json")]
+    assert set(document["baselines"]) == {none_key, KEY}  # NONE's baseline is kept for a switch back
+
+
+@pytest.mark.parametrize("changed", [{"tp_size": 2}, {"version": "0.5.24"}])
+def test_a_new_tensor_parallel_size_or_sglang_version_records_anew(clock, tmp_path, changed):
+    # TP=2 changed 2 of 64 greedy outputs of the same model on the H200 (near-ties): not a lossy release.
+    baseline, _metrics = recorded(KEY, "An older text.")
+    host_info_algorithm = "DFLASH"
+    import json
+    host = ScriptedHost(clock, journal=GOOD_START)
+    host.server_info = dict(host.server_info, speculative_algorithm=host_info_algorithm, **changed)
+    (tmp_path / "baseline.json").write_text(json.dumps(baseline))
+    passed, message, result, _written, _warnings = run(host, clock, baseline_file=str(tmp_path / "baseline.json"))
+    assert passed, message
+    assert result["baseline"]["status"] == "recorded" and result["baseline"]["key"] != KEY
+
+
+def test_metrics_are_compared_with_the_previous_release_of_the_same_key(clock, tmp_path):
+    baseline, metrics = recorded(KEY, GOOD_TEXT, accept_length=8.0)
+    passed, message, result, _written, _warnings = run_with_records(clock, tmp_path, "DFLASH", GOOD_TEXT, baseline, metrics)
+    assert not passed and result["failed_stage"] == "performance" and "acceptance length 3.4" in message
+
+
+def test_a_server_info_that_does_not_answer_keys_the_baseline_with_question_marks_and_warns(clock):
+    host = ScriptedHost(clock, journal=GOOD_START)
+    original = host.request
+
+    def request(method, path, body=None, timeout=10.0, auth=False):
+        answer = original(method, path, body, timeout, auth)
+        return dict(answer, status=404, data=None) if path == "/server_info" else answer
+
+    host.request = request
+    passed, _message, result, _written, warnings = run(host, clock, baseline_file=BASELINE)
+    assert passed and result["baseline"]["key"] == "coder | ? | tp ? | sglang ?"
+    assert any("does not name the decoding family" in warning for warning in warnings)
+
+
+def test_the_acceptance_length_is_read_after_the_baseline_requests(clock):
+    host = ScriptedHost(clock, journal=GOOD_START)
+    served = []
+    original = host.request
+
+    def request(method, path, body=None, timeout=10.0, auth=False):
+        answer = original(method, path, body, timeout, auth)
+        if path == "/server_info":  # a fresh server: no acceptance length until requests were served
+            served_so_far = sum(1 for m, p in host.requests if p == "/v1/chat/completions")
+            served.append(served_so_far)
+            states = [{"avg_spec_accept_length": 5.0}] if served_so_far > 1 else [{}]
+            return dict(answer, data=dict(host.server_info, internal_states=states))
+        return answer
+
+    host.request = request
+    passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
+    assert passed, message
+    assert result["performance"]["accept_length"] == 5.0 and served[-1] == 2

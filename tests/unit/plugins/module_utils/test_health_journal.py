@@ -34,7 +34,8 @@ def test_good_start_has_no_fatal_signature_and_every_progress_marker():
     assert match_signatures(GOOD_START) == []
     markers = [health_journal.match_progress(line) for line in GOOD_START]
     assert [m for m in markers if m] == ["load_weight_begin", "load_weight_end", "load_weight_begin", "load_weight_end",
-                                         "memory_pool_end", "cuda_graph_begin", "cuda_graph_end", "uvicorn_running", "fired_up"]
+                                         "memory_pool_end", "cuda_graph_begin", "cuda_graph_end", "scheduler_ready",
+                                         "application_started", "uvicorn_running", "fired_up"]
 
 
 @pytest.mark.parametrize("lines, kinds", [

@@ -15,6 +15,7 @@ from ansible_collections.ddtree.sglang.plugins.modules import sglang_health
 
 API_KEY = "sk-test-5f2c9a7e"
 GOOD_TEXT = "The capital of France is Paris, and the Seine runs through it."
+KEY = "coder | DFLASH | tp 1 | sglang 0.5.23"  # the baseline key of the test server (/server_info)
 ANSWERS = {
     "List the first ten prime numbers, separated by commas.": "2, 3, 5, 7, 11, 13, 17, 19, 23, 29",
     "Write a Python function that returns the n-th Fibonacci number.":
@@ -101,7 +102,8 @@ class Handler(BaseHTTPRequestHandler):
                 internal = {"last_gen_throughput": 120.0}
                 if server.accept_length is not None:
                     internal["avg_spec_accept_length"] = server.accept_length
-                self.reply(200, {"version": "0.5.23", "internal_states": [internal]})
+                self.reply(200, {"version": "0.5.23", "speculative_algorithm": "DFLASH", "tp_size": 1,
+                                 "internal_states": [internal]})
         else:
             self.reply(404, {"detail": "Not Found"})
 
@@ -237,7 +239,7 @@ def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, t
     journal_calls = [call for call in host.calls() if call.startswith("journalctl")]
     assert "--since 2026-11-30 10:00:00" in journal_calls[0] and "--after-cursor" in journal_calls[-1]
     baseline = json.loads((tmp_path / "state" / "baseline.json").read_text())
-    assert baseline["baselines"]["coder"]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
+    assert baseline["baselines"][KEY]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
     metrics = json.loads((tmp_path / "state" / "metrics.json").read_text())
     assert metrics["records"][0]["accept_length"] == 3.4
 
@@ -375,7 +377,7 @@ def test_baseline_mismatch(host, tmp_path, capsys):
     state.mkdir()
     prompt = "List the first ten prime numbers, separated by commas."
     (state / "baseline.json").write_text(json.dumps(
-        {"format": 1, "baselines": {"coder": {"64": {prompt: {"text": "2, 3, 5, 7, 11, 13, 17, 19, 23, 31"}}}}}))
+        {"format": 2, "baselines": {KEY: {"64": {prompt: {"text": "2, 3, 5, 7, 11, 13, 17, 19, 23, 31"}}}}}))
     host.server.listen()
     code, result = run_module(sglang_health, args(host, tmp_path, prompts=[prompt]), capsys)
     assert code == 1 and result["failed_stage"] == "baseline" and result["failure_kind"] == "baseline_mismatch"
