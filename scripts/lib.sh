@@ -63,8 +63,7 @@ lab_image_tag() {
 lab_stacked_image_tag() {
   local key
   key="$( { lab_image_tag
-            cd "$REPO_ROOT" && find roles/cuda_stack roles/sglang_stack plugins playbooks/stacks.yml inventories/lab \
-              inventories/example/group_vars lab/up.yml lab/nvidia-smi lab/image/build-stacked -type f \
-              -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 sha256sum; } | sha256sum | cut -c1-12)"
+            cd "$REPO_ROOT" && python3 lab/image/stacked_inputs.py | tr '\n' '\0' | xargs -0 sha256sum; } \
+          | sha256sum | cut -c1-12)"
   printf 'localhost/ddtree-lab-host-stacked:%s\n' "$key"
 }
