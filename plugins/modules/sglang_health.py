@@ -28,7 +28,10 @@ description:
   - C(degenerate) - the chat's text must not be empty, one character repeated (C(!!!!!!!!)), made of very
     few distinct characters, or end in a short loop.
   - C(baseline) - greedy outputs for O(prompts) must equal the baseline recorded in O(baseline_file)
-    for the same model and O(max_tokens) (speculative decoding is lossless), within O(baseline_tolerance).
+    under the same baseline key and O(max_tokens) (speculative decoding is lossless), within
+    O(baseline_tolerance). The key is the model, the decoding family (the speculative algorithm, DDTREE in
+    DFLASH's family), the tensor-parallel size and the SGLang version, read from C(/server_info); a change
+    of any of them changes greedy outputs legitimately, so it records a new baseline instead of failing.
   - C(performance) - tokens/s over the baseline generations and the acceptance length
     (C(/server_info)) must meet O(min_tokens_per_second) and O(min_accept_length) and must not have
     regressed by more than O(max_regression) from the previous release (O(previous) or O(metrics_file)).
@@ -54,7 +57,7 @@ options:
     default: 30000
   model:
     description:
-      - The served model name, used in requests and as the key of baselines and metrics.
+      - The served model name, used in requests and as part of the key of baselines and metrics.
       - Defaults to the first model C(/v1/models) lists (read once the server is healthy).
     type: str
   api_key:
@@ -122,7 +125,8 @@ options:
     default: 64
   baseline_file:
     description:
-      - JSON file on the host with the baseline outputs, keyed by model, O(max_tokens) and prompt.
+      - JSON file on the host with the baseline outputs, keyed by the baseline key (model, decoding
+        family, tensor-parallel size, SGLang version), O(max_tokens) and prompt.
       - Unset, outputs are only checked for degeneracy.
     type: path
   record_baseline:
@@ -151,8 +155,8 @@ options:
     type: dict
   metrics_file:
     description:
-      - JSON file on the host with recorded metrics; its last record for the model is the previous
-        release's numbers. O(record_metrics=true) appends the new numbers when every stage passed.
+      - JSON file on the host with recorded metrics; its last record under the same baseline key is the
+        previous release's numbers. O(record_metrics=true) appends the new numbers when every stage passed.
     type: path
   max_regression:
     description:
@@ -302,6 +306,7 @@ baseline:
   returned: when reached
   type: dict
   sample: {status: passed, file: /var/lib/sglang/coder/baseline.json, model: coder,
+           key: "coder | DFLASH | tp 1 | sglang 0.5.23", family: DFLASH,
            results: [{prompt: "List the first ten prime numbers, separated by commas.", status: match, differing_chars: 0}]}
 performance:
   description: Tokens/s, acceptance length, the previous numbers and floors compared with, and the problems found.

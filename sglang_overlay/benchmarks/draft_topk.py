@@ -7,7 +7,8 @@ draft positions of a 151936-token vocabulary, bf16 -- it times, in the same run:
 
 * ``draft_topk(stable=True)`` (float32 cast, ``log_softmax``, stable sort; the documented tie rule),
 * ``draft_topk(stable=False)`` (``torch.topk``; what the server used before the fused kernel),
-* ``fused_draft_topk`` for several chunk sizes,
+* ``fused_draft_topk`` for several chunk sizes (default pre-filter group) and, at the default
+  chunk size, other pre-filter group sizes,
 
 and checks the fused result against the stable one (ids identical, max log-prob difference).
 Times are ``triton.testing.do_bench`` medians (CUDA events, warm-up, L2 flushed between calls).
@@ -30,6 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--k", default="8,15")
     ap.add_argument("--blocks", default="2048,4096,8192")
+    ap.add_argument("--groups", default="8,32", help="pre-filter group sizes also timed at the default block")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--json", default=None, help="write the results as JSON here")
     args = ap.parse_args(argv)
@@ -39,17 +41,18 @@ def main(argv=None) -> int:
     import triton.testing
 
     from sglang_overlay.core.tree import draft_topk
-    from sglang_overlay.kernels.draft_topk import DEFAULT_BLOCK, fused_draft_topk
+    from sglang_overlay.kernels.draft_topk import DEFAULT_BLOCK, DEFAULT_GROUP, fused_draft_topk
 
     dtype = getattr(torch, args.dtype)
     dev = torch.device("cuda")
     blocks = [int(b) for b in args.blocks.split(",")]
+    groups = [int(g) for g in args.groups.split(",") if g.strip()]
     results = {"device": torch.cuda.get_device_name(0), "dtype": args.dtype, "vocab": args.vocab,
-               "default_block": DEFAULT_BLOCK, "cases": []}
+               "default_block": DEFAULT_BLOCK, "default_group": DEFAULT_GROUP, "cases": []}
     print(f"# fused draft top-k on {results['device']}, {args.dtype}, vocabulary {args.vocab}")
     print()
     head = "| rows | k | stable sort ms | torch.topk ms | " + " | ".join(
-        f"fused b{b} ms" for b in blocks) + " | fused/stable | fused/topk | read-once ms | ids equal | max lp diff |"
+        f"fused b{b} ms" for b in blocks) + "".join(f" | fused g{g} ms" for g in groups) + " | fused/stable | fused/topk | read-once ms | ids equal | max lp diff |"
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -63,6 +66,9 @@ def main(argv=None) -> int:
             t_fused = {}
             for b in blocks:
                 t_fused[b] = triton.testing.do_bench(lambda b=b: fused_draft_topk(logits, k, block=b))
+            t_group = {}
+            for g in groups:
+                t_group[g] = triton.testing.do_bench(lambda g=g: fused_draft_topk(logits, k, group=g))
             want_lp, want_ids = draft_topk(logits, k, stable=True)
             got_lp, got_ids = fused_draft_topk(logits, k)
             ids_equal = bool(torch.equal(got_ids, want_ids))
@@ -71,12 +77,14 @@ def main(argv=None) -> int:
             case = {
                 "rows": rows, "k": k, "stable_ms": t_stable, "topk_ms": t_topk,
                 "fused_ms": {str(b): t for b, t in t_fused.items()}, "fused_default_ms": best,
+                "fused_group_ms": {str(g): t for g, t in t_group.items()},
                 "ratio_fused_to_stable": best / t_stable, "ratio_fused_to_topk": best / t_topk,
                 "read_once_ms": copy_ms, "ids_equal": ids_equal, "max_lp_diff": lp_diff,
             }
             results["cases"].append(case)
             print(f"| {rows} | {k} | {t_stable:.3f} | {t_topk:.3f} | "
                   + " | ".join(f"{t_fused[b]:.3f}" for b in blocks)
+                  + "".join(f" | {t_group[g]:.3f}" for g in groups)
                   + f" | {best / t_stable:.3f} | {best / t_topk:.3f} | {copy_ms:.3f} | {ids_equal} | {lp_diff:.2e} |")
     if args.json:
         with open(args.json, "w") as f:

@@ -27,4 +27,4 @@ for k, v in sorted(d.items()):
         r = v.get("result") or {}
         print(k, v["passed"], r.get("failed_stage"), r.get("failure_kind"), (v.get("message") or "")[:300])
 PY
-stamp done; ls -la "$OUT"
+stamp "done"; ls -la "$OUT"

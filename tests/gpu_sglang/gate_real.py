@@ -197,7 +197,7 @@ class Server(scenario.Server):
 
 
 def children(pid):
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True, check=False).stdout
     return [(int(line.split(None, 1)[0]), line.split(None, 1)[1] if " " in line.strip() else "")
             for line in out.splitlines() if line.strip()]
 

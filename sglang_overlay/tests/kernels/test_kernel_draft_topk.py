@@ -44,19 +44,20 @@ def _assert_same_log_probs(got: torch.Tensor, want: torch.Tensor) -> None:
 
 @needs_interpreter
 @pytest.mark.parametrize(
-    "kind,rows,vocab,k,block,dtype",
+    "kind,rows,vocab,k,block,group,dtype",
     [
-        ("random", 5, 1000, 8, 128, torch.bfloat16),   # 8 chunks, tail of 104
-        ("random", 3, 700, 15, 64, torch.float32),     # k = the service's block - 1
-        ("random", 2, 300, 1, 256, torch.float16),     # k = 1, two chunks
-        ("ties", 4, 520, 8, 64, torch.bfloat16),       # ties across chunk boundaries
-        ("ties", 2, 100, 12, 16, torch.float32),       # k close to the chunk size
-        ("neginf", 3, 500, 6, 64, torch.bfloat16),     # -inf logits, ties among them by id
+        ("random", 2, 1000, 8, 128, 16, torch.bfloat16),  # 8 chunks, tail of 104
+        ("random", 2, 400, 15, 64, 4, torch.float32),     # k = the service's block - 1
+        ("random", 2, 300, 1, 256, 1, torch.float16),     # k = 1, two chunks, groups of one
+        ("ties", 4, 520, 8, 64, 8, torch.bfloat16),       # ties across groups and chunks
+        ("ties", 2, 100, 12, 16, 2, torch.float32),       # k close to the chunk size
+        ("ties", 3, 256, 5, 128, 32, torch.float32),      # tied group maxima: smaller group first
+        ("neginf", 3, 500, 6, 64, 16, torch.bfloat16),    # -inf logits, ties among them by id
     ],
 )
-def test_fused_equals_draft_topk(kind, rows, vocab, k, block, dtype):
+def test_fused_equals_draft_topk(kind, rows, vocab, k, block, group, dtype):
     logits = _logits(kind, rows, vocab, dtype, seed=rows * 1000 + vocab + k)
-    got_lp, got_ids = fk.fused_draft_topk(logits, k, block=block)
+    got_lp, got_ids = fk.fused_draft_topk(logits, k, block=block, group=group)
     want_lp, want_ids = draft_topk(logits, k, stable=True)
     assert got_ids.dtype == torch.int64 and got_lp.dtype == torch.float32
     assert torch.equal(got_ids, want_ids), (got_ids, want_ids)
@@ -88,7 +89,7 @@ def test_fused_strided_rows():
     [
         (0, 64, torch.float32, "k must be in 1..64"),
         (65, 64, torch.float32, "k must be in 1..64"),
-        (4, 100, torch.float32, "power of two"),
+        (4, 100, torch.float32, "block must be a power of two"),
         (4, 64, torch.int32, "float32/float16/bfloat16"),
     ],
 )

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Optional
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -53,10 +54,14 @@ class ServerState:
 
 
 class BadRequest(Exception):
-    def __init__(self, message: str, status: int = 400):
+    """An error answer. err_type: SGLang 0.5.23's "type" ("BadRequestError" from its OpenAI layer's own
+    checks, "Bad Request" from FastAPI's request validation: invalid JSON, a wrong Content-Type)."""
+
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError"):
         super().__init__(message)
         self.message = message
         self.status = status
+        self.err_type = err_type
 
 
 def _error(message: str, status: int = 400, err_type: str = "BadRequestError") -> JSONResponse:
@@ -128,18 +133,29 @@ def build_app(state: ServerState) -> Starlette:
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"invalid sampling parameters: {exc}") from None
         if params.max_new_tokens is not None and params.max_new_tokens < 0:
-            raise BadRequest("max_new_tokens must be at least 0")
+            raise BadRequest(f"max_new_tokens must be at least 0, got {params.max_new_tokens}.")
         if params.temperature < 0:
             raise BadRequest("temperature must be non-negative")
         if not 0.0 < params.top_p <= 1.0:
             raise BadRequest("top_p must be in (0, 1]")
         return params
 
-    async def body(request: Request) -> dict:
+    async def body(request: Request, json_only: bool = False) -> dict:
+        """The request's JSON object, refused as SGLang's FastAPI layer refuses it (status, type, message
+        form as recorded on the H200: tests/fixtures/sglang-conformance/)."""
+        if json_only and request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            detail = ("{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' "
+                      "is allowed\", 'type': 'value_error'}")
+            raise BadRequest(f"1 validation error:\n  {detail} [{detail}]", err_type="Bad Request")
+        raw = await request.body()
         try:
-            data = await request.json()
-        except Exception:
-            raise BadRequest("the request body is not valid JSON") from None
+            data = json.loads(raw)
+        except ValueError as exc:
+            pos = getattr(exc, "pos", 0)
+            detail = (f"{{'type': 'json_invalid', 'loc': ('body', {pos}), 'msg': 'JSON decode error', 'input': {{}}, "
+                      f"'ctx': {{'error': {str(getattr(exc, 'msg', exc))!r}}}}}")
+            raise BadRequest(f"1 validation error:\n  {detail}\n\n  {request.method} {request.url.path} [{detail}]",
+                             err_type="Bad Request") from None
         if not isinstance(data, dict):
             raise BadRequest("the request body must be a JSON object")
         return data
@@ -161,7 +177,7 @@ def build_app(state: ServerState) -> Starlette:
             try:
                 return await fn(request)
             except BadRequest as exc:
-                return _error(exc.message, exc.status)
+                return _error(exc.message, exc.status, exc.err_type)
 
         wrapper.__name__ = fn.__name__
         return wrapper
@@ -342,97 +358,143 @@ def build_app(state: ServerState) -> Starlette:
         kind = reason.get("type")
         return ({"stop": "stop", "length": "length", "abort": "abort"}.get(kind, kind), reason.get("matched"))
 
-    def usage(meta: dict) -> dict:
-        return {"prompt_tokens": meta["prompt_tokens"], "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
-                "completion_tokens": meta["completion_tokens"], "prompt_tokens_details": None,
-                "reasoning_tokens": 0}
+    def usage(metas: list, details: bool = True) -> dict:
+        """SGLang's usage: the prompt once, the completions of all n choices. The streamed usage chunk
+        of /v1/completions has no *_details keys (as recorded)."""
+        prompt, completion = metas[0]["prompt_tokens"], sum(meta["completion_tokens"] for meta in metas)
+        out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+               "reasoning_tokens": 0}
+        if details:
+            out.update(prompt_tokens_details=None, completion_tokens_details=None)
+        return out
 
-    def openai_params(data: dict, default_max: Optional[int]) -> SamplingParams:
-        if int(data.get("n") or 1) != 1:
-            raise BadRequest("n > 1 is not supported by the lab runtime")
-        return sampling(data, max_key="max_tokens", default_max=default_max)
+    def openai_request(data: dict, default_max: Optional[int]) -> tuple[SamplingParams, int, bool]:
+        """-> (sampling parameters, n, include_usage). What the lab cannot do it refuses with SGLang's
+        error shape (400, BadRequestError), naming the option: logprobs, n > 1 while streaming."""
+        try:
+            n = int(data.get("n") or 1)
+        except (TypeError, ValueError):
+            raise BadRequest(f"n must be an integer, got {data.get('n')!r}") from None
+        if n < 1:
+            raise BadRequest(f"n must be at least 1, got {n}.")
+        if n > 1 and data.get("stream"):
+            raise BadRequest("n > 1 with stream is not supported by the lab runtime")
+        if data.get("logprobs") or data.get("top_logprobs"):
+            raise BadRequest("logprobs are not supported by the lab runtime")
+        options = data.get("stream_options") or {}
+        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
+        return sampling(data, max_key="max_tokens", default_max=default_max), n, include_usage
+
+    async def complete_n(prompt_ids: list, params: SamplingParams, n: int) -> list:
+        return list(await asyncio.gather(*(complete(prompt_ids, params) for _ in range(n))))
+
+    def echoed_model(data: dict) -> str:
+        """The model field of an answer: the request's (SGLang echoes it; "default" when absent)."""
+        return data.get("model") or "default"
+
+    async def held(events: AsyncIterator[dict]) -> AsyncIterator[tuple[str, Optional[dict]]]:
+        """(text, None) per streamed piece, the last piece together with the done event: (text, done).
+        SGLang sends the last text in the same chunk as finish_reason."""
+        pending = None
+        async for event in events:
+            if event["type"] == "delta":
+                if not event["text"]:
+                    continue
+                if pending is not None:
+                    yield pending, None
+                pending = event["text"]
+            else:
+                yield pending or "", event
 
     @handled
     async def completions(request: Request) -> Response:
-        data = await body(request)
+        data = await body(request, json_only=True)
         if "prompt" not in data:
             raise BadRequest("prompt is required")
+        if data["prompt"] in ("", []):
+            raise BadRequest("Prompt cannot be empty")
         prompt_ids = prompt_ids_of(data["prompt"])
-        params = openai_params(data, default_max=16)
+        params, n, include_usage = openai_request(data, default_max=16)
         check_length(prompt_ids, params)
-        rid = f"cmpl-{uuid.uuid4().hex}"
+        rid = uuid.uuid4().hex
         created = int(time.time())
+        model = echoed_model(data)
+
+        def chunk(choices: list, usage_value=None) -> bytes:
+            return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
+                        "choices": choices, "usage": usage_value})
 
         if data.get("stream"):
             async def stream():
-                async for event in run(prompt_ids, params):
-                    if event["type"] == "delta":
-                        if event["text"]:
-                            yield sse({"id": rid, "object": "text_completion", "created": created,
-                                       "model": state.served_model_name,
-                                       "choices": [{"index": 0, "text": event["text"], "logprobs": None,
-                                                    "finish_reason": None}]})
-                    else:
-                        reason, matched = finish_of(event["meta"])
-                        yield sse({"id": rid, "object": "text_completion", "created": created,
-                                   "model": state.served_model_name,
-                                   "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": reason,
-                                                "matched_stop": matched}],
-                                   "usage": usage(event["meta"])})
+                async for text, done in held(run(prompt_ids, params)):
+                    reason, matched = finish_of(done["meta"]) if done else (None, None)
+                    yield chunk([{"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                                  "matched_stop": matched}])
+                    if done and include_usage:
+                        yield chunk([], usage([done["meta"]], details=False))
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(stream(), media_type="text/event-stream")
-        event = await complete(prompt_ids, params)
-        reason, matched = finish_of(event["meta"])
+        events = await complete_n(prompt_ids, params, n)
+        choices = []
+        for index, event in enumerate(events):
+            reason, matched = finish_of(event["meta"])
+            choices.append({"index": index, "text": event["text"], "logprobs": None, "finish_reason": reason,
+                            "matched_stop": matched})
         return JSONResponse({
-            "id": rid, "object": "text_completion", "created": created, "model": state.served_model_name,
-            "choices": [{"index": 0, "text": event["text"], "logprobs": None, "finish_reason": reason,
-                         "matched_stop": matched}],
-            "usage": usage(event["meta"]), "metadata": {"weight_version": "default"},
+            "id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
+            "usage": usage([event["meta"] for event in events]), "metadata": {"weight_version": "default"},
         })
 
     @handled
     async def chat_completions(request: Request) -> Response:
-        data = await body(request)
+        data = await body(request, json_only=True)
         messages = data.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("messages must be a non-empty list")
+        if not isinstance(messages, list):
+            raise BadRequest("messages must be a list")
+        if not messages:
+            raise BadRequest("Messages cannot be empty.")
         prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages))
-        params = openai_params(data, default_max=None)
+        params, n, include_usage = openai_request(data, default_max=None)
         check_length(prompt_ids, params)
         rid = uuid.uuid4().hex
         created = int(time.time())
+        model = echoed_model(data)
+
+        def chunk(choices: list, **extra) -> bytes:
+            return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+                        "choices": choices, **extra})
 
         if data.get("stream"):
             async def stream():
-                first = True
+                # SGLang: a role-only chunk first, the text, a finish chunk without text, then the usage
+                # as a chunk of its own (choices []) only when stream_options.include_usage is set.
+                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": "", "reasoning_content": None},
+                              "logprobs": None, "finish_reason": None, "matched_stop": None}])
                 async for event in run(prompt_ids, params):
                     if event["type"] == "delta":
-                        if first or event["text"]:
-                            delta = {"role": "assistant", "content": event["text"]} if first else {"content": event["text"]}
-                            first = False
-                            yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                       "model": state.served_model_name,
-                                       "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                                                    "finish_reason": None}]})
-                    else:
-                        reason, matched = finish_of(event["meta"])
-                        yield sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                                   "model": state.served_model_name,
-                                   "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason,
-                                                "matched_stop": matched}],
-                                   "usage": usage(event["meta"])})
+                        if event["text"]:
+                            yield chunk([{"index": 0, "delta": {"content": event["text"], "reasoning_content": None},
+                                          "logprobs": None, "finish_reason": None, "matched_stop": None}])
+                        continue
+                    reason, matched = finish_of(event["meta"])
+                    yield chunk([{"index": 0, "delta": {"reasoning_content": None}, "logprobs": None,
+                                  "finish_reason": reason, "matched_stop": matched}])
+                    if include_usage:
+                        yield chunk([], usage=usage([event["meta"]]))
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(stream(), media_type="text/event-stream")
-        event = await complete(prompt_ids, params)
-        reason, matched = finish_of(event["meta"])
+        events = await complete_n(prompt_ids, params, n)
+        choices = []
+        for index, event in enumerate(events):
+            reason, matched = finish_of(event["meta"])
+            choices.append({"index": index, "message": {"role": "assistant", "content": event["text"],
+                                                        "reasoning_content": None},
+                            "logprobs": None, "finish_reason": reason, "matched_stop": matched})
         return JSONResponse({
-            "id": rid, "object": "chat.completion", "created": created, "model": state.served_model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": event["text"],
-                                                 "reasoning_content": None, "tool_calls": None},
-                         "logprobs": None, "finish_reason": reason, "matched_stop": matched}],
-            "usage": usage(event["meta"]), "metadata": {"weight_version": "default"},
+            "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
+            "usage": usage([event["meta"] for event in events]), "metadata": {"weight_version": "default"},
         })
 
     async def noop(request: Request) -> Response:
@@ -456,7 +518,11 @@ def build_app(state: ServerState) -> Starlette:
     ]
     if state.enable_metrics:
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    app = Starlette(routes=routes)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        # FastAPI's answer for an unknown route (404) or method (405): JSON {"detail": ...}.
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     if state.api_key or state.admin_api_key:
         app.add_middleware(ApiKeyMiddleware, state=state)
     return app

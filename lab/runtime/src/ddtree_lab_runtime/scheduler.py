@@ -33,6 +33,17 @@ ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.
 _rid = itertools.count(1)
 
 
+def stop_prefix_tail(text: str, stops: list) -> int:
+    """Length of the longest end of text that is the beginning of a stop string (not yet streamable)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
 def fatal(message: str) -> None:
     """SGLang's fatal path from a scheduler: log, SIGQUIT the launcher (it SIGKILLs the tree)."""
     logger.error(message)
@@ -181,17 +192,28 @@ class Scheduler:
             if state["last"] is not None and tokens:
                 self.itl.observe((now - state["last"]) / len(tokens), len(tokens))
             state["last"] = now
-            visible = [t for t in tokens if t not in STOP_TOKEN_IDS or not params.skip_special_tokens]
-            state["ids"].extend(tokens)
-            state["text"] += text_decoder.feed(visible)
-            for stop in params.stop or []:
-                idx = state["text"].find(stop)
-                if stop and idx != -1:
-                    state["text"] = state["text"][:idx]
-                    state["stop"] = stop
-            delta = state["text"][state["sent"]:]
-            state["sent"] = len(state["text"])
-            request.push({"type": "delta", "text": delta, "ids": list(tokens)})
+            # Token by token, as SGLang checks stop strings: a speculative step accepts a block of tokens,
+            # but the output ends with the token that completed a stop string (SGLang 0.5.23 on the H200:
+            # completion_tokens 6 = five words and the stop word, not the whole accepted block).
+            taken = []
+            for token in tokens:
+                taken.append(token)
+                state["ids"].append(token)
+                if token not in STOP_TOKEN_IDS or not params.skip_special_tokens:
+                    state["text"] += text_decoder.feed([token])
+                for stop in params.stop or []:
+                    idx = state["text"].find(stop)
+                    if stop and idx != -1:
+                        state["text"] = state["text"][:idx]
+                        state["stop"] = stop
+                        break
+                if state["stop"] is not None:
+                    break
+            # Stream only what cannot become a stop string: hold back a tail that is a stop string's prefix.
+            held = 0 if state["stop"] is not None else stop_prefix_tail(state["text"], params.stop or [])
+            delta = state["text"][state["sent"]:len(state["text"]) - held]
+            state["sent"] += len(delta)
+            request.push({"type": "delta", "text": delta, "ids": taken})
             return state["stop"] is None and not request.cancelled
 
         try:
@@ -201,11 +223,14 @@ class Scheduler:
         finally:
             self.running = 0
         if state["stop"] is None:
-            tail = text_decoder.flush()
+            state["text"] += text_decoder.flush()
+            tail = state["text"][state["sent"]:]  # what was held back as a possible stop string, too
             if tail:
-                state["text"] += tail
+                state["sent"] = len(state["text"])
                 request.push({"type": "delta", "text": tail, "ids": []})
         elapsed = time.perf_counter() - t0
+        # Tokens past a stop string were generated (the speculative block) but are not part of the output.
+        completion_tokens = len(state["ids"]) if state["stop"] is not None else stats.completion_tokens
         if state["stop"] is not None:
             finish = {"type": "stop", "matched": state["stop"]}
         elif stats.finish_reason is not None:
@@ -216,7 +241,7 @@ class Scheduler:
             "id": request.rid,
             "finish_reason": finish,
             "prompt_tokens": len(request.prompt_ids),
-            "completion_tokens": stats.completion_tokens,
+            "completion_tokens": completion_tokens,
             "cached_tokens": 0,
             "weight_version": "default",
             "e2e_latency": time.time() - request.created,
@@ -224,7 +249,7 @@ class Scheduler:
         if stats.spec_verify_ct > 0:
             proposed = stats.spec_verify_ct * max(self.decoder.plan.num_draft_tokens - 1, 0)
             meta["spec_verify_ct"] = stats.spec_verify_ct
-            meta["spec_accept_length"] = stats.completion_tokens / stats.spec_verify_ct
+            meta["spec_accept_length"] = completion_tokens / stats.spec_verify_ct
             meta["spec_accept_rate"] = stats.spec_num_correct_drafts / proposed if proposed else 0.0
             meta["spec_num_correct_drafts"] = stats.spec_num_correct_drafts
             meta["spec_num_proposed_drafts"] = proposed

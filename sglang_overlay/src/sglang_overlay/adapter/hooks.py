@@ -101,6 +101,20 @@ def around_can_run_graph(original, self, forward_batch, *args, **kwargs):
     return original(self, forward_batch, *args, **kwargs)
 
 
+def cuda_build() -> bool:
+    """Whether this torch is built for CUDA (no driver call: safe before SGLang forks its processes).
+
+    Without CUDA there are no graphs to capture, and SGLang's graph runner package does not import
+    (a CPU stack such as the lab's): registering a hook on it there would print a traceback at every
+    start, which the health gate rightly reads as a crash.
+    """
+    try:
+        import torch
+    except ImportError:
+        return False
+    return getattr(torch.version, "cuda", None) is not None
+
+
 def register_startup_hooks() -> None:
     """Hooks needed in every process, from the first flag parse on."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
@@ -110,7 +124,8 @@ def register_startup_hooks() -> None:
     HookRegistry.register(TARGET_ADD_CLI_ARGS, after_add_cli_args, HookType.AFTER)
     HookRegistry.register(TARGET_FROM_CLI_ARGS, around_from_cli_args, HookType.AROUND)
     HookRegistry.register(TARGET_CREATE_WORKER, around_create_worker, HookType.AROUND)
-    HookRegistry.register(TARGET_GRAPH_SPEC_INFO, after_get_spec_info, HookType.AFTER)
+    if cuda_build():
+        HookRegistry.register(TARGET_GRAPH_SPEC_INFO, after_get_spec_info, HookType.AFTER)
 
 
 _graph_guard_installed = False

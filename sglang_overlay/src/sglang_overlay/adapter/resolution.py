@@ -137,7 +137,8 @@ def finalize_ddtree(server_args: Any) -> Optional[s.ResolvedDDTree]:
     setattr(server_args, RESOLVED_ATTR, resolved.to_dict())
     logger.info(
         "DDTREE: budget=%d, top_k=%d (effective %d), verify window=%d tokens per request "
-        "(tree %d + %d inert padding), CUDA graphs off for the tree verify forward.",
+        "(tree %d + %d inert padding); the tree verify replays the target's CUDA graphs, "
+        "captured with the tree mask.",
         resolved.budget,
         resolved.top_k,
         resolved.effective_top_k,

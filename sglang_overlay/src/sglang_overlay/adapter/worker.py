@@ -162,15 +162,13 @@ class DDTreeWorker(DFlashWorkerV2):
                 "branch a recurrent state (--speculative-ddtree-allow-hybrid-unsafe overrides)"
             )
         install_graph_guard()
-        graph_runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
-        self.tree_verify_graphs = bool(getattr(graph_runner, TREE_MASK_CAPTURED, False))
+        self._graph_use_logged = False
         if get_parallel().tp_rank == 0:
             logger.info(
-                "DDTREE worker ready: budget=%d, top_k=%d, window=%d, tree verify %s.",
+                "DDTREE worker ready: budget=%d, top_k=%d, window=%d.",
                 settings.budget,
                 settings.effective_top_k,
                 settings.window,
-                "in CUDA graphs (tree mask captured)" if self.tree_verify_graphs else "eager",
             )
 
     # The drafter's LM head must stay eager: DDTree needs its distributions, not a greedy chain.
@@ -214,6 +212,16 @@ class DDTreeWorker(DFlashWorkerV2):
             prefix_lens_cpu=batch.seq_lens_cpu,
         )
         step = result.step
+        can_run_graph = bool(result.verified.target_out.can_run_cuda_graph)
+        if not self._graph_use_logged and get_parallel().tp_rank == 0:
+            # The target's graphs are captured after this worker is built: say once what happened.
+            runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
+            logger.info(
+                "DDTREE tree verify: CUDA graph replay %s (target verify graphs %s the tree mask).",
+                "on" if can_run_graph else "off for this batch",
+                "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
+            )
+            self._graph_use_logged = True
         new_seq_lens = prefix_lens + step.accept_lens.to(prefix_lens.dtype)
         # (on_publish ran inside the commit, before the drafter-KV writes, as in DFlash.)
         logits_output = result.verified.logits_output
@@ -226,7 +234,7 @@ class DDTreeWorker(DFlashWorkerV2):
             logits_output=logits_output,
             next_token_ids=step.out_tokens.reshape(-1),
             accept_lens=step.accept_lens,
-            can_run_cuda_graph=bool(result.verified.target_out.can_run_cuda_graph),
+            can_run_cuda_graph=can_run_graph,
             next_draft_input=next_draft_input,
             speculative_num_draft_tokens=int(self.block_size),
             new_seq_lens=new_seq_lens,

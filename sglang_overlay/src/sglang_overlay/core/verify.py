@@ -50,19 +50,22 @@ def verify_positions(tree: DDTreeBatch, start: int | torch.Tensor) -> torch.Tens
 def ancestor_mask(tree: DDTreeBatch) -> torch.Tensor:
     """``[B, n, n]`` bool: ``mask[b, i, j]`` is true iff slot ``j`` is slot ``i`` or its ancestor.
 
-    Padding slots see only themselves.
+    Padding slots see only themselves. Free of host synchronisation (the worker calls it inside a
+    decode step): reachability by repeated squaring of ``I | parent`` (``ceil(log2 n)`` batched
+    matmuls of 0/1 matrices, exact in float32 for any ``n`` below 2**24), instead of climbing a
+    data-dependent number of levels.
     """
     batch, n = tree.batch_size, tree.num_slots
     device = tree.device
     parents = tree.parents.to(torch.int64)
     slots = torch.arange(n, device=device)
-    mask = torch.eye(n, dtype=torch.bool, device=device).expand(batch, n, n).clone()
-    cur = slots.expand(batch, n).clone()
-    max_depth = int(tree.depths.max()) if tree.depths.numel() else 0
-    for _ in range(max_depth):  # climb one level per step; -1 once past the root
-        cur = torch.where(cur >= 0, parents.gather(1, cur.clamp(min=0)), cur)
-        mask |= cur.unsqueeze(2) == slots.view(1, 1, n)
-    return mask
+    step = (parents.unsqueeze(2) == slots.view(1, 1, n)) | torch.eye(n, dtype=torch.bool, device=device)
+    reach = step.to(torch.float32)
+    span = 1
+    while span < n:  # paths of up to 2 * span edges after each squaring
+        reach = torch.bmm(reach, reach).clamp_(max=1.0)
+        span *= 2
+    return reach > 0
 
 
 def prefix_tree_mask(tree: DDTreeBatch, prefix_len: int) -> torch.Tensor:

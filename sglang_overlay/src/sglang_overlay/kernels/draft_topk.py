@@ -11,10 +11,13 @@ Two launches, no host synchronisation (shapes only), so it can sit inside a CUDA
 
 1. ``_chunk_topk_kernel``, grid ``(N, C)``: program ``(row, c)`` reads chunk ``c`` (``BLOCK``
    logits) of the row once, in its own dtype, and writes the chunk's max, its
-   ``sum(exp(x - max))`` and its top-k candidates (float32 logit, id). The top-k is ``k`` max
-   reductions over one int64 key per element: the logit as an order-preserving int32 in the high
-   half, ``2**31 - 1 - id`` in the low half, so the largest key is the largest logit and, among
-   equal logits, the smallest id (the tie rule), and one reduction gives both.
+   ``sum(exp(x - max))`` and its top-k candidates (float32 logit, id). Selection runs on one
+   int64 key per element: the logit as an order-preserving int32 in the high half,
+   ``2**31 - 1 - id`` in the low half, so the largest key is the largest logit and, among equal
+   logits, the smallest id (the tie rule), and one max reduction gives both. To keep the k
+   reductions off the full chunk, it first takes the k best groups of ``GROUP`` consecutive logits
+   by their maxima (the chunk's top k always lie in them), then the top k among those
+   ``k * GROUP`` logits (re-read from cache).
 2. ``_merge_topk_kernel``, grid ``(N,)``: combines the ``C`` chunk (max, sum) pairs into the row's
    ``lse = M + log(sum_c s_c * exp(m_c - M))``, turns the ``C * k`` candidates into log-probs
    ``x - M - log(...)`` (``log_softmax``'s formula) and selects the top ``k`` by the same key built
@@ -47,12 +50,14 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
 
 from ..core.tree import draft_topk
 
-__all__ = ["MAX_FUSED_K", "DEFAULT_BLOCK", "fused_draft_topk", "draft_topk_fast", "fused_available"]
+__all__ = ["MAX_FUSED_K", "DEFAULT_BLOCK", "DEFAULT_GROUP", "fused_draft_topk", "draft_topk_fast", "fused_available"]
 
 #: Largest ``k`` the fused kernel takes (k reductions per chunk; beyond this a sort is cheaper).
 MAX_FUSED_K = 64
-#: Logits per chunk program (the H200 benchmark's best for V = 151936, k <= 16).
+#: Logits per chunk program.
 DEFAULT_BLOCK = 4096
+#: Consecutive logits per pre-filter group inside a chunk (see ``_chunk_topk_kernel``).
+DEFAULT_GROUP = 16
 
 
 def fused_available() -> bool:
@@ -90,27 +95,45 @@ if triton is not None:
         chunk_sum_ptr,  # [N, C] float32
         num_chunks,
         K: tl.constexpr,
+        K_P2: tl.constexpr,
         BLOCK: tl.constexpr,
+        GROUP: tl.constexpr,
     ):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
-        offs = chunk * BLOCK + tl.arange(0, BLOCK)
+        row_ptr = logits_ptr + row.to(tl.int64) * row_stride
+        groups = tl.arange(0, BLOCK // GROUP)
+        offs = chunk * BLOCK + groups[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         valid = offs < vocab
-        x = tl.load(logits_ptr + row.to(tl.int64) * row_stride + offs, mask=valid, other=float("-inf"))
-        x = x.to(tl.float32)
-        m = tl.max(x, axis=0)
-        # A chunk of -inf only (or past the vocabulary): its sum is 0, its max -inf.
+        x = tl.load(row_ptr + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        m = tl.max(tl.max(x, axis=1), axis=0)
+        # A chunk of -inf only: its sum is 0, its max -inf.
         safe_m = tl.where(m == float("-inf"), 0.0, m)
-        s = tl.sum(tl.where(valid, tl.exp(x - safe_m), 0.0), axis=0)
+        s = tl.sum(tl.sum(tl.where(valid, tl.exp(x - safe_m), 0.0), axis=1), axis=0)
         base = row.to(tl.int64) * num_chunks + chunk
         tl.store(chunk_max_ptr + base, m)
         tl.store(chunk_sum_ptr + base, s)
-        key = tl.where(valid, _ordered_key(x, offs), -9223372036854775807 - 1)
+        # Pre-filter: the chunk's top K (by logit, then smaller id) lie in the K groups of GROUP
+        # consecutive ids with the largest (group max, smaller group index): every group ranked
+        # before an element's own group holds a distinct element ranked before that element.
+        g_first = chunk * BLOCK + groups * GROUP
+        g_valid = g_first < vocab
+        gkey = tl.where(g_valid, _ordered_key(tl.max(x, axis=1), g_first), -9223372036854775807 - 1)
+        slot = tl.arange(0, K_P2)
+        sel = tl.full((K_P2,), -1, tl.int32)
         for j in tl.static_range(K):
-            best = tl.max(key, axis=0)
+            best = tl.max(gkey, axis=0)
+            sel = tl.where(slot == j, tl.where(best == -9223372036854775807 - 1, -1, _key_index(best)), sel)
+            gkey = tl.where(gkey == best, -9223372036854775807 - 1, gkey)
+        # Re-read the selected groups (K * GROUP logits, just loaded: L1/L2 hits) and select.
+        c_offs = sel[:, None] + tl.arange(0, GROUP)[None, :]
+        c_valid = (sel[:, None] >= 0) & (c_offs < vocab)
+        cx = tl.load(row_ptr + c_offs, mask=c_valid, other=float("-inf")).to(tl.float32)
+        key = tl.where(c_valid, _ordered_key(cx, c_offs), -9223372036854775807 - 1)
+        for j in tl.static_range(K):
+            best = tl.max(tl.max(key, axis=1), axis=0)
             tl.store(cand_val_ptr + base * K + j, _key_value(best))
-            # A chunk shorter than K (the vocabulary's tail) yields the sentinel: value -inf
-            # from a NaN-free pattern is not guaranteed, so mark its id -1 instead.
+            # A chunk with fewer than K logits (the vocabulary's tail) yields the sentinel: id -1.
             idx = tl.where(best == -9223372036854775807 - 1, -1, _key_index(best))
             tl.store(cand_idx_ptr + base * K + j, idx)
             key = tl.where(key == best, -9223372036854775807 - 1, key)
@@ -156,7 +179,11 @@ if triton is not None:
 
 
 def fused_draft_topk(
-    logits: torch.Tensor, k: int, block: int = DEFAULT_BLOCK, num_warps: Optional[int] = None
+    logits: torch.Tensor,
+    k: int,
+    block: int = DEFAULT_BLOCK,
+    num_warps: Optional[int] = None,
+    group: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``draft_topk(logits, k, stable=True)`` for ``[..., V]`` logits from one pass over them.
 
@@ -165,6 +192,8 @@ def fused_draft_topk(
         k: entries per row, ``1 <= k <= min(V, MAX_FUSED_K)``.
         block: logits per chunk program (a power of two).
         num_warps: warps per chunk program (default: ``block // 512``, at least 4).
+        group: consecutive logits per pre-filter group (a power of two <= ``block / 2``; default
+            ``min(DEFAULT_GROUP, block / 2)``).
 
     Returns:
         ``(log_probs, token_ids)``: ``[..., k]`` float32 descending, int64; ties: smaller id first.
@@ -178,6 +207,10 @@ def fused_draft_topk(
         raise ValueError(f"fused_draft_topk: logits must be float32/float16/bfloat16, got {logits.dtype}")
     if block & (block - 1) or block < 16:
         raise ValueError(f"fused_draft_topk: block must be a power of two >= 16, got {block}")
+    if group is None:
+        group = min(DEFAULT_GROUP, block // 2)
+    if group & (group - 1) or not 1 <= group <= block // 2:
+        raise ValueError(f"fused_draft_topk: group must be a power of two <= block / 2, got {group}")
     if vocab >= 2**31:
         raise ValueError(f"fused_draft_topk: vocabulary of {vocab} does not fit int32 ids")
     k = int(k)
@@ -198,7 +231,7 @@ def fused_draft_topk(
     warps = num_warps if num_warps is not None else max(4, min(16, block // 512))
     _chunk_topk_kernel[(rows, chunks)](
         x, x.stride(0), vocab, cand_val, cand_idx, chunk_max, chunk_sum, chunks,
-        K=k, BLOCK=block, num_warps=warps,
+        K=k, K_P2=triton.next_power_of_2(k), BLOCK=block, GROUP=group, num_warps=warps,
     )
     cands_p2 = triton.next_power_of_2(chunks * k)
     _merge_topk_kernel[(rows,)](
