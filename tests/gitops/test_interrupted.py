@@ -246,8 +246,8 @@ def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, loss
         run([str(GUARD), "stop", str(checkout), str(marker)], dict(env, SERVICE_RESULT="signal", EXIT_STATUS="KILL"), home)
         assert "did not finish" in run([str(GUARD), "start", str(checkout), str(marker)], env, home).stdout
         proc = run(pull, pull_env, home, check=False)
-        run([str(GUARD), "stop", str(checkout), str(marker)], dict(env, SERVICE_RESULT="success" if proc.returncode == 0 else "exit-code",
-                                                                 EXIT_STATUS=str(proc.returncode)), home)
+        ended = dict(env, SERVICE_RESULT="success" if proc.returncode == 0 else "exit-code", EXIT_STATUS=str(proc.returncode))
+        run([str(GUARD), "stop", str(checkout), str(marker)], ended, home)
         state = host_state(bed)
     assert "Repository has not changed" not in proc.stdout + proc.stderr and not marker.exists()
     report = json.loads((reports / "rollout.json").read_text())

@@ -129,6 +129,6 @@ def test_a_release_without_a_passed_verdict_is_gated_or_rolled_back_though_nothi
     assert verdict_units(status) == {"restart": [], "gate": ["sglang-coder.service"], "rollback": []}
     # gate.yml: nothing restarted in this run, yet the service without a verdict is gated.
     variables = dict(role_variables, sglang_service_restarted={"results": []}, sglang_service_units_verdict_gate=["sglang-coder.service"])
-    assert [name for name, _ in gate_calls("gate.yml", variables)] == ["Gate the service on its release: {{ sglang_service_gate_service.name }}"]
+    assert [name for name, _arguments in gate_calls("gate.yml", variables)] == ["Gate the service on its release: {{ sglang_service_gate_service.name }}"]
     variables["sglang_service_units_verdict_gate"] = []
     assert gate_calls("gate.yml", variables) == []

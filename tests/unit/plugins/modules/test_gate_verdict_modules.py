@@ -7,9 +7,13 @@ import stat
 import time
 
 import pytest
+import test_sglang_health
 from conftest import run_module
 from test_release_modules import link_args, make_release, target
-from test_sglang_health import args, host  # noqa: F401 - the fake host fixture
+from test_sglang_health import args
+
+# The fake host (systemctl, journalctl and an SGLang HTTP surface) of the gate's own tests.
+host = test_sglang_health.host
 
 from ansible_collections.ddtree.sglang.plugins.modules import service_gate_status, service_link, sglang_health
 
@@ -20,7 +24,7 @@ def verdicts(path):
     return json.loads(path.read_text())["verdicts"]
 
 
-def test_the_gate_records_its_verdict_pass_or_fail(host, tmp_path, capsys):  # noqa: F811
+def test_the_gate_records_its_verdict_pass_or_fail(host, tmp_path, capsys):
     host.server.listen()
     verdict_file = tmp_path / "state" / "verdicts.json"
     code, result = run_module(sglang_health, args(host, tmp_path, prompts=[PROMPT], release_id="r1", verdict_file=str(verdict_file)), capsys)
