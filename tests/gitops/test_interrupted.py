@@ -61,11 +61,16 @@ def bed(tmp_path_factory):
             os.symlink(os.readlink(source), target)
         else:
             shutil.copy2(source, target)
-    run([str(REPO / "lab" / "up")], env, REPO)
+    # DDTREE_INTERRUPTED_REUSE_LAB=1 with DDTREE_INTERRUPTED_LAB_ID: a lab already up and rolled out by an
+    # earlier run of this file (to run some cells again with -k); it is left up.
+    reuse = os.environ.get("DDTREE_INTERRUPTED_REUSE_LAB") == "1"
+    if not reuse:
+        run([str(REPO / "lab" / "up")], env, REPO)
     try:
-        yield {"env": env, "base": base, "work": work, "rows": []}
+        yield {"env": env, "base": base, "work": work, "rows": [], "reuse": reuse}
     finally:
-        run([str(REPO / "lab" / "down")], env, REPO, check=False)
+        if not reuse:
+            run([str(REPO / "lab" / "down")], env, REPO, check=False)
 
 
 def on_host(bed, host, *command, check=True):
@@ -147,6 +152,11 @@ CELLS = [("restarted", True), ("rollback", True), ("switched", False), ("restart
 
 
 def test_a_first_rollout_records_verdicts(bed):
+    if bed["reuse"]:
+        state = host_state(bed)
+        assert state["unit"] == "active" and state["verdict"] == "passed", state
+        bed["good"] = state["current"]
+        return
     overlay(bed, lossy=False, note="healthy 0")
     report = bed["base"] / "first.json"
     proc = playbook(bed, "site.yml", report, limit="all")
