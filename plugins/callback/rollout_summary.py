@@ -12,7 +12,8 @@ short_description: Say at the end of a rollout which host is on which release, a
 version_added: 0.1.0
 description:
   - Records what the collection's modules did on each host (the rollout lock, the release built,
-    each service's switch and rollback, every health gate with its measurements, failures) and, when
+    each service's switch and rollback, every health gate with its measurements, the releases an
+    interrupted rollout left without a passed gate, failures) and, when
     the playbook ends, prints a summary - also when a failed canary stopped the run (hosts that were
     targeted but not reached keep the release they had).
   - With I(report_dir) set, writes the report there as JSON (for machines) and Markdown (for a
@@ -70,6 +71,7 @@ ACTIONS = {
     "ddtree.sglang.release": "release",
     "ddtree.sglang.service_link": "link",
     "ddtree.sglang.sglang_health": "gate",
+    "ddtree.sglang.service_gate_status": "verdicts",
 }
 START_FACT = "ddtree_rollout_release_ids_at_start"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

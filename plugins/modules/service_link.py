@@ -17,6 +17,10 @@ description:
   - With I(state=current), makes C(current) point at I(release_id) and C(previous) at the release
     C(current) pointed at before (when it differs). Each link is replaced with one C(rename), so a
     reader sees the old or the new target, never none.
+  - With O(verdicts_file) (the health gate's verdicts, M(ddtree.sglang.sglang_health)), C(previous) only
+    ever becomes a release that passed its gate - a C(current) left unverified or failed by an
+    interrupted rollout is skipped, and the C(previous) before it kept. Without verdicts for the
+    service (a host from before them), C(current) becomes C(previous) as above.
   - With I(state=previous) (a rollback), swaps C(current) and C(previous).
   - The release is verified against its manifest first; a partial or tampered release is never
     activated.
@@ -43,6 +47,9 @@ options:
     description: Where releases live.
     type: path
     default: /opt/sglang/releases
+  verdicts_file:
+    description: The service's gate verdicts (C(/var/lib/sglang/<service>/verdicts.json)); unset, they are not consulted.
+    type: path
 attributes:
   check_mode:
     support: full
@@ -98,6 +105,8 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_verdicts import fallback_after_switch
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json
 from ansible_collections.ddtree.sglang.plugins.module_utils.layout import release_link_target, service_release_ids
 from ansible_collections.ddtree.sglang.plugins.module_utils.release import verify_release
 
@@ -124,6 +133,7 @@ def main():
             state=dict(type="str", choices=["current", "previous"], default="current"),
             services_root=dict(type="path", default="/opt/sglang/services"),
             releases_root=dict(type="path", default="/opt/sglang/releases"),
+            verdicts_file=dict(type="path"),
         ),
         required_if=[("state", "current", ("release_id",))],
         supports_check_mode=True,
@@ -132,7 +142,13 @@ def main():
     service_dir = os.path.join(params["services_root"], params["service"])
     before = service_release_ids(params["services_root"], params["service"])
     if params["state"] == "current":
-        after = {"current": params["release_id"], "previous": before["current"] if before["current"] != params["release_id"] else before["previous"]}
+        try:
+            verdicts = read_json(params["verdicts_file"])
+        except (OSError, ValueError) as error:
+            module.fail_json(msg="cannot read the gate verdicts of %s (%s): %s" % (params["service"], params["verdicts_file"], error),
+                             before=named(before))
+        after = {"current": params["release_id"],
+                 "previous": fallback_after_switch(before["current"], before["previous"], params["release_id"], verdicts)}
     else:
         if not before["previous"]:
             module.fail_json(msg="service %s has no previous release to go back to" % params["service"], before=named(before))

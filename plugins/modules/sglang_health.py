@@ -172,6 +172,13 @@ options:
     description: The release gated, stored with recorded baselines and metrics and returned for reports.
     type: str
     aliases: [release]
+  verdict_file:
+    description:
+      - JSON file on the host where the verdict (passed or failed, the stage, the failure and the
+        measurements) is recorded for O(release_id), written whole right after the verdict, pass or fail.
+      - A rollout reads it (M(ddtree.sglang.service_gate_status)) so that a release left by an interrupted
+        rollout without a verdict is gated, and a failed one rolled back, on the next run.
+    type: path
   extra_signatures:
     description: More journal substrings (case-insensitive) that mean a fatal error.
     type: list
@@ -188,7 +195,7 @@ attributes:
     description: Runs every check (they only read and generate); records nothing, reports C(changed) when it would.
   diff_mode:
     support: none
-    description: Recording a baseline or metrics is reported in RV(recorded), not as a diff.
+    description: Recording a baseline, metrics or the verdict is reported in RV(recorded), not as a diff.
 notes:
   - Needs C(systemctl) and C(journalctl) on the host; run it with C(become) to read the journal and kernel log.
   - Health and C(/metrics) need no API key in SGLang; C(/v1/*) and C(/server_info) do.
@@ -216,6 +223,7 @@ EXAMPLES = r"""
     baseline_file: /var/lib/sglang/coder/baseline.json
     metrics_file: /var/lib/sglang/coder/metrics.json
     record_metrics: true
+    verdict_file: /var/lib/sglang/coder/verdicts.json
     min_accept_length: 2.0
     release_id: "{{ release_id }}"
   register: gate
@@ -315,10 +323,10 @@ performance:
   sample: {tokens_per_second: 182.4, accept_length: 3.41, completion_tokens: 192, generation_s: 1.05,
            previous: {tokens_per_second: 175.0, accept_length: 3.38}, problems: []}
 recorded:
-  description: What was recorded (or, in check mode, would have been).
+  description: What was recorded (or, in check mode, would have been); C(verdict) with O(verdict_file).
   returned: always
   type: dict
-  sample: {baseline: true, metrics: false}
+  sample: {baseline: true, metrics: false, verdict: true}
 signature_matches:
   description: Fatal journal lines found, each with the signature, its kind and context lines.
   returned: failure
@@ -339,7 +347,8 @@ kernel_log:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import HealthGate, ServiceIO, unit_name
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import write_json
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_verdicts import utc_now, verdict_record, verdicts_add
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
 
 # Options that are durations: ansible-core checks their type, not their sign.
 POSITIVE = ("poll_interval", "no_progress_timeout", "start_timeout", "health_timeout", "request_timeout")
@@ -378,15 +387,29 @@ ARGUMENT_SPEC = dict(
     max_regression=dict(type="float", default=0.5),
     record_metrics=dict(type="bool", default=False),
     release_id=dict(type="str", aliases=["release"]),
+    verdict_file=dict(type="path"),
     extra_signatures=dict(type="list", elements="str", default=[]),
     extra_progress_markers=dict(type="list", elements="str", default=[]),
 )
+
+
+def record_verdict(module, path, release_id, passed, result):
+    """Record the gate's verdict for the release, whole, right after it was reached (not in check mode)."""
+    if module.check_mode:
+        return
+    try:
+        document = verdicts_add(read_json(path), release_id, verdict_record(passed, result, utc_now()))
+        write_json(path, document, module.atomic_move)
+    except (OSError, ValueError) as error:
+        module.fail_json(msg="the gate's verdict for release %s (%s) could not be recorded in %s: %s"
+                             % (release_id, "passed" if passed else "failed", path, error), **result)
 
 
 def main():
     module = AnsibleModule(
         argument_spec=ARGUMENT_SPEC,
         required_if=[("record_metrics", True, ("metrics_file",))],
+        required_by={"verdict_file": ("release_id",)},
         supports_check_mode=True,
     )
     params = module.params
@@ -399,6 +422,9 @@ def main():
     gate = HealthGate(params, io, check_mode=module.check_mode, warn=module.warn,
                       write=lambda path, document: write_json(path, document, module.atomic_move))
     passed, message, result = gate.run()
+    if params["verdict_file"]:
+        record_verdict(module, params["verdict_file"], params["release_id"], passed, dict(result, msg=message))
+        result["recorded"]["verdict"] = True
     if not passed:
         module.fail_json(msg=message, **result)
     module.exit_json(changed=any(result["recorded"].values()), msg=message, **result)

@@ -15,6 +15,9 @@ Event: {"host", "kind", "task", "service", "result"} with kind one of
   link        ddtree.sglang.service_link's result (a switch, or a rollback with state=previous)
   gate        ddtree.sglang.sglang_health's result (the first for a service; after a rollback, the
               gate of the release it went back to)
+  verdicts    ddtree.sglang.service_gate_status's result: per service, whether its current release
+              passed its gate and what the run does about it (a release an interrupted rollout left
+              without a passed gate is gated, or rolled back)
   change      a task that changed (or would, in check mode), with its diff as text
   failed      a task that failed the host (not an ignored one)
   unreachable the host could not be reached
@@ -79,10 +82,33 @@ def _failure_message(result):
     return " | ".join(messages) or "failed (no message)"
 
 
+# A service not switched in this run whose current release had no passed gate verdict: what the
+# host's status says about it (service_gate_status's reasons).
+RECOVERY_STATUS = {
+    "interrupted": "gated after an interrupted rollout",
+    "no_verdicts_yet": "gated once (no gate verdict recorded before)",
+    "failed_verdict": "rolled back after an interrupted rollout",
+}
+
+
+def recovery_note(recovery):
+    """One sentence on what an interrupted rollout had left, and what this run did about it."""
+    release = _short(recovery.get("release_id")) or "none"
+    if recovery["reason"] == "failed_verdict":
+        verdict = recovery.get("verdict") or {}
+        return "release %s had failed its gate at %s (%s) and an interrupted rollout left it current" % (
+            release, verdict.get("recorded_at") or "?", verdict.get("stage") or "?")
+    if recovery["reason"] == "interrupted":
+        return "release %s was left current without a gate verdict by an interrupted rollout (%s)" % (
+            release, "restarted, then gated" if recovery["action"] == "restart" else "gated as it ran")
+    return "release %s had no gate verdict (it predates them, or the first rollout was interrupted): %s" % (
+        release, "restarted, then gated" if recovery["action"] == "restart" else "gated as it ran")
+
+
 def _service(record, name):
     return record["services"].setdefault(name, {
         "name": name, "before_release_id": None, "after_release_id": None, "switched": False, "gate": None,
-        "rollback": None})
+        "rollback": None, "recovery": None})
 
 
 def _host_status(record, kind):
@@ -103,6 +129,10 @@ def _host_status(record, kind):
         return "not reached"
     if any(service["after_release_id"] != service["before_release_id"] for service in services if service["after_release_id"]):
         return "updated"
+    # Never "unchanged" for a release that had not passed its gate when this run began.
+    for service in services:
+        if service["recovery"]:
+            return RECOVERY_STATUS[service["recovery"]["reason"]]
     return "unchanged"
 
 
@@ -154,6 +184,11 @@ def build_report(events, targeted, kind="rollout", meta=None):
                 service["gate"] = summary
                 if not summary["passed"]:
                     service["rollback"] = {"evidence": summary}
+        elif kind_ == "verdicts":
+            for name, status in sorted((result.get("services") or {}).items()):
+                if (status or {}).get("action") not in (None, "none"):
+                    _service(record, name)["recovery"] = {
+                        key: status.get(key) for key in ("action", "reason", "release_id", "previous_release_id", "verdict")}
         elif kind_ == "change":
             record["changes"].append({"task": event.get("task"), "item": event.get("item"), "diff": (event.get("diff") or "")[:DIFF_CHARS]})
         elif kind_ == "failed":
@@ -166,6 +201,18 @@ def build_report(events, targeted, kind="rollout", meta=None):
         record = hosts[name]
         record["status"] = _host_status(record, kind)
         for service in record["services"].values():
+            if service["recovery"] and service["switched"]:
+                service["recovery"] = None  # a release switched to in this run has no verdict yet by nature
+            if service["recovery"]:
+                service["recovery"]["note"] = recovery_note(service["recovery"])
+                verdict = service["recovery"].get("verdict") or {}
+                if service["rollback"] and not service["rollback"].get("evidence") and verdict.get("verdict") == "failed":
+                    # Rolled back on the verdict an interrupted rollout recorded: that verdict is the evidence.
+                    service["rollback"]["evidence"] = {
+                        "passed": False, "release_id": service["recovery"]["release_id"], "stage": verdict.get("stage"),
+                        "failure_kind": verdict.get("failure_kind"),
+                        "msg": "recorded at %s by a rollout that died before its rollback: %s" % (
+                            verdict.get("recorded_at"), verdict.get("msg") or "")}
             if service["rollback"] and "failed_release_id" not in service["rollback"]:
                 # The gate failed but no rollback followed (the run stopped first): say so.
                 service["rollback"]["failed_release_id"] = None
@@ -262,6 +309,12 @@ def render_markdown(report):
                 _cell(row["host"]), _cell(service["name"]), _code(service["before_release_id"]), _code(after),
                 _cell(row["status"]), _cell(_gate_cell(service["gate"]) if report["kind"] != "plan" else "–")))
     out.append("")
+
+    recoveries = [(row["host"], service) for row in report["hosts"] for service in row["services"] if service.get("recovery")]
+    if recoveries and report["kind"] != "plan":
+        out += ["After an interrupted rollout:", ""]
+        out += ["- %s · %s: %s." % (host, service["name"], service["recovery"]["note"]) for host, service in recoveries]
+        out.append("")
 
     for row in report["hosts"]:
         for service in row["services"]:
@@ -362,6 +415,8 @@ def summary_lines(report):
                 text += ", gate " + _gate_cell(service["gate"])
             if service["rollback"] and service["rollback"].get("rolled_back_to_release_id"):
                 text += ", rolled back to %s" % _short(service["rollback"]["rolled_back_to_release_id"])
+            if service.get("recovery") and report["kind"] != "plan":
+                text += " (%s)" % service["recovery"]["note"]
             lines.append((text, bad))
         if row["failure"] and row["services"] and not any(s["rollback"] for s in row["services"]):
             lines.append(("%s: failed at %s: %s" % (row["host"], row["failure"]["task"], row["failure"]["msg"]), True))

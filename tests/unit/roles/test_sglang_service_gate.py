@@ -74,6 +74,8 @@ def role_variables(capsys):
         sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
         sglang_service_failed={"item": entry, "passed": False, "msg": "failed"},
         sglang_service_gate_results=[],
+        sglang_service_units_verdict_gate=[],
+        sglang_service_units_verdict_rollback=[],
     )
 
 
@@ -96,5 +98,37 @@ def test_deploy_and_rollback_gates_use_the_services_own_settings(role_variables)
     # Only the deploy's numbers are compared with and recorded as the release's metrics.
     assert deploy_args["record_metrics"] is True and deploy_args["metrics_file"] == "/var/lib/sglang/coder/metrics.json"
     assert rollback_args["record_metrics"] is False and "metrics_file" not in rollback_args
+    # Both record their verdict, so a run that dies after the gate still leaves it behind.
+    assert deploy_args["verdict_file"] == rollback_args["verdict_file"] == "/var/lib/sglang/coder/verdicts.json"
     same = {key for key in deploy_args if key not in ("since", "release_id", "record_metrics", "metrics_file")}
     assert {key: deploy_args[key] for key in same} == {key: rollback_args.get(key) for key in same}
+
+
+VARS = TASKS.parent / "vars" / "main.yml"
+
+
+def verdict_units(gate_status, switched=()):
+    """vars/main.yml's verdict lists, rendered for a service_gate_status result and the links switched."""
+    variables = {"sglang_service_gate_status": {"services": gate_status},
+                 "sglang_service_link_results": {"results": [{"changed": unit in switched, "item": {"unit": unit}}
+                                                             for unit in ("sglang-coder.service", "sglang-chat.service")]}}
+    for name, expression in yaml.safe_load(VARS.read_text()).items():
+        if "verdict" in name:
+            variables[name] = render(expression, variables)
+    return {key: variables["sglang_service_units_verdict_" + key] for key in ("restart", "gate", "rollback")}
+
+
+def test_a_release_without_a_passed_verdict_is_gated_or_rolled_back_though_nothing_changed(role_variables):
+    status = {"coder": {"action": "restart", "unit": "sglang-coder.service"},
+              "chat": {"action": "rollback", "unit": "sglang-chat.service"}}
+    assert verdict_units(status) == {"restart": ["sglang-coder.service"], "gate": ["sglang-coder.service"],
+                                     "rollback": ["sglang-chat.service"]}
+    # A release switched to in this run is a deploy: gated afresh, never rolled back on an old verdict.
+    assert verdict_units(status, switched=["sglang-chat.service"])["rollback"] == []
+    status = {"coder": {"action": "gate", "unit": "sglang-coder.service"}, "chat": {"action": "none", "unit": "sglang-chat.service"}}
+    assert verdict_units(status) == {"restart": [], "gate": ["sglang-coder.service"], "rollback": []}
+    # gate.yml: nothing restarted in this run, yet the service without a verdict is gated.
+    variables = dict(role_variables, sglang_service_restarted={"results": []}, sglang_service_units_verdict_gate=["sglang-coder.service"])
+    assert [name for name, _arguments in gate_calls("gate.yml", variables)] == ["Gate the service on its release: {{ sglang_service_gate_service.name }}"]
+    variables["sglang_service_units_verdict_gate"] = []
+    assert gate_calls("gate.yml", variables) == []

@@ -158,3 +158,53 @@ def test_a_long_plan_keeps_its_markdown_short_and_says_so():
     text = render_markdown(report)
     assert len(text) < 50000 and "diff(s) left out to keep this short: plan.json has every one." in text
     assert all(len(row["changes"][0]["diff"]) == 3900 for row in report["hosts"])
+
+
+def gate_status(host, service, action, reason, release, verdict=None):
+    return {"host": host, "kind": "verdicts", "service": None, "result": {"services": {service: {
+        "action": action, "reason": reason, "release_id": release, "previous_release_id": OLD, "verdict": verdict}}}}
+
+
+def test_a_release_left_ungated_by_an_interrupted_rollout_is_never_reported_unchanged():
+    # The incident: current already on NEW (the run that switched it died before the verdict); this run
+    # changes no link, gates NEW, and it passes.
+    start = [{"host": "ct200", "kind": "start", "result": {"coder": {"release_id": NEW, "previous_release_id": OLD}}}]
+    events = start + [{"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": False}},
+                      link("ct200", "coder", NEW, NEW), gate_status("ct200", "coder", "gate", "interrupted", NEW),
+                      gate("ct200", passed_gate("coder", NEW))]
+    report = build_report(events, ["ct200"])
+    row = report["hosts"][0]
+    assert report["verdict"] == "succeeded" and row["status"] == "gated after an interrupted rollout"
+    assert row["services"][0]["recovery"]["note"].startswith("release %s was left current without a gate verdict" % NEW[:12])
+    lines = summary_lines(report)
+    assert "unchanged" not in lines[0][0] and "gate passed" in lines[0][0] and "interrupted rollout" in lines[0][0]
+    assert "After an interrupted rollout:" in render_markdown(report)
+    # The same run with a verdict already recorded (action none): unchanged, as before.
+    events[3] = gate_status("ct200", "coder", "none", "passed", NEW)
+    assert build_report(events[:4], ["ct200"])["hosts"][0]["status"] == "unchanged"
+    # A release from before verdicts existed: gated once, and said so.
+    events[3] = gate_status("ct200", "coder", "gate", "no_verdicts_yet", NEW)
+    assert build_report(events, ["ct200"])["hosts"][0]["status"] == "gated once (no gate verdict recorded before)"
+
+
+def test_a_failed_verdict_left_by_an_interrupted_rollback_is_rolled_back_with_that_verdict_as_evidence():
+    verdict = {"verdict": "failed", "recorded_at": "2026-11-30T10:01:00Z", "stage": "baseline", "failure_kind": "baseline_mismatch",
+               "msg": "outputs differ"}
+    start = [{"host": "ct200", "kind": "start", "result": {"coder": {"release_id": NEW, "previous_release_id": OLD}}}]
+    events = start + [link("ct200", "coder", NEW, NEW), gate_status("ct200", "coder", "rollback", "failed_verdict", NEW, verdict),
+                      link("ct200", "coder", NEW, OLD, state="previous"), gate("ct200", passed_gate("coder", OLD)),
+                      {"host": "ct200", "kind": "failed", "task": "Fail the host after a rollback", "result": {"msg": "failed"}}]
+    report = build_report(events, ["ct200"])
+    coder = report["hosts"][0]["services"][0]
+    assert report["hosts"][0]["status"] == "rolled back" and coder["after_release_id"] == OLD
+    assert coder["rollback"]["failed_release_id"] == NEW and coder["rollback"]["gate"]["passed"] is True
+    assert coder["rollback"]["evidence"]["stage"] == "baseline" and "2026-11-30T10:01:00Z" in coder["rollback"]["evidence"]["msg"]
+    markdown = render_markdown(report)
+    assert "failed the health gate at **baseline** (baseline_mismatch)" in markdown and "had failed its gate" in markdown
+
+
+def test_a_release_switched_in_this_run_has_no_verdict_by_nature_and_is_simply_updated():
+    events = START[:1] + [link("ct200", "coder", OLD, NEW), gate_status("ct200", "coder", "restart", "interrupted", NEW),
+                          gate("ct200", passed_gate("coder", NEW))]
+    row = build_report(events, ["ct200"])["hosts"][0]
+    assert row["status"] == "updated" and row["services"][0]["recovery"] is None
