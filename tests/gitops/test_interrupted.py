@@ -7,7 +7,7 @@ healthy one with a comment that makes it a new release). The killed runs are `pl
 ct200` (every kill point is in that play; preflight and stacks would only add time); every re-run is the
 real entry point, `site.yml -l ct200`. The kill is tests/gitops/callback_plugins/kill_at_task.py: it
 SIGKILLs the run's whole process group when the named task begins (or some seconds into it).
-Run by `scripts/test gitops` (after test_gitops.py). Prints the matrix at the end.
+Run by `scripts/test interrupted` (not part of `scripts/test`: about 40 minutes). Prints the matrix at the end.
 """
 
 import json
@@ -28,8 +28,14 @@ SERVICES = "/opt/sglang/services/coder"
 VERDICTS = "/var/lib/sglang/coder/verdicts.json"
 ARTIFACTS = Path(os.environ.get("DDTREE_TEST_ARTIFACTS") or REPO / ".cache" / "gitops-artifacts")
 
-pytestmark = pytest.mark.skipif(shutil.which("podman") is None or shutil.which("ansible-playbook") is None,
-                                reason="needs podman and the controller venv (scripts/test gitops)")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("podman") is None or shutil.which("ansible-playbook") is None,
+                       reason="needs podman and the controller venv (scripts/test interrupted)"),
+    # About 40 minutes on two cores (a rollout, then a kill and a re-run per cell): its own stage,
+    # `scripts/test interrupted`, outside the suite's 15 minutes until it is made cheaper (issue 14).
+    pytest.mark.skipif(os.environ.get("DDTREE_TEST_INTERRUPTED") != "1",
+                       reason="the interrupted-rollout matrix runs in its own stage: scripts/test interrupted"),
+]
 
 
 def run(command, env, cwd, check=True, timeout=1800, new_session=False):
