@@ -74,7 +74,7 @@ def _secret_flag_problems(label, service):
         flag = str(arg).split("=", 1)[0]
         if flag in SECRET_FLAGS:
             problems.append("%s: extra_args holds %s, which would put its value in the server's command line; "
-                            "set the service's api_key instead (it reaches the server through a systemd credential)"
+                            "set the service's api_key instead (it reaches the server on standard input)"
                             % (label, flag))
     return problems
 
@@ -101,7 +101,7 @@ def _speculative_problems(label, service):
 
 def service_flags(service):
     """The launch_server flags of a service, which end up in its argv: never the API key (the unit hands
-    it to the server as a systemd credential; roles/sglang_service/files/sglang_launch.py)."""
+    it to the server on standard input; roles/sglang_service/files/sglang_launch.py)."""
     flags = ["--model-path", service["model_path"], "--served-model-name", service.get("served_model_name") or service["name"],
              "--host", service.get("host", "127.0.0.1"), "--port", str(service["port"]), "--tp-size", str(service.get("tp_size", 1))]
     spec = service.get("speculative") or {}

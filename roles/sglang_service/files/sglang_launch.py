@@ -2,17 +2,19 @@
 # Copyright: ddtree.sglang contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 # SPDX-License-Identifier: GPL-3.0-or-later
-"""Run a server module as ``python -m`` would, with its secret flags from systemd credentials.
+"""Run a server module as ``python -m`` would, with a secret flag read from standard input.
 
 Usage (a unit's ExecStart; docs/services.md, "The API key"):
 
-    <stack>/bin/python sglang_launch.py <module> [flags...]
+    <stack>/bin/python sglang_launch.py [--stdin-flag api-key] <module> [flags...]
 
-Each credential systemd hands the unit (``LoadCredential=NAME:/path``, in ``$CREDENTIALS_DIRECTORY``)
-whose NAME is a flag's name (``api-key``) becomes that flag (``--api-key VALUE``) in the module's own
+With ``--stdin-flag NAME``, standard input holds the value of the server's flag ``--NAME``: the unit
+connects it to the service's root-only key file (``StandardInput=file:/etc/sglang/<svc>.api-key``;
+systemd opens it before it drops to the service's user). The launcher reads it, puts ``/dev/null`` in
+its place (the server's children inherit nothing), and adds ``--NAME VALUE`` to the module's own
 argument list, inside this process: the value is never in an argv (``/proc/<pid>/cmdline`` is readable
 by every local user) nor in an environment. SGLang logs its whole ``server_args`` at start-up with the
-API key in clear, so every text this process writes to stdout and stderr has each value replaced with
+API key in clear, so every text this process writes to stdout and stderr has the value replaced with
 ``<redacted>`` before it reaches the journal. Processes the server spawns write through streams of
 their own; SGLang 0.5.23 prints ``server_args`` only in this one.
 
@@ -27,31 +29,41 @@ import runpy
 import sys
 
 REDACTED = "<redacted>"
-# A credential's name is a flag's name: "api-key" -> "--api-key".
+# A flag's name, without its leading "--".
 FLAG_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+USAGE = "usage: sglang_launch.py [--stdin-flag NAME] <module> [flags...] (for example sglang.launch_server --model-path ...)"
 
 
 class UsageError(Exception):
-    """The launcher was called wrongly (exit 2, as argparse does for a bad flag)."""
+    """The launcher was called wrongly, or its secret is missing (exit 2, as argparse's for a bad flag)."""
 
 
-def credential_flags(directory):
-    """The flags and the secret values from a credentials directory (sorted by name; none if unset)."""
-    if not directory:
-        return [], []
-    flags, values = [], []
-    for name in sorted(os.listdir(directory)):
-        if not FLAG_NAME.match(name):
-            raise UsageError("credential %r in %s is not a flag's name (lower-case letters, digits and '-', "
-                             "as in LoadCredential=api-key:/etc/sglang/<service>.api-key)" % (name, directory))
-        with open(os.path.join(directory, name), encoding="utf-8") as handle:
-            value = handle.read().rstrip("\r\n")
-        if not value:
-            raise UsageError("credential %r in %s is empty: write the secret into the file LoadCredential names"
-                             % (name, directory))
-        flags += ["--" + name, value]
-        values.append(value)
-    return flags, values
+def parse_args(argv):
+    """(name of the flag whose value is on stdin or None, module, the module's flags)."""
+    stdin_flag = None
+    if argv[:1] == ["--stdin-flag"]:
+        if len(argv) < 2 or not FLAG_NAME.match(argv[1]):
+            raise UsageError("--stdin-flag needs a flag's name without its dashes, such as api-key. " + USAGE)
+        stdin_flag, argv = argv[1], argv[2:]
+    if not argv or argv[0].startswith("-"):
+        raise UsageError(USAGE)
+    return stdin_flag, argv[0], argv[1:]
+
+
+def read_secret(stream, flag):
+    """The secret on stream (one line; the end of line is not part of it)."""
+    value = stream.read().rstrip("\r\n")
+    if not value or "\n" in value:
+        raise UsageError("standard input holds %s for --%s; it must hold the value alone, on one line (the unit's "
+                         "StandardInput=file: names the service's key file)" % ("nothing" if not value else "several lines", flag))
+    return value
+
+
+def detach_stdin():
+    """/dev/null as standard input from now on: the server and its children never hold the key file."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
 
 
 def longest_secret_prefix_at_end(text, secrets):
@@ -112,20 +124,20 @@ class RedactingStream:
 
 
 def main(argv):
-    if not argv or argv[0].startswith("-"):
-        raise UsageError("usage: sglang_launch.py <module> [flags...] (for example sglang.launch_server --model-path ...)")
-    module, flags = argv[0], argv[1:]
-    secret_flags, secrets = credential_flags(os.environ.get("CREDENTIALS_DIRECTORY"))
-    if secrets:
+    stdin_flag, module, flags = parse_args(argv)
+    if stdin_flag:
+        secret = read_secret(sys.stdin, stdin_flag)
+        detach_stdin()  # sys.stdin read it to its end: from here on it reads /dev/null
+        flags = flags + ["--" + stdin_flag, secret]
         for name in ("stdout", "stderr"):
-            stream = RedactingStream(getattr(sys, name), secrets)
+            stream = RedactingStream(getattr(sys, name), [secret])
             setattr(sys, name, stream)
             atexit.register(stream.close_flush)
     # Only the release and its stack are importable, as under `python -m` from a clean directory: not
     # the directory this file is in.
     if sys.path and os.path.abspath(sys.path[0] or ".") == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]
-    sys.argv = [module] + flags + secret_flags
+    sys.argv = [module] + flags
     # Like `python -m`: the module runs as __main__, and its __spec__ lets multiprocessing's spawned
     # children import it again as __mp_main__.
     runpy.run_module(module, run_name="__main__", alter_sys=True)

@@ -1,5 +1,6 @@
-"""The units' launcher (roles/sglang_service/files/sglang_launch.py): the API key from a systemd credential
-into the server's own argument list, in no argv, and redacted from everything the server prints."""
+"""The units' launcher (roles/sglang_service/files/sglang_launch.py): the API key from standard input (the
+unit's StandardInput=file:) into the server's own argument list, in no argv, and redacted from everything
+the server prints."""
 
 import importlib.util
 import io
@@ -50,17 +51,16 @@ def server(tmp_path):
     modules.mkdir()
     (modules / "fake_server.py").write_text(FAKE_SERVER)
     (modules / "fake_server.py.key").write_text(KEY + "\n")
-    credentials = tmp_path / "credentials"
-    credentials.mkdir()
-    (credentials / "api-key").write_text(KEY + "\n")
+    key_file = tmp_path / "coder.api-key"
+    key_file.write_text(KEY + "\n")
 
     def start(*flags, with_key=True):
         env = dict(os.environ, PYTHONPATH=str(modules))
-        env.pop("CREDENTIALS_DIRECTORY", None)
-        if with_key:
-            env["CREDENTIALS_DIRECTORY"] = str(credentials)
-        return subprocess.run([sys.executable, str(LAUNCHER), "fake_server", "--port", "30000", *flags],
-                              env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+        launcher = [sys.executable, str(LAUNCHER)] + (["--stdin-flag", "api-key"] if with_key else [])
+        # As systemd's StandardInput=file: does it.
+        with open(key_file if with_key else os.devnull, encoding="utf-8") as stdin:
+            return subprocess.run(launcher + ["fake_server", "--port", "30000", *flags], stdin=stdin,
+                                  env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
     return start
 
 
@@ -84,33 +84,43 @@ def test_exit_statuses_and_tracebacks_are_the_servers(server):
     assert KEY not in proc.stdout + proc.stderr
 
 
-def test_without_a_credential_the_server_runs_unchanged(server):
+def test_without_a_key_the_server_runs_unchanged(server):
     proc = server(with_key=False)
     assert proc.returncode == 0, proc.stderr
     assert "'api_key': None" in proc.stderr and "argv ends with the key: False" in proc.stdout
 
 
-def test_credentials_become_flags_sorted_by_name(tmp_path):
-    (tmp_path / "api-key").write_text(KEY + "\n")
-    (tmp_path / "admin-api-key").write_text("admin-secret")
-    assert launch.credential_flags(str(tmp_path)) == (
-        ["--admin-api-key", "admin-secret", "--api-key", KEY], ["admin-secret", KEY])
-    assert launch.credential_flags(None) == ([], [])
+def test_the_server_and_its_children_never_hold_the_key_file(server, tmp_path):
+    (tmp_path / "site" / "fake_server.py").write_text(
+        "import os\nprint('stdin is', os.readlink('/proc/self/fd/0'))\n")
+    proc = server()
+    assert proc.returncode == 0 and "stdin is /dev/null" in proc.stdout, proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("name, content, message", [
-    ("API_KEY", KEY, "credential 'API_KEY' in .* is not a flag's name"),
-    ("api-key", "\n", "credential 'api-key' in .* is empty"),
+@pytest.mark.parametrize("content, message", [
+    ("\n", "standard input holds nothing for --api-key"),
+    ("sk-first\nsk-second\n", "standard input holds several lines for --api-key"),
 ])
-def test_a_bad_credential_is_a_usage_error_naming_it(tmp_path, name, content, message):
-    (tmp_path / name).write_text(content)
+def test_a_bad_key_file_is_a_usage_error_that_prints_no_secret(content, message):
+    with pytest.raises(launch.UsageError, match=message) as error:
+        launch.read_secret(io.StringIO(content), "api-key")
+    assert "sk-" not in str(error.value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([], "usage: sglang_launch.py"),
+    (["--port", "1"], "usage: sglang_launch.py"),
+    (["--stdin-flag"], "--stdin-flag needs a flag's name"),
+    (["--stdin-flag", "--api-key", "sglang.launch_server"], "--stdin-flag needs a flag's name"),
+])
+def test_a_wrong_call_is_a_usage_error(argv, message):
     with pytest.raises(launch.UsageError, match=message):
-        launch.credential_flags(str(tmp_path))
+        launch.parse_args(argv)
 
 
-def test_no_module_is_a_usage_error():
+def test_no_module_exits_2():
     proc = subprocess.run([sys.executable, str(LAUNCHER)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 2 and "usage: sglang_launch.py <module>" in proc.stderr
+    assert proc.returncode == 2 and "usage: sglang_launch.py" in proc.stderr
 
 
 @pytest.mark.parametrize("writes", [
