@@ -95,6 +95,21 @@ def search_controller(lab, key, outputs, report_dirs):
     return found
 
 
+def assert_the_key_is_only_in_its_file(lab, key, outputs, report_dirs):
+    """Search everywhere (the controller: outputs, report_dirs, what the runs left; the host) and fail
+    listing every place but the service's secret file where the key is. Also writes the search's
+    result to the artifacts (secrets-search.json). Reusable by a test that ran the rollouts itself."""
+    found = {"controller": search_controller(lab, key, outputs, report_dirs), HOST: search_host(lab, key)}
+    allowed = [hit for hit in found[HOST]["files"] if hit["path"] == SECRET_FILE]
+    found[HOST]["files"] = [hit for hit in found[HOST]["files"] if hit not in allowed]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "secrets-search.json").write_text(json.dumps({"found": found, "allowed": allowed}, indent=2) + "\n")
+    leaks = {where: {kind: hits for kind, hits in places.items() if hits} for where, places in found.items()}
+    assert leaks == {"controller": {}, HOST: {}}, "the API key leaked:\n" + json.dumps(leaks, indent=2)
+    # Its one place: the secret file, root's alone.
+    assert allowed == [{"path": SECRET_FILE, "mode": "0600", "uid": 0, "gid": 0}], allowed
+
+
 def test_a_rollout_and_a_rollback_leave_the_key_only_in_its_secret_file(lab, fleet):
     key = "canary-" + secrets.token_hex(16)
     lab["env"].update(ANSIBLE_LOCAL_TEMP=str(lab["base"] / "ansible-tmp"), DDTREE_ROLLOUT_REPORT_HISTORY="1")
@@ -107,22 +122,14 @@ def test_a_rollout_and_a_rollback_leave_the_key_only_in_its_secret_file(lab, fle
 
     fleet["commit"]("B: a release that crashes at start", crash_at_start)
     proc_b = rollout(lab, fleet, reports_b, "--skip-plan", check=False)
-
     outputs = {"rollout A (plan and rollout, -vvv)": proc_a.stdout + proc_a.stderr,
                "rollout B (rolled back, -vvv)": proc_b.stdout + proc_b.stderr}
-    found = {"controller": search_controller(lab, key, outputs, [reports_a, reports_b]), HOST: search_host(lab, key)}
-    allowed = [hit for hit in found[HOST]["files"] if hit["path"] == SECRET_FILE]
-    found[HOST]["files"] = [hit for hit in found[HOST]["files"] if hit not in allowed]
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "secrets-search.json").write_text(json.dumps({"found": found, "allowed": allowed}, indent=2) + "\n")
-
-    # B was a rollback, and the service is back on A, with its key.
-    assert proc_b.returncode == 1, proc_b.stdout[-3000:] + proc_b.stderr[-3000:]
-    service_b = services(json.loads((reports_b / "rollout.json").read_text()))[(HOST, SERVICE)]
-    assert service_b["status"] == "rolled back" and service_b["after_release_id"] == release_a, service_b
-    assert status_without_and_with(lab, key) == ["401", "200"]
-
-    leaks = {where: {kind: hits for kind, hits in places.items() if hits} for where, places in found.items()}
-    assert leaks == {"controller": {}, HOST: {}}, "the API key leaked:\n" + json.dumps(leaks, indent=2)
-    # Its one place: the secret file, root's alone.
-    assert allowed == [{"path": SECRET_FILE, "mode": "0600", "uid": 0, "gid": 0}], allowed
+    try:
+        # B was a rollback, and the service is back on A, with its key.
+        assert proc_b.returncode == 1, proc_b.stdout[-3000:] + proc_b.stderr[-3000:]
+        service_b = services(json.loads((reports_b / "rollout.json").read_text()))[(HOST, SERVICE)]
+        assert service_b["status"] == "rolled back" and service_b["after_release_id"] == release_a, service_b
+        assert status_without_and_with(lab, key) == ["401", "200"]
+    finally:
+        # Searched also when B went wrong: where the key is matters most then.
+        assert_the_key_is_only_in_its_file(lab, key, outputs, [reports_a, reports_b])
