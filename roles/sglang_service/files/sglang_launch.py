@@ -10,9 +10,9 @@ Usage (a unit's ExecStart; docs/services.md, "The API key"):
 
 With ``--stdin-flag NAME``, standard input holds the value of the server's flag ``--NAME``: the unit
 connects it to the service's root-only key file (``StandardInput=file:/etc/sglang/<svc>.api-key``;
-systemd opens it before it drops to the service's user). The launcher reads it, puts ``/dev/null`` in
-its place (the server's children inherit nothing), and adds ``--NAME VALUE`` to the module's own
-argument list, inside this process: the value is never in an argv (``/proc/<pid>/cmdline`` is readable
+systemd opens it before it drops to the service's user). The launcher reads it (and rewinds it, for a
+server that re-executes itself), and adds ``--NAME VALUE`` to the module's own argument list, inside
+this process: the value is never in an argv (``/proc/<pid>/cmdline`` is readable
 by every local user) nor in an environment. SGLang logs its whole ``server_args`` at start-up with the
 API key in clear, so every text this process writes to stdout and stderr has the value replaced with
 ``<redacted>`` before it reaches the journal. Processes the server spawns write through streams of
@@ -59,11 +59,14 @@ def read_secret(stream, flag):
     return value
 
 
-def detach_stdin():
-    """/dev/null as standard input from now on: the server and its children never hold the key file."""
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
+def rewind_stdin():
+    """Back to the start of the key file: a server that re-executes itself with its own command line
+    (``os.execve(sys.executable, sys.orig_argv)``: the lab runtime does, to set its environment) runs
+    this launcher again, which must find the key again. A pipe cannot be rewound; nothing to do then."""
+    try:
+        os.lseek(0, 0, os.SEEK_SET)
+    except OSError:
+        pass
 
 
 def longest_secret_prefix_at_end(text, secrets):
@@ -127,7 +130,7 @@ def main(argv):
     stdin_flag, module, flags = parse_args(argv)
     if stdin_flag:
         secret = read_secret(sys.stdin, stdin_flag)
-        detach_stdin()  # sys.stdin read it to its end: from here on it reads /dev/null
+        rewind_stdin()
         flags = flags + ["--" + stdin_flag, secret]
         for name in ("stdout", "stderr"):
             stream = RedactingStream(getattr(sys, name), [secret])
