@@ -23,6 +23,8 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 # module's own defaults.
 GATE_SETTINGS = ("start_timeout", "no_progress_timeout", "min_tokens_per_second", "min_accept_length",
                  "max_regression", "baseline_tolerance")
+# launch_server flags whose value is a secret: never on a command line (docs/services.md, "The API key").
+SECRET_FLAGS = ("--api-key", "--admin-api-key")
 
 
 def service_problems(services, gpu_indices, host="host"):
@@ -60,6 +62,20 @@ def service_problems(services, gpu_indices, host="host"):
         if gpus and tp_size and len(gpus) % tp_size:
             problems.append("%s: tp_size %s does not divide the %d GPU(s) %s" % (label, tp_size, len(gpus), gpus))
         problems.extend(_speculative_problems(label, service))
+        problems.extend(_secret_flag_problems(label, service))
+    return problems
+
+
+def _secret_flag_problems(label, service):
+    """A secret flag in extra_args would be in the server's argv, which every local user can read.
+    The message names the flag only: the value is the secret."""
+    problems = []
+    for arg in service.get("extra_args") or []:
+        flag = str(arg).split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            problems.append("%s: extra_args holds %s, which would put its value in the server's command line; "
+                            "set the service's api_key instead (it reaches the server on standard input)"
+                            % (label, flag))
     return problems
 
 
@@ -84,7 +100,8 @@ def _speculative_problems(label, service):
 
 
 def service_flags(service):
-    """The launch_server flags of a service. The API key is referenced, never written: ${SGLANG_API_KEY}."""
+    """The launch_server flags of a service, which end up in its argv: never the API key (the unit hands
+    it to the server on standard input; roles/sglang_service/files/sglang_launch.py)."""
     flags = ["--model-path", service["model_path"], "--served-model-name", service.get("served_model_name") or service["name"],
              "--host", service.get("host", "127.0.0.1"), "--port", str(service["port"]), "--tp-size", str(service.get("tp_size", 1))]
     spec = service.get("speculative") or {}
@@ -104,14 +121,12 @@ def service_flags(service):
                           ("num_draft_tokens", "--speculative-num-draft-tokens")):
             if spec.get(key) is not None:
                 flags += [flag, str(spec[key])]
-    if service.get("api_key"):
-        flags += ["--api-key", "${SGLANG_API_KEY}"]
     return flags + [str(arg) for arg in service.get("extra_args") or []]
 
 
 def service_environment(service):
-    """The environment file's variables: the GPUs, then the service's own. (The API key is added by the
-    role's template, so the secret never passes through a module's result.)"""
+    """The environment file's variables: the GPUs, then the service's own. Never the API key: it has a
+    file of its own, written by the role, so the secret never passes through a module's result."""
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in service.get("gpus") or [])}
     env.update({str(key): str(value) for key, value in (service.get("environment") or {}).items()})
     return env

@@ -16,8 +16,10 @@ description:
     exist on the host and are not shared between services, C(tp_size) dividing the GPU count, a known
     speculative algorithm, a draft model for the algorithms that need one, DDTree budget and top-k
     at least 1 - and fails listing every broken rule, each naming the service, the field and the value.
-  - Returns, per service, its systemd unit name, its C(launch_server) flags (the API key only as
-    C(${SGLANG_API_KEY})) and its environment (without the API key).
+  - Refuses a secret flag (C(--api-key), C(--admin-api-key)) in C(extra_args), which would put it in the
+    server's command line, readable by every local user; C(api_key) is the way.
+  - Returns, per service, its systemd unit name, its C(launch_server) flags and its environment, never
+    the API key (only whether there is one, C(has_api_key)).
   - Changes nothing; run it before anything changes on a host.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
@@ -102,6 +104,8 @@ services:
       algorithm: DDTREE
       gpus: [0, 1]
       port: 30000
+      host: 127.0.0.1
+      has_api_key: true
       served_model_name: coder
       gate: {start_timeout: 1800, no_progress_timeout: 120}
 """

@@ -276,7 +276,8 @@ class Stage:
         return result["release_dir"]
 
     def spec_verify(self, venv: Path, release: str, service: dict) -> dict:
-        flags = [flag.replace("${SGLANG_API_KEY}", "dry-parse-placeholder") for flag in service_flags(service)]
+        # As the role's verify: the launcher adds --api-key from the service's credential at start.
+        flags = service_flags(service) + (["--api-key", "dry-parse-placeholder"] if service.get("api_key") else [])
         environment = service_environment(service)
         result = run_module("spec_verify", {"stack": str(venv), "release": release, "flags": flags, "environment": environment})
         self.say("        " + "\n        ".join(result["matrix"]))

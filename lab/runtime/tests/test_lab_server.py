@@ -210,6 +210,13 @@ def test_api_key_like_sglang(fleet):
     assert metrics.status == 200 and "sglang:gen_throughput{" in metrics.text
 
 
+def test_server_args_line_shows_the_api_key_like_sglang(fleet):
+    """SGLang 0.5.23 logs every resolved field at start-up, the API key in clear; so does the lab, or the
+    collection's secrets test (tests/gitops/test_secrets.py) could not see a leak into the journal."""
+    line = next(line for line in ready(fleet, "none").log().splitlines() if "server_args=" in line)
+    assert "server_args={" in line and "'api_key': '%s'" % KEY in line and "'served_model_name': 'lab-8b'" in line
+
+
 # ---- speculative decoding: lossless, with real acceptance -----------------------------------------
 
 

@@ -48,6 +48,15 @@ def _sigquit_handler(signum, frame) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _server_args_for_logging(server_args) -> dict:
+    """SGLang 0.5.23's start-up line (``engine._server_args_for_logging``): every resolved field, only the
+    watermark keys redacted. The API key is in clear, as on a real server, so the lab shows whether the
+    collection keeps it out of the journal (docs/services.md, "The API key")."""
+    from sglang.srt.sampling.watermarking.core import redact_watermark_secrets
+
+    return redact_watermark_secrets(server_args.resolved_dict())
+
+
 def _crash_at_start(message: str) -> None:
     from .scheduler import fatal
 
@@ -136,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     plan = resolve_server_args(server_args)  # unknown algorithm -> ValueError (traceback, exit 1)
     cfg = resolving_view(server_args)
     faults = lab_env.faults
-    logger.info("server_args=%r", server_args)
+    logger.info("server_args=%s", _server_args_for_logging(server_args))
     logger.info(
         "lab runtime (ddtree_lab_runtime, not SGLang's scheduler): decoder=%s algorithm=%s "
         "budget=%s top_k=%s draft_len=%s faults=%s%s",

@@ -56,13 +56,24 @@ def test_ddtree_flags():
     ]
 
 
-def test_nextn_flags_api_key_reference_and_extra_args():
+def test_nextn_flags_and_extra_args_never_the_api_key():
     flags = services.service_flags(with_changes(CHAT, api_key="s3cret", extra_args=["--enable-metrics"]))
     assert flags[flags.index("--speculative-algorithm") + 1] == "NEXTN"
     assert flags[flags.index("--speculative-num-steps") + 1] == "3"
     assert "--speculative-draft-model-path" not in flags
-    assert flags[flags.index("--api-key") + 1] == "${SGLANG_API_KEY}" and "s3cret" not in flags
+    # The flags are the server's argv: the key reaches it on standard input instead.
+    assert "--api-key" not in flags and not any("s3cret" in flag or "API_KEY" in flag for flag in flags)
     assert flags[-1] == "--enable-metrics"
+
+
+@pytest.mark.parametrize("arg", ["--api-key", "--api-key=s3cret", "--admin-api-key"])
+def test_a_secret_flag_in_extra_args_is_refused_without_printing_its_value(arg):
+    problems = services.service_problems([with_changes(CODER, extra_args=["--enable-metrics", arg, "s3cret"])], EIGHT, "ct200")
+    flag = arg.split("=")[0]
+    assert problems == ["ct200: sglang_services[0] (coder): extra_args holds %s, which would put its value in the "
+                        "server's command line; set the service's api_key instead (it reaches the server on "
+                        "standard input)" % flag]
+    assert "s3cret" not in problems[0]
 
 
 def test_environment_never_holds_the_api_key():
