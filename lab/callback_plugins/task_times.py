@@ -1,7 +1,8 @@
 """Task times for the test suite: each task's wall time and CPU time, appended as JSON lines.
 
-Enabled by scripts/test for the lab stages (ANSIBLE_CALLBACKS_ENABLED=task_times, with
-DDTREE_TASK_TIMES naming the file); prints nothing, so the playbooks' output is unchanged.
+Loaded by scripts/test for the lab stages (ANSIBLE_CALLBACK_PLUGINS names this folder; it needs no
+enabling, so the callbacks ansible.cfg enables, such as the rollout report, stay as they are); writes
+only when DDTREE_TASK_TIMES names a file, and prints nothing.
 CPU time is what the task cost the machine whatever else ran beside it (wall time on a busy machine
 says little): the controller's own (this process and the workers it reaped) and each lab host's (its
 container's cgroup, the lab's containers only, found by DDTREE_LAB_ID). Part of the lab only:
@@ -54,7 +55,7 @@ class CallbackModule(CallbackBase):
     CALLBACK_VERSION = 2.0
     CALLBACK_TYPE = "aggregate"
     CALLBACK_NAME = "task_times"
-    CALLBACK_NEEDS_ENABLED = True
+    CALLBACK_NEEDS_ENABLED = False
 
     def __init__(self):
         super().__init__()
