@@ -12,19 +12,27 @@ repository (as a vault variable would put it there), and:
      and drop-ins, releases, state: gate results, baselines, history), every process's argv and
      environment, every journal field, every unit's loaded configuration.
 The only place it may be: the service's secret file (/etc/sglang/coder.api-key, 0600 root).
-Run by `scripts/test gitops`; `pytest tests/gitops/test_secrets.py` alone needs the controller venv on PATH.
+Run by `scripts/test secrets` (DDTREE_TEST_SECRETS=1; not part of `scripts/test`: about 10 minutes).
 """
 
 import json
+import os
 import secrets
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 import secret_search
 # The fixtures (lab, fleet) and the skip rule (pytestmark) are used by pytest, by name.
-from test_gitops import ARTIFACTS, REPO, fleet, lab, on_host, pytestmark, run, services  # noqa: F401 pylint: disable=unused-import
+from test_gitops import ARTIFACTS, REPO, fleet, lab, on_host, run, services  # noqa: F401 pylint: disable=unused-import
+from test_gitops import pytestmark as gitops_pytestmark
+
+# A lab of its own and two rollouts at -vvv: about 10 minutes on two cores, so a stage of its own
+# (`scripts/test secrets`), outside the suite's 15 minutes until it rides on test_gitops.py's rollouts.
+pytestmark = [gitops_pytestmark, pytest.mark.skipif(os.environ.get("DDTREE_TEST_SECRETS") != "1",
+                                                    reason="the secrets search runs in its own stage: scripts/test secrets")]
 
 SERVICE, HOST = "coder", "ct200"
 SECRET_FILE = "/etc/sglang/coder.api-key"
