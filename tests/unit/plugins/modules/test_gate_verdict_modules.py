@@ -33,7 +33,8 @@ def test_the_gate_records_its_verdict_pass_or_fail(host, tmp_path, capsys):
     assert record["verdict"] == "passed" and record["stage"] == "performance" and record["measurements"]["baseline"] == "recorded"
     # r2 answers differently: its gate fails at the baseline, and says so on the host.
     baseline = json.loads((tmp_path / "state" / "baseline.json").read_text())
-    baseline["baselines"]["coder"]["64"][PROMPT]["text"] = "2, 3, 5, 7, 11, 13, 17, 19, 23, 31"
+    (key,) = baseline["baselines"]  # the one key the gate recorded under (model, family, TP, SGLang version)
+    baseline["baselines"][key]["64"][PROMPT]["text"] = "2, 3, 5, 7, 11, 13, 17, 19, 23, 31"
     (tmp_path / "state" / "baseline.json").write_text(json.dumps(baseline))
     code, result = run_module(sglang_health, args(host, tmp_path, prompts=[PROMPT], release_id="r2", verdict_file=str(verdict_file)), capsys)
     assert code == 1 and result["recorded"]["verdict"] is True
