@@ -123,13 +123,11 @@ class CallbackModule(CallbackBase):
     def v2_playbook_on_handler_task_start(self, task):
         self._open_task(task)
 
-    def _seen(self, result):
+    def _seen(self, result, *args, **kwargs):  # on_failed also gets ignore_errors
         self._hosts.add(result._host.get_name())
 
     v2_runner_on_ok = v2_runner_on_failed = v2_runner_on_skipped = v2_runner_on_unreachable = _seen
-
-    def v2_runner_on_async_poll(self, result):
-        self._seen(result)
+    v2_runner_on_async_poll = _seen
 
     def v2_playbook_on_stats(self, stats):
         self._close_task()
