@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
 """Print where a lab stage spent its time, from lab/callback_plugins/task_times.py's JSON lines.
 
-usage: scripts/task_times.py FILE [N]   (the N costliest tasks by CPU, summed over repeats, default 15)
+usage: python3 scripts/task_times.py FILE [N]   (the N costliest tasks by CPU, summed over repeats, default 15)
 """
 
 import collections

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """List the files that decide the lab image with stacks (lab/image/build-stacked), one per line.
 
 The image is what playbooks/stacks.yml leaves in a lab container, so its inputs are the playbooks and
