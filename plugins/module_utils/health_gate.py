@@ -46,15 +46,25 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_unit import (
 
 STAGES = ("unit_watch", "health", "chat", "degenerate", "baseline", "performance")
 TEXT_LIMIT = 500  # characters of a generated text or an HTTP body kept in results
+# After a failed request, how long the gate waits for a unit whose journal shows a fatal error to go
+# down: SGLang 0.5.23's watchdog sleeps 5 s ("Sleeping 5 seconds before crash diagnostics") before it
+# kills its own process tree (H200, docs/evidence/gpu-sglang/gate-run2: the launcher died 5 s after the
+# watchdog's line). A unit still running after that is reported at the request's stage.
+DEATH_WAIT_S = 15.0
 
 
 class GateFailed(Exception):
-    """A stage failed: kind (the result's failure_kind), reason, and evidence for the result."""
+    """A stage failed: kind (the result's failure_kind), reason, and evidence for the result.
 
-    def __init__(self, kind: str, reason: str, **evidence):
+    stage names the failed stage when it is not the one running: a server that died during a later
+    stage fails at unit_watch.
+    """
+
+    def __init__(self, kind: str, reason: str, stage: str | None = None, **evidence):
         super().__init__(reason)
         self.kind = kind
         self.reason = reason
+        self.stage = stage
         self.evidence = evidence
 
 
@@ -157,6 +167,13 @@ class ServiceIO:
                 "error": redact(error, self.api_key)}
 
 
+def describe(answer: dict) -> str:
+    """A failed request's answer (ServiceIO.request) in a few words: its error, or its status and body."""
+    if answer["error"]:
+        return answer["error"]
+    return "HTTP %s: %s" % (answer["status"], answer["text"][:200])
+
+
 def _now_utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -192,6 +209,7 @@ class HealthGate:
         self.generations = []
         self._server_info = None  # /server_info's answer for the baseline key, fetched once
         self._key = None  # decoding_key()
+        self.ready_pid = None  # the unit's MainPID when unit_watch saw the port answer
 
     # ---- the run ---------------------------------------------------------------------------------
 
@@ -226,8 +244,9 @@ class HealthGate:
             self.result["journal_excerpt"] = self.watch.excerpt()
             self.result["signature_matches"] = self.watch.evidence()
         self.result.update(failure.evidence)
-        self.result.update(failed_stage=self.stage, failure_kind=failure.kind)
-        message = "%s failed at %s (%s): %s" % (self.unit, self.stage, failure.kind, failure.reason)
+        stage = failure.stage or self.stage
+        self.result.update(failed_stage=stage, failure_kind=failure.kind)
+        message = "%s failed at %s (%s): %s" % (self.unit, stage, failure.kind, failure.reason)
         return False, redact(message, self.params["api_key"]), self.result
 
     def read_record(self, path: str | None) -> dict | None:
@@ -256,25 +275,56 @@ class HealthGate:
         self.result["unit_state"].update({key: self.watch.unit.get(key) for key in ("phase", "kind", "reason", "state")})
         return state
 
-    def fail_from_watch(self):
+    def fail_from_watch(self, stage: str | None = None, prefix: str = "", **evidence):
         """The watch failed: fetch the kernel log when it may tell an OOM, and raise with the evidence."""
-        evidence = {}
         if wants_kernel_log(self.watch.unit):
             pids = [self.result["unit_state"]["properties"].get("ExecMainPID")]
             oom = kernel_oom_lines(self.io.kernel_lines(self.since), self.unit, pids)
             evidence["kernel_log"] = oom
             self.watch.refine(oom)
         failure = self.watch.failure
-        raise GateFailed(failure["kind"], failure["reason"], **evidence)
+        raise GateFailed(failure["kind"], prefix + failure["reason"], stage=stage, **evidence)
 
-    def check_unit(self):
-        """Between requests: fail (after the settle poll) if the unit or journal shows a fatal error."""
+    def check_unit(self, request: str, problem: str):
+        """A request failed after the port answered: read the unit and its journal again.
+
+        - The server died: the unit is no longer running (failed, exited, restarted by systemd), or its
+          main process is not the one that became ready (someone restarted it). -> fail at unit_watch with
+          the cause the journal and the unit give, naming the stage and the request it interrupted.
+        - The journal shows a fatal error while the unit still runs: SGLang is about to kill its process
+          tree, so wait (up to DEATH_WAIT_S) for the unit to go down; still running -> fail at this stage
+          with the journal's cause.
+        - Nothing wrong with the unit: return, and the caller reports the request's failure at its stage.
+        """
         state = self.watch_once(port_open=True)
-        while state["state"] == "failing":
+        while state["state"] == "failing":  # the settle poll: the traceback's end and the unit's final state
             self.sleep(self.params["poll_interval"])
             state = self.watch_once(port_open=True)
+        deadline = self.clock() + DEATH_WAIT_S
+        while state["state"] == "failed" and self.watch.unit["alive"] and not self.pid_changed() and self.clock() < deadline:
+            self.sleep(self.params["poll_interval"])
+            state = self.watch.follow(self.unit_props(), self.io.journal_lines(self.since))
+        self.result["unit_state"].update({key: self.watch.unit.get(key) for key in ("phase", "kind", "reason", "state")})
+        died = not self.watch.unit["alive"] or self.pid_changed()
+        if not died:
+            if state["state"] == "failed":
+                self.fail_from_watch()
+            return
+        props = self.result["unit_state"]["properties"]
+        died_during = {"stage": self.stage, "request": request, "error": problem, "main_pid_at_ready": self.ready_pid,
+                       "main_pid_now": props.get("MainPID")}
+        prefix = "the server died during the %s stage (%s failed: %s): " % (self.stage, request, problem)
         if state["state"] == "failed":
-            self.fail_from_watch()
+            self.fail_from_watch(stage="unit_watch", prefix=prefix, died_during=died_during)
+        # Running, nothing fatal in the journal, but another main process: restarted behind the gate's back.
+        raise GateFailed("restarted", "%sthe unit's main process is PID %s, not PID %s that answered on the port: it "
+                         "was restarted (%s)" % (prefix, props.get("MainPID"), self.ready_pid, self.watch.unit["reason"]),
+                         stage="unit_watch", died_during=died_during)
+
+    def pid_changed(self) -> bool:
+        """Whether the unit's main process is another than the one that became ready (0: none now)."""
+        now = self.result["unit_state"]["properties"].get("MainPID")
+        return bool(self.ready_pid) and self.ready_pid != "0" and now not in (None, "", "0") and now != self.ready_pid
 
     def stage_unit_watch(self):
         props = self.unit_props()
@@ -298,6 +348,7 @@ class HealthGate:
             if state["state"] == "failed":
                 self.fail_from_watch()
             if state["state"] == "ready":
+                self.ready_pid = self.result["unit_state"]["properties"].get("MainPID")
                 return
             self.sleep(self.params["poll_interval"])
 
@@ -326,7 +377,7 @@ class HealthGate:
             self.result["health"].update(status=answer["status"], latency_s=answer["seconds"])
             if answer["status"] == 200:
                 return
-            self.check_unit()
+            self.check_unit("GET %s" % path, describe(answer))
             if self.clock() >= deadline:
                 break
             self.sleep(max(0.0, min(self.params["poll_interval"], deadline - self.clock())))
@@ -350,6 +401,7 @@ class HealthGate:
         try:
             return answer["data"]["data"][0]["id"]
         except (TypeError, KeyError, IndexError):
+            self.check_unit("GET /v1/models", describe(answer))
             raise GateFailed("chat", "could not read the served model name from /v1/models (%s): %s" % (
                 answer["status"] or answer["error"], answer["text"][:200]))
 
@@ -371,7 +423,7 @@ class HealthGate:
                         "seconds": answer["seconds"]}
             except (TypeError, KeyError, IndexError):
                 problem = "an answer that is not a chat completion: %s" % answer["text"][:300]
-        self.check_unit()  # a crash explains a failed request better than the request does
+        self.check_unit(what, problem)  # a crash explains a failed request better than the request does
         kind = "chat_timeout" if answer["error"] and answer["error"].startswith("timed out") else "chat"
         raise GateFailed(kind, "%s: /v1/chat/completions failed although %s answered 200: %s" % (
             what, self.params["health_path"], problem))
@@ -393,6 +445,8 @@ class HealthGate:
         """/server_info, once per run, for the baseline key: -> the request's answer (ServiceIO.request)."""
         if self._server_info is None:
             self._server_info = self.io.request("GET", "/server_info", timeout=self.params["request_timeout"], auth=True)
+            if self._server_info["status"] != 200:
+                self.check_unit("GET /server_info", describe(self._server_info))
         return self._server_info
 
     def decoding_key(self) -> dict:
@@ -467,6 +521,8 @@ class HealthGate:
         # Read anew: the acceptance length must include the baseline stage's requests (measured on the H200:
         # the answer fetched for the baseline key, before them, had none yet on a fresh server).
         info = self.io.request("GET", "/server_info", timeout=params["request_timeout"], auth=True)
+        if info["status"] != 200:
+            self.check_unit("GET /server_info", describe(info))
         try:
             current["accept_length"] = info["data"]["internal_states"][0].get("avg_spec_accept_length")
         except (TypeError, KeyError, IndexError, AttributeError):

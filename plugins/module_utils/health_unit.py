@@ -307,6 +307,16 @@ class StartWatch:
         self.failure = dict(diagnosis, state="failed")
         return self.failure
 
+    def follow(self, props: dict, new_lines=()) -> dict:
+        """After a failure from fatal evidence: take the unit's later state and journal lines, and diagnose
+        again. SGLang kills its process tree seconds after a child's fatal line (its watchdog sleeps 5 s
+        first), so the unit may only show the death, and its exit status, on a later look."""
+        if self.failure and self.failure["kind"] not in ("no_progress", "start_timeout"):
+            self._take_lines(self.now, new_lines)
+            self.unit = classify_unit(props, self.restarts_at_start)
+            self.failure = dict(diagnose_failure(self.unit, self.matches, self.lines), state="failed")
+        return self.failure
+
     def refine(self, oom_lines) -> dict:
         """Re-diagnose a failure with the kernel's OOM lines (fetched only when wants_kernel_log)."""
         if self.failure and self.failure["kind"] not in ("no_progress", "start_timeout") and oom_lines:

@@ -4,6 +4,8 @@
 real processes and a real HTTP server.)
 """
 
+import pathlib
+
 import pytest
 from health_samples import FAILED_KILL, GOOD_START, SCHEDULER_CRASH, props
 
@@ -14,6 +16,7 @@ GOOD_TEXT = "The capital of France is Paris, and the Seine runs through it."
 BASELINE = "/var/lib/sglang/coder/baseline.json"
 KEY = "coder | DFLASH | tp 1 | sglang 0.5.23"  # what ScriptedHost's /server_info makes the baseline key
 METRICS = "/var/lib/sglang/coder/metrics.json"
+JOURNALS = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "sglang-journals"
 
 
 def gate_params(**overrides):
@@ -134,7 +137,10 @@ def test_a_crash_during_the_chat_is_reported_as_the_crash(clock):
 
     host.on_chat = crash
     passed, message, result, _written, _warnings = run(host, clock)
-    assert not passed and result["failed_stage"] == "chat" and result["failure_kind"] == "scheduler_exception"
+    # The unit is down: the server died, so the gate fails at unit_watch, naming the stage it interrupted.
+    assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "scheduler_exception"
+    assert result["stage"] == "chat" and result["died_during"]["stage"] == "chat"
+    assert "the server died during the chat stage (the chat request failed: RemoteDisconnected" in message
     assert "the scheduler hit an exception: 'RuntimeError: DDTree" in message
     assert result["journal_excerpt"][-1].startswith("sglang-coder.service: Failed with result")
 
@@ -267,3 +273,122 @@ def test_the_acceptance_length_is_read_after_the_baseline_requests(clock):
     passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
     assert passed, message
     assert result["performance"]["accept_length"] == 5.0 and served[-1] == 2
+
+
+# ---- a server that dies after it became ready (docs/health-gate.md, "A server that dies during the gate")
+
+def chat_failing_at(host, number, error, then=None):
+    """Make the host's chat request `number` (1: the chat stage, 2: the first baseline prompt) fail with
+    `error`; `then(host)` changes the host as the failure happens (the server dying)."""
+    calls = []
+
+    def on_chat(answer):
+        calls.append(1)
+        if len(calls) == number:
+            if then:
+                then(host)
+            return dict(answer, status=None, error=error)
+        return dict(answer, data={"choices": [{"message": {"content": GOOD_TEXT}, "finish_reason": "length"}],
+                                  "usage": {"completion_tokens": 32}})
+
+    host.on_chat = on_chat
+
+
+def test_a_scheduler_killed_during_the_baseline_fails_at_unit_watch_with_the_watchdogs_line(clock):
+    # The real journal of a DFLASH server whose scheduler was SIGKILLed on the H200 (gate-run2): SGLang's
+    # watchdog names the dead child, sleeps 5 s, then kills its own tree; the unit goes down only then.
+    lines = (JOURNALS / "scheduler-killed-dflash.log").read_text().splitlines()
+    crash_at = next(i for i, line in enumerate(lines) if "Triggering SIGQUIT" in line)
+    torn_down_at = next(i for i, line in enumerate(lines) if "No live scheduler processes" in line)
+    host = ScriptedHost(clock, journal=lines[:crash_at])
+    looks = []
+
+    def unit_properties():  # running for two more looks (the watchdog's 5 s sleep), then killed
+        looks.append(clock.now)
+        if len(looks) <= 2:
+            return props()
+        host.journal += lines[torn_down_at:]  # the tree's tear-down, as the unit goes down
+        host.unit_properties = lambda: FAILED_KILL
+        return FAILED_KILL
+
+    def scheduler_killed(host):
+        host.journal += lines[crash_at:torn_down_at]
+        looks.clear()
+        host.unit_properties = unit_properties
+
+    chat_failing_at(host, 2, "RemoteDisconnected: Remote end closed connection without response", scheduler_killed)
+    passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
+    assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "child_crashed"
+    assert message.startswith("sglang-coder.service failed at unit_watch (child_crashed): the server died during the "
+                              "baseline stage (baseline prompt 'List the first ten prime numbers")
+    assert "Subprocess scheduler_0 (pid=2373) crashed with exit code -9" in message
+    assert "status=9/KILL" in message  # the unit's own word, read once it went down
+    assert result["died_during"] == {"stage": "baseline", "request": "baseline prompt 'List the first ten prime numbers, separated by commas.'",
+                                     "error": "RemoteDisconnected: Remote end closed connection without response",
+                                     "main_pid_at_ready": "4182", "main_pid_now": "0"}
+    assert result["stage"] == "baseline" and "baseline" in result["timings"] and len(looks) == 3
+    assert result["unit_state"]["state"] == "failed/failed" and "kill_process_tree" in result["journal_excerpt"][-1]
+
+
+def test_a_launcher_killed_during_the_baseline_fails_at_unit_watch_as_killed_from_outside(clock):
+    host = ScriptedHost(clock, journal=GOOD_START)
+    chat_failing_at(host, 2, "ConnectionRefusedError: [Errno 111] Connection refused",
+                    lambda host: setattr(host, "units", [FAILED_KILL]))
+    passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
+    assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "killed"
+    assert "the server died during the baseline stage" in message and "Connection refused" in message
+    assert "status=9/KILL by something outside SGLang" in message
+
+
+@pytest.mark.parametrize("error", ["ConnectionResetError: [Errno 104] Connection reset by peer", "timed out after 60.0 s"])
+def test_a_failed_request_with_a_healthy_unit_stays_at_its_stage(clock, error):
+    host = ScriptedHost(clock, journal=GOOD_START)
+    chat_failing_at(host, 2, error)
+    passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
+    assert not passed and result["failed_stage"] == "baseline" and "died_during" not in result
+    assert result["failure_kind"] == ("chat_timeout" if error.startswith("timed out") else "chat")
+    assert message.startswith("sglang-coder.service failed at baseline (") and error in message
+
+
+def test_a_server_error_with_a_healthy_unit_stays_at_its_stage(clock):
+    host = ScriptedHost(clock, journal=GOOD_START)
+    host.on_chat = lambda answer: dict(answer, status=500, text='{"object": "error", "message": "Internal server error"}')
+    passed, message, result, _written, _warnings = run(host, clock)
+    assert not passed and result["failed_stage"] == "chat" and result["failure_kind"] == "chat"
+    assert "HTTP 500" in message and "died_during" not in result
+
+
+def test_a_unit_restarted_behind_the_gates_back_fails_at_unit_watch(clock):
+    # `systemctl restart` by someone else: the unit is active again, nothing fatal in the journal, but
+    # its main process is not the one that became ready.
+    host = ScriptedHost(clock, journal=GOOD_START)
+    chat_failing_at(host, 2, "RemoteDisconnected: Remote end closed connection without response",
+                    lambda host: setattr(host, "units", [props(MainPID="5120", ExecMainPID="5120")]))
+    passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
+    assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "restarted"
+    assert "the unit's main process is PID 5120, not PID 4182 that answered on the port" in message
+
+
+def test_a_server_info_that_fails_because_the_server_died_fails_at_unit_watch(clock):
+    # /server_info is the baseline stage's first request (the baseline key).
+    host = ScriptedHost(clock, journal=GOOD_START)
+    original = host.request
+
+    def request(method, path, body=None, timeout=10.0, auth=False):
+        if path == "/server_info":
+            host.units = [FAILED_KILL]
+            return {"status": None, "data": None, "text": "", "seconds": 0.0, "error": "ConnectionRefusedError: refused"}
+        return original(method, path, body, timeout, auth)
+
+    host.request = request
+    passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
+    assert not passed and result["failed_stage"] == "unit_watch" and result["died_during"]["request"] == "GET /server_info"
+
+
+def test_a_fatal_journal_line_on_a_unit_that_keeps_running_is_reported_at_the_requests_stage(clock):
+    host = ScriptedHost(clock, journal=GOOD_START)
+    chat_failing_at(host, 2, "timed out after 60.0 s", lambda host: host.journal.extend(SCHEDULER_CRASH[2:-3]))
+    passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
+    assert not passed and result["failed_stage"] == "baseline" and result["failure_kind"] == "scheduler_exception"
+    assert "RuntimeError: DDTree verify" in message and "died_during" not in result
+    assert result["timings"]["baseline"] >= 15  # it waited DEATH_WAIT_S for the unit to go down

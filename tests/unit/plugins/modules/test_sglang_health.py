@@ -360,8 +360,8 @@ def test_crash_during_chat_is_reported_as_the_crash(host, tmp_path, capsys):
     host.server.on_chat = lambda body: (host.log(*CRASH_LINES), host.set_props(FAILED_KILL))
     host.server.listen()
     code, result = run_module(sglang_health, args(host, tmp_path), capsys)
-    assert code == 1 and result["failed_stage"] == "chat" and result["failure_kind"] == "scheduler_exception"
-    assert "illegal memory access" in result["msg"]
+    assert code == 1 and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "scheduler_exception"
+    assert result["died_during"]["stage"] == "chat" and "illegal memory access" in result["msg"]
 
 
 def test_key_is_never_returned(host, tmp_path, capsys):
