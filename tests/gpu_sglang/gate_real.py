@@ -17,6 +17,11 @@ Scenarios (docs/health-gate.md, "Measured on real SGLang"):
           (previous metrics). DDTREE with a planted lossy greedy walk (plant_greedy_lossy_walk.py):
           must fail at the baseline stage. DDTREE killed (SIGKILL) while starting: must fail at
           unit_watch with its cause.
+  GATE_PLAN=killed (docs/evidence/gpu-sglang/gate-run3): three DDTREE servers started together, each gated
+          from its start. One passes, then is gated again with a request timeout too short for any answer
+          (a failed request on a healthy unit: it must stay at its stage). In the other two the launcher,
+          or its scheduler, is SIGKILLed just before the gate's first baseline generation: each must fail
+          at unit_watch with its cause (the gate reads the unit and journal again after the failed request).
 Writes OUT/gate-results.json (each run's passed, message and result), OUT/baseline.json, OUT/metrics.json,
 OUT/conformance/*.json and the servers' logs (OUT/server-*.log).
 """
@@ -71,6 +76,7 @@ class ProcessIO(health_gate.ServiceIO):
         self.offset = 0
         self.partial = ""
         self.before_request = None  # a hook (method, path) -> None, for faults during a run
+        self.gate = None  # the HealthGate using this IO (run_gate sets it), so a hook can read its stage
 
     def unit_properties(self):
         proc = self.server.proc
@@ -147,6 +153,7 @@ def run_gate(label, server, io, **overrides):
     started = time.time()
     try:
         gate = health_gate.HealthGate(params, io, warn=warnings.append, write=write_merged)
+        io.gate = gate
         passed, message, result = gate.run()
     except Exception:  # noqa: BLE001 (a harness error is recorded, the other scenarios go on)
         passed, message, result = None, traceback.format_exc(), {}
@@ -336,6 +343,65 @@ def crash_radix(server):
              start_timeout=200)
 
 
+def kill_in_baseline(label, server, io, victim):
+    """A before_request hook: SIGKILL the launcher (victim "launcher") or its scheduler ("scheduler")
+    just before the gate's first baseline generation (its first POST in the baseline stage)."""
+    def hook(method, path):
+        if label in KILLS or method != "POST" or io.gate is None or io.gate.stage != "baseline":
+            return
+        pids = [server.proc.pid] if victim == "launcher" else [
+            pid for pid, args in children(server.proc.pid) if "scheduler" in args]
+        KILLS[label] = {"victim": victim, "pids": pids, "children_before": children(server.proc.pid),
+                        "at_s": round(time.monotonic() - server.t0_monotonic, 1), "gate_stage": io.gate.stage,
+                        "monotonic": time.monotonic()}
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    return hook
+
+
+KILLS = {}
+
+
+@guarded
+def killed_in_baseline(server, victim):
+    label = "ddtree-%s-killed" % victim
+    io = ProcessIO(server, log_path(server))
+    io.before_request = kill_in_baseline(label, server, io, victim)
+    entry = run_gate(label, server, io, baseline_file=BASELINE)
+    kill = KILLS.get(label, {})
+    kill["verdict_after_kill_s"] = round(time.monotonic() - kill.pop("monotonic", time.monotonic()), 1)
+    kill["launcher_rc_at_verdict"] = server.proc.poll()
+    entry["kill"] = kill
+    with LOCK:
+        dump()
+
+
+@guarded
+def healthy_then_short_timeout(server):
+    first = run_gate("ddtree", server, ProcessIO(server, log_path(server)), baseline_file=BASELINE, metrics_file=METRICS,
+                     record_metrics=True)
+    io = ProcessIO(server, log_path(server))
+    io.offset = os.path.getsize(log_path(server))
+    # The served model name given, so the first request the short timeout fails is the chat completion.
+    model = ((first.get("result") or {}).get("chat") or {}).get("model")
+    entry = run_gate("ddtree-request-timeout", server, io, baseline_file=BASELINE, since="now", request_timeout=0.001,
+                     model=model)
+    entry["launcher_rc_at_verdict"] = server.proc.poll()
+    with LOCK:
+        dump()
+
+
+def plan_killed(models, release, servers, threads):
+    plan = [(Server("ddtree", "DDTREE", release, 31020, models), healthy_then_short_timeout, ()),
+            (Server("ddtree-launcher-killed", "DDTREE", release, 31021, models), killed_in_baseline, ("launcher",)),
+            (Server("ddtree-scheduler-killed", "DDTREE", release, 31022, models), killed_in_baseline, ("scheduler",))]
+    for server, fn, extra in plan:
+        server.start()
+        servers.append(server)
+        threads.append(threading.Thread(target=fn, args=(server,) + extra))
+        threads[-1].start()
+
+
 def wait_started(servers, limit):
     """Until each server has logged "fired up" (its warm-up ran, so its JIT kernels are in the shared
     cache for the next wave) or exited."""
@@ -375,6 +441,35 @@ def with_chat_template(models):
     return target
 
 
+def plan_waves(models, release, lossy, servers, threads):
+    none = Server("none", "NONE", release, 31000, models)
+    dflash = Server("dflash", "DFLASH", release, 31001, models)
+    radix = Server("none-radix-cache", "NONE", release, 31002, models, drop=("--disable-radix-cache",))
+    wave1 = [(none, healthy, ("none",)), (dflash, wave1_dflash, ())]
+    if os.environ.get("GATE_CRASHES", "1") == "1":
+        wave1.append((radix, crash_radix, ()))
+    for server, fn, extra in wave1:
+        SERVERS[server.name] = server
+        server.start()
+        servers.append(server)
+        threads.append(threading.Thread(target=fn, args=(server,) + extra))
+        threads[-1].start()
+    if os.environ.get("GATE_WAVES", "2") == "2":
+        wait_started([none, dflash], 200)
+    log("wave 1 up")
+    ddtree = Server("ddtree", "DDTREE", release, 31010, models)
+    lossy_server = Server("ddtree-lossy", "DDTREE", lossy, 31011, models)
+    killed = Server("ddtree-killed", "DDTREE", release, 31012, models)
+    wave2 = [(ddtree, wave2_ddtree), (lossy_server, wave2_lossy)]
+    if os.environ.get("GATE_CRASHES", "1") == "1":
+        wave2.append((killed, wave2_killed))
+    for server, fn in wave2:
+        server.start()
+        servers.append(server)
+        threads.append(threading.Thread(target=fn, args=(server,)))
+        threads[-1].start()
+
+
 def main():
     global OUT, BASELINE, METRICS
     OUT, models = sys.argv[1], sys.argv[2]
@@ -388,33 +483,11 @@ def main():
                         os.path.join(lossy, "sglang_overlay", "adapter", "worker.py")], check=False)
     servers = []
     try:
-        none = Server("none", "NONE", release, 31000, models)
-        dflash = Server("dflash", "DFLASH", release, 31001, models)
-        radix = Server("none-radix-cache", "NONE", release, 31002, models, drop=("--disable-radix-cache",))
-        wave1 = [(none, healthy, ("none",)), (dflash, wave1_dflash, ())]
-        if os.environ.get("GATE_CRASHES", "1") == "1":
-            wave1.append((radix, crash_radix, ()))
         threads = []
-        for server, fn, extra in wave1:
-            SERVERS[server.name] = server
-            server.start()
-            servers.append(server)
-            threads.append(threading.Thread(target=fn, args=(server,) + extra))
-            threads[-1].start()
-        if os.environ.get("GATE_WAVES", "2") == "2":
-            wait_started([none, dflash], 200)
-        log("wave 1 up")
-        ddtree = Server("ddtree", "DDTREE", release, 31010, models)
-        lossy_server = Server("ddtree-lossy", "DDTREE", lossy, 31011, models)
-        killed = Server("ddtree-killed", "DDTREE", release, 31012, models)
-        wave2 = [(ddtree, wave2_ddtree), (lossy_server, wave2_lossy)]
-        if os.environ.get("GATE_CRASHES", "1") == "1":
-            wave2.append((killed, wave2_killed))
-        for server, fn in wave2:
-            server.start()
-            servers.append(server)
-            threads.append(threading.Thread(target=fn, args=(server,)))
-            threads[-1].start()
+        if os.environ.get("GATE_PLAN") == "killed":
+            plan_killed(models, release, servers, threads)
+        else:
+            plan_waves(models, release, lossy, servers, threads)
         deadline = float(os.environ.get("GATE_LIMIT", "400"))
         for thread in threads:
             thread.join(max(1.0, deadline - (time.time() - T0)))
