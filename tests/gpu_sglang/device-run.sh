@@ -5,7 +5,9 @@
 #   sampled the T = 1 runs of tp1 again, one --random-seed per server -> results-sampled.json
 #   tp2     the TP=2 scenario (scenario.py tp2, kind nvidia-h200-x2) -> results-tp2.json
 #   topk    the fused draft top-k benchmark (sglang_overlay/benchmarks/draft_topk.py) -> results-topk.json
-#   perf    tokens/s of NONE, DFLASH, DDTREE eager and in graphs (perf.py) -> results-perf.json
+#   perf    tokens/s of NONE, DFLASH, DDTREE before and after (perf.py) -> results-perf.json
+#   stage   the graphed tree stage == the eager one, and its time (sglang_overlay/tests/adapter/
+#           gpu_stage_check.py) -> results-stage.json
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
 # Models: from `train` in the same call, else .cache/gpu-sglang/models, else /tmp/gs/models (an earlier
 # call on this warm machine), else docs/evidence/gpu-sglang/models.tgz.
@@ -36,6 +38,9 @@ for step in "$@"; do
     tp1|sampled|tp2) timeout "$(left)" python3 "$H/scenario.py" "$W/logs" "$MODELS" "$step" 2>&1 | tail -20 ;;
     topk) PYTHONPATH=$REPO/sglang_overlay/src timeout 240 python3 "$REPO/sglang_overlay/benchmarks/draft_topk.py" \
             --json "$W/logs/results-topk.json" 2>&1 | tee "$W/logs/topk.log" | tail -20 ;;
+    stage) TRITON_INTERPRET=0 timeout 150 python3 "$REPO/sglang_overlay/tests/adapter/gpu_stage_check.py" \
+            > "$W/logs/results-stage.json" 2> "$W/logs/stage.log"; echo "stage rc $?"
+           tail -25 "$W/logs/results-stage.json"; tail -5 "$W/logs/stage.log" ;;
     perf) timeout "$(left)" python3 "$H/perf.py" "$W/logs" "$MODELS" "${PERF_ROUNDS:-3}" 2>&1 | tail -60 ;;
     checks) timeout "${CHECKS_LIMIT:-540}" python3 "$H/device_checks.py" "$W/logs" "$MODELS" 2>&1 | tail -20 ;;
     *) echo "unknown step $step" ;;

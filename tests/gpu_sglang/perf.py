@@ -1,9 +1,12 @@
-"""Tokens/s of NONE, DFLASH and DDTREE (tree verify eager = before, in CUDA graphs = after) in one run.
+"""Tokens/s of NONE, DFLASH and DDTREE before and after a change, in one run.
 
 Usage (on the device, after device-setup.sh): python perf.py OUT MODELS [ROUNDS]
 All servers take scenario.py's flags (CUDA graphs on for every one); they differ only in the algorithm
-and, for `ddtree-eager`, DDTREE_EAGER_TREE_VERIFY=1 (the overlay then captures DFLASH's causal verify
-graphs and runs the tree verify eagerly, as every release before issue 19 did). NONE starts first (it
+and, for `ddtree-before`, the environment PERF_BEFORE_ENV names (default DDTREE_EAGER_TREE_STAGE=1: the
+tree stage runs eagerly every step, as before issue 19's second session; DDTREE_EAGER_TREE_VERIFY=1
+measures the tree verify outside the target's graphs, the first session's "before").
+PERF_STEP_TIMING=N sets DDTREE_STEP_TIMING=N on both DDTREE servers (host ms per part of the tree step,
+logged every N steps; the last lines land in results-perf.json). NONE starts first (it
 fills the JIT cache), then the other three together; then the measurements run one server at a time
 (the others idle), ROUNDS rounds (default 3) of 1, 16 and 64 concurrent greedy requests (T = 0, 64 new
 tokens, ignore_eos) on the held-out prompts: 8, 32 and 64 requests. tokens/s = completion tokens / wall
@@ -44,9 +47,14 @@ def main():
     prompts = sl.greedy_prompts(lang)
     servers = [sc.Server("perf-none", "NONE", sc.RELEASE, 30100, out, models),
                sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models),
-               sc.Server("perf-ddtree-eager", "DDTREE", sc.RELEASE, 30102, out, models),
+               sc.Server("perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models),
                sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models)]
-    servers[2].env["DDTREE_EAGER_TREE_VERIFY"] = "1"
+    name, _, value = os.environ.get("PERF_BEFORE_ENV", "DDTREE_EAGER_TREE_STAGE=1").partition("=")
+    servers[2].env[name] = value
+    servers[2].info["env"] = "%s=%s" % (name, value)
+    if os.environ.get("PERF_STEP_TIMING"):
+        for s in servers[2:]:
+            s.env["DDTREE_STEP_TIMING"] = os.environ["PERF_STEP_TIMING"]
     t0 = time.time()
     doc = {"plan": "perf", "rounds": rounds, "requests": CONCURRENCY, "new_tokens": sc.GREEDY_NEW,
            "servers": {s.name: s.info for s in servers}, "runs": [], "outputs": {}}
@@ -86,10 +94,16 @@ def main():
                 s.info["graph_decode_batches"] = len(re.findall(r"cuda graph: True", log))
                 s.info["eager_decode_batches"] = len(re.findall(r"cuda graph: False", log))
                 s.info["ddtree_ready_line"] = (re.findall(r"DDTREE worker ready[^\n]*", log) or [None])[0]
+                s.info["ddtree_graph_line"] = (re.findall(r"DDTREE tree verify:[^\n]*", log) or [None])[0]
+                s.info["step_timing"] = re.findall(r"DDTREE step timing[^\n]*", log)[-6:]
             except OSError:
                 pass
         save()
     print_table(doc)
+    for s in servers[2:]:
+        print("[perf] %s: %s; %s" % (s.name, s.info.get("ddtree_graph_line"), s.info.get("env", "")))
+        for line in s.info.get("step_timing") or []:
+            print("[perf] %s %s" % (s.name, line))
     print("[perf] done in %.0f s" % (time.time() - t0), flush=True)
 
 
@@ -110,7 +124,7 @@ def print_table(doc):
         cells = ["%s (%s)" % (med.get((name, c)), ", ".join(str(x) for x in by.get((name, c), []))) for c in CONCURRENCY]
         a = acc.get(name)
         print("| %s | %s | %s |" % (name, " | ".join(cells), ("%.2f" % (sum(a) / len(a))) if a else "-"))
-    for name in ("perf-ddtree-eager", "perf-ddtree"):
+    for name in ("perf-ddtree-before", "perf-ddtree"):
         for c in CONCURRENCY:
             d, t = med.get(("perf-dflash", c)), med.get((name, c))
             if d and t:
@@ -118,12 +132,12 @@ def print_table(doc):
                 print("%s / DFLASH at c%d: %.3f (per round %s)" % (name, c, t / d, runs))
     outs = doc["outputs"]
     for c in (1, 16):
-        ref = outs.get("perf-ddtree-eager/c%d" % c)
+        ref = outs.get("perf-ddtree-before/c%d" % c)
         for name in ("perf-none", "perf-dflash", "perf-ddtree"):
             got = outs.get("%s/c%d" % (name, c))
             if ref is not None and got is not None:
                 same = sum(1 for a, b in zip(ref, got) if a == b)
-                print("greedy c%d: %s == ddtree-eager on %d of %d prompts" % (c, name, same, len(ref)))
+                print("greedy c%d: %s == ddtree-before on %d of %d prompts" % (c, name, same, len(ref)))
 
 
 if __name__ == "__main__":

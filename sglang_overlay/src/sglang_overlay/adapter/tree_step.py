@@ -10,6 +10,8 @@ Order of one step (``bs`` requests, verify window ``W``, drafter block ``L + 1 =
 2. ``head_topk``: rows 1..L through the target LM head -> per-position top-k log-probs.
 3. core: best-first tree per request under the budget, padded to ``W`` slots; SGLang's FULL
    custom mask, positions ``prefix + depth`` and EAGLE verify links (``tree_verify``).
+   Steps 2-3 but the FULL mask are the *tree stage* (``stage``): fixed shapes, no host sync; the
+   worker replays it from a CUDA graph per batch size (``tree_stage.GraphedTreeStage``).
 4. ``verify``: the target's TARGET_VERIFY forward over the tree (eager, tree mask) ->
    logits per row and the target hidden states DFlash's drafter conditions on.
 5. ``accept``: SGLang's tree acceptance (``eagle_sample``: greedy or target-only sampling).
@@ -25,7 +27,14 @@ from typing import Any, Callable, Optional, Protocol
 import torch
 
 from .settings import ResolvedDDTree
-from .tree_verify import AcceptedStep, TreeVerifyTensors, accepted_step, build_tree_verify_tensors
+from .tree_verify import (
+    AcceptedStep,
+    TreeLayout,
+    TreeVerifyTensors,
+    accepted_step,
+    tree_layout,
+    verify_tensors_from_layout,
+)
 
 
 class TreeStepPorts(Protocol):
@@ -53,14 +62,41 @@ class TreeStepResult:
 
 
 def draft_topk_from_hidden(
-    ports: TreeStepPorts, hidden: torch.Tensor, k: int
+    head_topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]], hidden: torch.Tensor, k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-position top-k of the drafter's block rows 1..L: ``[bs, L, k]`` each."""
     bs, width, size = (int(d) for d in hidden.shape)
     rows = hidden[:, 1:, :].reshape(bs * (width - 1), size)
-    log_probs, token_ids = ports.head_topk(rows, k)
+    log_probs, token_ids = head_topk(rows, k)
     k_out = int(log_probs.shape[-1])
     return log_probs.view(bs, width - 1, k_out), token_ids.view(bs, width - 1, k_out)
+
+
+def tree_stage(
+    head_topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
+    settings: ResolvedDDTree,
+    builder: Optional[Callable[..., Any]] = None,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], TreeLayout]:
+    """Steps 2-3 as one function ``(hidden [bs, W, H], root_tokens [bs], prefix_lens [bs]) -> TreeLayout``.
+
+    Fixed shapes and no host sync when ``head_topk`` and ``builder`` have none (the worker's dense
+    head and the tree kernel), so it can be captured in a CUDA graph.
+    """
+
+    def stage(hidden: torch.Tensor, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> TreeLayout:
+        log_probs, token_ids = draft_topk_from_hidden(head_topk, hidden, settings.effective_top_k)
+        return tree_layout(
+            log_probs,
+            token_ids,
+            root_tokens=root_tokens,
+            prefix_lens=prefix_lens,
+            budget=settings.budget,
+            top_k=settings.effective_top_k,
+            window=settings.window,
+            builder=builder,
+        )
+
+    return stage
 
 
 def run_tree_step(
@@ -70,10 +106,12 @@ def run_tree_step(
     prefix_lens: torch.Tensor,
     prefix_lens_cpu: Optional[torch.Tensor] = None,
     builder: Optional[Callable[..., Any]] = None,
+    stage: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], TreeLayout]] = None,
 ) -> TreeStepResult:
     """One DDTree decode step for a batch (see the module docstring).
 
-    ``builder`` replaces the core's batched tree builder (same signature and output).
+    ``builder`` replaces the core's batched tree builder (same signature and output); ``stage``
+    replaces steps 2-3 as a whole (default: ``tree_stage(ports.head_topk, settings, builder)``).
     """
     hidden = ports.draft_hidden(root_tokens, prefix_lens)
     if int(hidden.shape[1]) != settings.window:
@@ -81,18 +119,10 @@ def run_tree_step(
             f"DDTREE: drafter returned {int(hidden.shape[1])} rows per request, expected the "
             f"verify window {settings.window}"
         )
-    log_probs, token_ids = draft_topk_from_hidden(ports, hidden, settings.effective_top_k)
-    tensors = build_tree_verify_tensors(
-        log_probs,
-        token_ids,
-        root_tokens=root_tokens,
-        prefix_lens=prefix_lens,
-        budget=settings.budget,
-        top_k=settings.effective_top_k,
-        window=settings.window,
-        prefix_lens_cpu=prefix_lens_cpu,
-        builder=builder,
-    )
+    if stage is None:
+        stage = tree_stage(ports.head_topk, settings, builder)
+    layout = stage(hidden, root_tokens, prefix_lens)
+    tensors = verify_tensors_from_layout(layout, prefix_lens, prefix_lens_cpu)
     verified = ports.verify(tensors)
     predict, accept_lens, accept_index = ports.accept(tensors, verified)
     step = accepted_step(predict, accept_index, accept_lens, prefix_lens)

@@ -170,32 +170,124 @@ class TreeVerifyTensors:
         return self.tree.num_slots
 
 
+@dataclass(frozen=True)
+class TreeLayout:
+    """Everything of a tree verify whose shape depends only on ``(bs, W)``: one CUDA graph's output.
+
+    Attributes:
+        tree: the trees, padded to ``W`` slots.
+        positions: ``[bs, W]`` int64 ``prefix_len + depth``.
+        ancestors: ``[bs, W, W]`` bool ancestor-or-self masks (``core.verify.ancestor_mask``).
+        mask_index: ``[bs * W * W]`` int64: where ``ancestors`` lands in the FULL flat mask (the
+            tree block of each row; the prefix columns around it stay True).
+        retrieve_index, retrieve_next_token, retrieve_next_sibling: ``[bs, W]`` int64 links.
+    """
+
+    tree: DDTreeBatch
+    positions: torch.Tensor
+    ancestors: torch.Tensor
+    mask_index: torch.Tensor
+    retrieve_index: torch.Tensor
+    retrieve_next_token: torch.Tensor
+    retrieve_next_sibling: torch.Tensor
+
+
+def full_mask_index(prefix_lens: torch.Tensor, window: int) -> torch.Tensor:
+    """``[bs * W * W]`` int64 flat positions of the tree blocks in SGLang's FULL mask (no host sync).
+
+    Request ``b``'s rows start after the ``W * (prefix + W)`` entries of the requests before it;
+    row ``i`` spans ``prefix_b + W`` columns and its tree block starts at column ``prefix_b``.
+    """
+    w = int(window)
+    prefix = prefix_lens.to(torch.int64)
+    row_len = prefix + w  # columns per row
+    req_start = torch.cumsum(row_len * w, dim=0) - row_len * w  # [bs]
+    rows = torch.arange(w, device=prefix.device)
+    tree_start = req_start[:, None] + rows[None, :] * row_len[:, None] + prefix[:, None]  # [bs, W]
+    return (tree_start[:, :, None] + rows[None, None, :]).reshape(-1)
+
+
+def full_mask_size(prefix_lens: torch.Tensor, window: int, prefix_lens_cpu: Optional[torch.Tensor] = None) -> int:
+    """Entries of the FULL mask: ``sum_b W * (prefix_b + W)``; a host sync only without ``prefix_lens_cpu``."""
+    sizes = prefix_lens_cpu if prefix_lens_cpu is not None else prefix_lens
+    bs = int(sizes.shape[0])
+    return int(sizes.to(torch.int64).sum()) * int(window) + bs * int(window) * int(window)
+
+
 def full_custom_mask(
     anc: torch.Tensor,
     prefix_lens: torch.Tensor,
     prefix_lens_cpu: Optional[torch.Tensor] = None,
+    mask_index: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """SGLang's FULL_MASK flat layout from ``[bs, W, W]`` ancestor masks, without a host loop.
 
     Per request ``b``: ``W`` rows of ``prefix_lens[b] + W`` bools, the prefix all True, then
     ``anc[b, row]``; requests concatenated. The size comes from ``prefix_lens_cpu`` when given,
     else from ``prefix_lens.sum()`` (one host sync when ``prefix_lens`` lives on a GPU).
+    ``mask_index`` (``full_mask_index``, e.g. computed inside the tree stage's CUDA graph) saves
+    recomputing the scatter positions: then this is two launches (fill, scatter).
     """
     bs, w, _ = (int(d) for d in anc.shape)
-    device = anc.device
-    prefix = prefix_lens.to(device=device, dtype=torch.int64)
-    sizes = prefix_lens_cpu if prefix_lens_cpu is not None else prefix_lens
-    total = int(sizes.to(torch.int64).sum()) * w + bs * w * w
-    out = torch.ones(total, dtype=torch.bool, device=device)
+    total = full_mask_size(prefix_lens, w, prefix_lens_cpu)
+    out = torch.ones(total, dtype=torch.bool, device=anc.device)
     if total == 0:
         return out
-    row_len = prefix + w  # columns per row
-    req_start = torch.cumsum(row_len * w, dim=0) - row_len * w  # [bs]
-    rows = torch.arange(w, device=device)
-    tree_start = req_start[:, None] + rows[None, :] * row_len[:, None] + prefix[:, None]  # [bs, W]
-    index = tree_start[:, :, None] + rows[None, None, :]  # [bs, W, W]
-    out[index.reshape(-1)] = anc.reshape(-1)
+    if mask_index is None:
+        mask_index = full_mask_index(prefix_lens.to(anc.device), w)
+    out[mask_index] = anc.reshape(-1)
     return out
+
+
+def tree_layout(
+    log_probs: torch.Tensor,
+    token_ids: torch.Tensor,
+    root_tokens: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    budget: int,
+    top_k: int,
+    window: int,
+    builder: Optional[Callable[..., DDTreeBatch]] = None,
+) -> TreeLayout:
+    """Build every request's DDTree and everything of its verify input but the ragged FULL mask.
+
+    Fixed shapes, no host synchronisation (so the tree stage can run in a CUDA graph). Arguments as
+    ``build_tree_verify_tensors``.
+    """
+    if budget + 1 > window:
+        raise ValueError(f"budget {budget} + root does not fit the verify window {window}")
+    if builder is None:
+        from ..kernels import build_tree as builder  # the kernel on CUDA, build_tree_batched elsewhere
+    build = builder
+    tree = build(log_probs, token_ids, budget, top_k_cap=top_k, root_tokens=root_tokens)
+    tree = pad_tree(tree, window)
+    links = eagle_verify_links(tree)
+    prefix = prefix_lens.to(device=tree.device, dtype=torch.int64)
+    return TreeLayout(
+        tree=tree,
+        positions=verify_positions(tree, prefix),
+        ancestors=ancestor_mask(tree),
+        mask_index=full_mask_index(prefix, window),
+        retrieve_index=links.retrive_index,
+        retrieve_next_token=links.retrive_next_token,
+        retrieve_next_sibling=links.retrive_next_sibling,
+    )
+
+
+def verify_tensors_from_layout(
+    layout: TreeLayout, prefix_lens: torch.Tensor, prefix_lens_cpu: Optional[torch.Tensor] = None
+) -> TreeVerifyTensors:
+    """The tree verify input from a ``TreeLayout``: adds the FULL mask (its size is per-step data)."""
+    mask = full_custom_mask(layout.ancestors, prefix_lens, prefix_lens_cpu, mask_index=layout.mask_index)
+    return TreeVerifyTensors(
+        tree=layout.tree,
+        draft_token=layout.tree.tokens.reshape(-1),
+        positions=layout.positions.reshape(-1),
+        custom_mask=mask,
+        retrieve_index=layout.retrieve_index,
+        retrieve_next_token=layout.retrieve_next_token,
+        retrieve_next_sibling=layout.retrieve_next_sibling,
+    )
 
 
 def build_tree_verify_tensors(
@@ -224,25 +316,8 @@ def build_tree_verify_tensors(
             builder elsewhere; both give the identical tree). The plug point for a faster builder (e.g. a GPU kernel) that
             must produce the identical ``DDTreeBatch``.
     """
-    if budget + 1 > window:
-        raise ValueError(f"budget {budget} + root does not fit the verify window {window}")
-    if builder is None:
-        from ..kernels import build_tree as builder  # the kernel on CUDA, build_tree_batched elsewhere
-    build = builder
-    tree = build(log_probs, token_ids, budget, top_k_cap=top_k, root_tokens=root_tokens)
-    tree = pad_tree(tree, window)
-    links = eagle_verify_links(tree)
-    positions = verify_positions(tree, prefix_lens.to(device=tree.device, dtype=torch.int64))
-    mask = full_custom_mask(ancestor_mask(tree), prefix_lens, prefix_lens_cpu)
-    return TreeVerifyTensors(
-        tree=tree,
-        draft_token=tree.tokens.reshape(-1),
-        positions=positions.reshape(-1),
-        custom_mask=mask,
-        retrieve_index=links.retrive_index,
-        retrieve_next_token=links.retrive_next_token,
-        retrieve_next_sibling=links.retrive_next_sibling,
-    )
+    layout = tree_layout(log_probs, token_ids, root_tokens, prefix_lens, budget, top_k, window, builder)
+    return verify_tensors_from_layout(layout, prefix_lens, prefix_lens_cpu)
 
 
 # ---- after acceptance -------------------------------------------------------------------------

@@ -10,10 +10,12 @@ What is DFlash's and what is new:
 
 * prefill (EXTEND), idle batches, draft-model loading, CUDA graphs of the *draft* forward, the
   draft KV materialization and the draft input carried between steps: DFlash's code, unchanged;
-* decode: DFlash's draft forward over ``[root, MASK x L]`` (eager LM head, so the worker sees
-  the per-position distributions instead of a greedy chain) -> the core builds a best-first tree
-  per request -> the target verifies it as an NGRAM-style tree (``NgramVerifyInput`` with the
-  ancestor-only custom mask; never through a captured decode CUDA graph, see hooks.py) ->
+* decode: DFlash's draft forward over ``[root, MASK x L]`` (the drafter's LM head outside
+  DFlash's graph, so the worker sees the per-position distributions instead of a greedy chain)
+  -> the tree stage (LM head, fused top-k, tree kernel, links, positions, ancestor masks), replayed
+  from a CUDA graph per batch size (``tree_stage.py``) -> the target verifies it as an NGRAM-style
+  tree (``NgramVerifyInput`` with the ancestor-only custom mask, in the target's verify graphs
+  captured reading the tree mask, see hooks.py) ->
   SGLang's ``eagle_sample`` accepts (greedy or target-only sampling, all sampling params) ->
   ``move_accept_tokens_to_target_kvcache`` compacts the target KV -> DFlash writes the drafter's
   KV for the committed path from the target's hidden states of the accepted rows.
@@ -63,7 +65,8 @@ from sglang.srt.speculative.spec_utils import (
 from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree
-from .tree_step import run_tree_step
+from .tree_stage import GraphedTreeStage, eager_tree_stage
+from .tree_step import run_tree_step, tree_stage
 from .tree_verify import (
     AcceptedStep,
     TreeVerifyTensors,
@@ -163,6 +166,8 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         install_graph_guard()
         self._graph_use_logged = False
+        self._tree_stage: Optional[GraphedTreeStage] = None
+        self._step_timer = StepTimer.from_env()
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget=%d, top_k=%d, window=%d.",
@@ -204,22 +209,32 @@ class DDTreeWorker(DFlashWorkerV2):
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         prefix_lens = batch.seq_lens
         ports = _WorkerPorts(self, batch, grammar_barrier, on_publish)
+        timer = self._step_timer
+        if timer is not None:
+            ports = timer.wrap(ports)
         result = run_tree_step(
             ports,
             self.ddtree,
             root_tokens=draft_input.bonus_tokens.view(-1),
             prefix_lens=prefix_lens,
             prefix_lens_cpu=batch.seq_lens_cpu,
+            stage=self._graphed_tree_stage() if timer is None else timer.wrap_stage(self._graphed_tree_stage()),
         )
+        if timer is not None:
+            timer.end_step(len(batch.seq_lens))
         step = result.step
         can_run_graph = bool(result.verified.target_out.can_run_cuda_graph)
         if not self._graph_use_logged and get_parallel().tp_rank == 0:
             # The target's graphs are captured after this worker is built: say once what happened.
             runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
             logger.info(
-                "DDTREE tree verify: CUDA graph replay %s (target verify graphs %s the tree mask).",
+                "DDTREE tree verify: CUDA graph replay %s (target verify graphs %s the tree mask); "
+                "tree stage: %s.",
                 "on" if can_run_graph else "off for this batch",
                 "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
+                "CUDA graph per batch size up to %d" % self._tree_stage.max_batch
+                if self._tree_stage.enabled
+                else "eager",
             )
             self._graph_use_logged = True
         new_seq_lens = prefix_lens + step.accept_lens.to(prefix_lens.dtype)
@@ -241,6 +256,28 @@ class DDTreeWorker(DFlashWorkerV2):
             routed_experts_output=result.verified.target_out.routed_experts_output,
             indexer_topk_output=result.verified.target_out.indexer_topk_output,
         )
+
+    def _graphed_tree_stage(self) -> GraphedTreeStage:
+        """Steps 2-3 of the tree step, in a CUDA graph per batch size where the target has graphs.
+
+        Built at the first decode step: the target's graphs are captured after this worker, and
+        the stage replays graphs only for the batch sizes the target captured (``max_bs``). Eager
+        with ``DDTREE_EAGER_TREE_STAGE=1``, without target graphs, and at TP > 1 (the vocab-parallel
+        head all-gathers across ranks).
+        """
+        if self._tree_stage is None:
+            runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
+            max_bs = int(getattr(runner, "max_bs", 0) or 0)
+            enabled = (
+                runner is not None
+                and max_bs > 0
+                and not eager_tree_stage()
+                and int(get_parallel().tp_group.world_size) == 1
+            )
+            self._tree_stage = GraphedTreeStage(
+                tree_stage(self._head_topk, self.ddtree), max_batch=max_bs, enabled=enabled
+            )
+        return self._tree_stage
 
     # ---- 1. draft (DFlash's draft forward, eager block preparation) -------------------------
 
@@ -458,3 +495,95 @@ class DDTreeWorker(DFlashWorkerV2):
             positions=step.path_positions.reshape(-1),
             commit_lens=step.accept_lens,
         )
+
+
+class StepTimer:
+    """Host time of the tree step's parts (``DDTREE_STEP_TIMING=N``: log means every N steps).
+
+    A diagnostic for performance work: wall-clock seconds on the host between the parts' entry and
+    exit, no device synchronisation, so a part that waits for the GPU shows up as a long one.
+    """
+
+    ENV = "DDTREE_STEP_TIMING"
+    PARTS = ("draft_hidden", "stage", "mask+verify", "accept", "post", "commit")
+
+    def __init__(self, every: int):
+        self.every = every
+        self.sums = {p: 0.0 for p in self.PARTS + ("step",)}
+        self.steps = 0
+        self.rows = 0
+        self._t0 = None
+        self._last = None
+
+    @classmethod
+    def from_env(cls) -> Optional["StepTimer"]:
+        import os
+
+        raw = os.environ.get(cls.ENV, "")
+        return cls(int(raw)) if raw.isdigit() and int(raw) > 0 else None
+
+    def _mark(self, part: str) -> None:
+        import time
+
+        now = time.perf_counter()
+        if self._t0 is None:
+            self._t0 = now
+        elif part:
+            self.sums[part] += now - self._last
+        self._last = now
+
+    def wrap(self, ports):
+        timer = self
+
+        class _Timed:
+            def draft_hidden(self, *a):
+                timer._t0 = None
+                timer._mark("")
+                out = ports.draft_hidden(*a)
+                timer._mark("draft_hidden")
+                return out
+
+            def head_topk(self, *a):
+                return ports.head_topk(*a)
+
+            def verify(self, *a):
+                out = ports.verify(*a)
+                timer._mark("mask+verify")
+                return out
+
+            def accept(self, *a):
+                out = ports.accept(*a)
+                timer._mark("accept")
+                return out
+
+            def commit(self, *a):
+                timer._mark("post")
+                out = ports.commit(*a)
+                timer._mark("commit")
+                return out
+
+        return _Timed()
+
+    def wrap_stage(self, stage):
+        def timed(*a):
+            out = stage(*a)
+            self._mark("stage")
+            return out
+
+        return timed
+
+    def end_step(self, bs: int) -> None:
+        import time
+
+        self.sums["step"] += time.perf_counter() - self._t0
+        self.steps += 1
+        self.rows += bs
+        if self.steps % self.every == 0 and get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTREE step timing over %d steps (mean bs %.1f), host ms: %s",
+                self.steps,
+                self.rows / self.steps,
+                ", ".join("%s %.3f" % (p, 1e3 * v / self.steps) for p, v in self.sums.items()),
+            )
+            self.sums = {p: 0.0 for p in self.sums}
+            self.steps = self.rows = 0

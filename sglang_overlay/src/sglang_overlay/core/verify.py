@@ -96,7 +96,7 @@ def eagle_verify_links(tree: DDTreeBatch) -> EagleVerifyLinks:
     parents = tree.parents.to(torch.int64)
     retrive_index = (torch.arange(batch, device=device)[:, None] * n + slots[None, :]).to(torch.int64)
 
-    sentinel = torch.tensor(n, dtype=torch.int64, device=device)
+    sentinel = n  # a Python scalar, not a device tensor: no host->device copy (the tree stage is graph-captured)
     # child[b, i, k]: slot k's parent is slot i.
     child = parents[:, None, :] == slots[None, :, None]
     first_child = torch.where(child, slots[None, None, :], sentinel).amin(dim=2)

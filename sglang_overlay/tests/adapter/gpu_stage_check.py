@@ -1,0 +1,74 @@
+"""GPU check of the graphed tree stage: a script, not collected by pytest.
+
+    python sglang_overlay/tests/adapter/gpu_stage_check.py      # on a CUDA host (torch, triton)
+
+``tree_stage.GraphedTreeStage`` replaying its CUDA graphs must give the eager stage's layout bit for bit
+(tree, positions, ancestor masks, FULL-mask scatter positions, links) at batch sizes 1, 3, 16 and 48,
+over new inputs each call (drafter hidden states, roots and prefix lengths all change), with a
+Qwen3-8B-shaped LM head (hidden 4096, vocabulary 151936, bf16), budget 15, top-k 8, window 16. A replay
+that skipped the input copies (planted below) must be caught. Then wall time per call, eager vs graphed
+(50 calls, synchronized at the end: host launch work and GPU time together). Prints JSON.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(_HERE, "..", "..", "src")]
+from sglang_overlay.adapter.settings import ResolvedDDTree  # noqa: E402
+from sglang_overlay.adapter.tree_stage import GraphedTreeStage  # noqa: E402
+from sglang_overlay.adapter.tree_step import tree_stage  # noqa: E402
+from sglang_overlay.adapter.tree_verify import dense_head_topk  # noqa: E402
+
+FIELDS = ("positions", "ancestors", "mask_index", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
+HIDDEN, VOCAB, DEV = 4096, 151936, "cuda"
+
+
+def same_layout(a, b):
+    return a.tree.equals(b.tree) and all(torch.equal(getattr(a, f), getattr(b, f)) for f in FIELDS)
+
+
+def stage_inputs(bs, seed):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    hidden = torch.randn(bs, 16, HIDDEN, device=DEV, dtype=torch.bfloat16, generator=g)
+    roots = torch.randint(0, VOCAB, (bs,), device=DEV, generator=g)
+    prefix = torch.randint(0, 3000, (bs,), device=DEV, generator=g)
+    return hidden, roots, prefix
+
+
+def wall(fn, args, reps=50):
+    fn(*args)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn(*args)
+    torch.cuda.synchronize()
+    return round((time.perf_counter() - t) * 1e3 / reps, 3)
+
+
+def main():
+    weight = torch.randn(VOCAB, HIDDEN, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(DEV).manual_seed(0)) * 0.02
+    settings = ResolvedDDTree(budget=15, top_k=8, allow_hybrid_unsafe=False, window=16)
+    eager = tree_stage(lambda rows, k: dense_head_topk(rows, weight, k), settings)
+    graphed = GraphedTreeStage(eager, max_batch=64)
+    out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "wall_per_call_ms": []}
+    with torch.inference_mode():
+        for bs in (1, 3, 16, 48):
+            for step in range(4):
+                args = stage_inputs(bs, 100 * bs + step)
+                assert same_layout(eager(*args), graphed(*args)), ("graphed stage differs", bs, step)
+            key = next(k for k in graphed.captured_shapes if k[0][0] == bs)
+            graphed._graphs[key].graph.replay()  # planted: a replay without copying the new inputs in
+            assert not same_layout(eager(*stage_inputs(bs, 999)), graphed._graphs[key].out), ("stale replay", bs)
+            out["wall_per_call_ms"].append({"bs": bs, "eager": wall(eager, args), "graphed": wall(graphed, args)})
+    out["checked"] = {"batch_sizes": [1, 3, 16, 48], "calls_each": 4, "captured": len(graphed.captured_shapes),
+                      "planted_stale_replay_caught": True}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The tree stage (``tree_step.tree_stage``) and its CUDA-graph wrapper's eager fallbacks, on CPU.
+
+The graph replay itself needs a GPU: ``tests/adapter/gpu_glue_check.py`` (section 7) compares it
+with the eager stage bit for bit on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang_overlay.adapter.settings import ResolvedDDTree
+from sglang_overlay.adapter.tree_stage import GraphedTreeStage
+from sglang_overlay.adapter.tree_step import tree_stage
+from sglang_overlay.adapter.tree_verify import (
+    build_tree_verify_tensors,
+    full_custom_mask,
+    full_mask_index,
+    verify_tensors_from_layout,
+)
+from sglang_overlay.core.tree import draft_topk
+from sglang_overlay.core.verify import ancestor_mask, sglang_tree_mask
+
+SETTINGS = ResolvedDDTree(budget=6, top_k=3, allow_hybrid_unsafe=False, window=8)
+VOCAB, HIDDEN = 40, 12
+
+
+def inputs(bs: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(bs, SETTINGS.window, HIDDEN, generator=g)
+    weight = torch.randn(VOCAB, HIDDEN, generator=g)
+    roots = torch.randint(0, VOCAB, (bs,), generator=g)
+    prefix = torch.randint(0, 9, (bs,), generator=g)
+    return hidden, weight, roots, prefix
+
+
+def head(weight):
+    return lambda rows, k: draft_topk(rows @ weight.T, k, stable=True)
+
+
+def test_stage_equals_the_verify_tensors_of_the_drafter_rows():
+    hidden, weight, roots, prefix = inputs(3, seed=1)
+    got = verify_tensors_from_layout(tree_stage(head(weight), SETTINGS)(hidden, roots, prefix), prefix)
+    # Rows 1..L of each block are the drafter's positions; row 0 (the root's) is not drafted.
+    lp, ids = draft_topk(hidden[:, 1:, :] @ weight.T, SETTINGS.effective_top_k, stable=True)
+    want = build_tree_verify_tensors(lp, ids, roots, prefix, SETTINGS.budget, SETTINGS.effective_top_k,
+                                     SETTINGS.window)
+    assert got.tree.equals(want.tree)
+    for f in ("draft_token", "positions", "custom_mask", "retrieve_index", "retrieve_next_token",
+              "retrieve_next_sibling"):
+        assert torch.equal(getattr(got, f), getattr(want, f)), f
+
+
+def test_mask_index_gives_sglangs_full_mask():
+    hidden, weight, roots, prefix = inputs(4, seed=2)
+    layout = tree_stage(head(weight), SETTINGS)(hidden, roots, prefix)
+    assert torch.equal(layout.mask_index, full_mask_index(prefix, SETTINGS.window))
+    mask = full_custom_mask(layout.ancestors, prefix, prefix.clone(), mask_index=layout.mask_index)
+    assert torch.equal(mask, sglang_tree_mask(layout.tree, prefix, full=True))
+    assert torch.equal(mask, full_custom_mask(ancestor_mask(layout.tree), prefix))
+
+
+def test_graphed_stage_runs_eagerly_where_it_cannot_capture():
+    hidden, weight, roots, prefix = inputs(3, seed=3)
+    calls = []
+    stage = tree_stage(head(weight), SETTINGS)
+
+    def counted(*args):
+        calls.append(args[0].shape[0])
+        return stage(*args)
+
+    want = stage(hidden, roots, prefix)
+    for wrapper in (GraphedTreeStage(counted, max_batch=8),  # CPU tensors: no graphs
+                    GraphedTreeStage(counted, max_batch=2),  # batch above the captured sizes
+                    GraphedTreeStage(counted, max_batch=8, enabled=False)):
+        got = wrapper(hidden, roots, prefix)
+        assert got.tree.equals(want.tree) and torch.equal(got.positions, want.positions)
+        assert wrapper.captured_shapes == []
+    assert calls == [3, 3, 3]
