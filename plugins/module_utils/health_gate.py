@@ -291,19 +291,27 @@ class HealthGate:
         - The server died: the unit is no longer running (failed, exited, restarted by systemd), or its
           main process is not the one that became ready (someone restarted it). -> fail at unit_watch with
           the cause the journal and the unit give, naming the stage and the request it interrupted.
-        - The journal shows a fatal error while the unit still runs: SGLang is about to kill its process
-          tree, so wait (up to DEATH_WAIT_S) for the unit to go down; still running -> fail at this stage
-          with the journal's cause.
-        - Nothing wrong with the unit: return, and the caller reports the request's failure at its stage.
+        - The unit still runs, but the journal shows a fatal error (SGLang kills its process tree seconds
+          later) or the port no longer accepts connections (the process is exiting: measured on the H200,
+          a SIGKILLed launcher refused connections while its unit still read active): look again every
+          poll_interval, up to DEATH_WAIT_S, for the unit to go down. Still running -> a fatal journal
+          line fails this stage with its cause; otherwise the caller reports the request's failure.
+        - Nothing wrong with the unit (nothing fatal, the port answers): return, and the caller reports
+          the request's failure at its stage.
         """
         state = self.watch_once(port_open=True)
+        deadline = self.clock() + DEATH_WAIT_S
+        while self.watch.unit["alive"] and not self.pid_changed() and self.clock() < deadline:
+            if state["state"] == "ready" and self.io.port_open():
+                break
+            self.sleep(self.params["poll_interval"])
+            if state["state"] == "failed":
+                state = self.watch.follow(self.unit_props(), self.io.journal_lines(self.since))
+            else:
+                state = self.watch_once(port_open=True)
         while state["state"] == "failing":  # the settle poll: the traceback's end and the unit's final state
             self.sleep(self.params["poll_interval"])
             state = self.watch_once(port_open=True)
-        deadline = self.clock() + DEATH_WAIT_S
-        while state["state"] == "failed" and self.watch.unit["alive"] and not self.pid_changed() and self.clock() < deadline:
-            self.sleep(self.params["poll_interval"])
-            state = self.watch.follow(self.unit_props(), self.io.journal_lines(self.since))
         self.result["unit_state"].update({key: self.watch.unit.get(key) for key in ("phase", "kind", "reason", "state")})
         died = not self.watch.unit["alive"] or self.pid_changed()
         if not died:

@@ -331,9 +331,15 @@ def test_a_scheduler_killed_during_the_baseline_fails_at_unit_watch_with_the_wat
 
 
 def test_a_launcher_killed_during_the_baseline_fails_at_unit_watch_as_killed_from_outside(clock):
+    # As measured on the H200 (gate-run3): the SIGKILLed launcher refuses connections at once, but its unit
+    # still reads active/running at the next look (the process is still exiting); a look later it is down.
     host = ScriptedHost(clock, journal=GOOD_START)
-    chat_failing_at(host, 2, "ConnectionRefusedError: [Errno 111] Connection refused",
-                    lambda host: setattr(host, "units", [FAILED_KILL]))
+
+    def launcher_killed(host):
+        host.port = False
+        host.units = [props(), FAILED_KILL]
+
+    chat_failing_at(host, 2, "ConnectionRefusedError: [Errno 111] Connection refused", launcher_killed)
     passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
     assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "killed"
     assert "the server died during the baseline stage" in message and "Connection refused" in message
