@@ -35,8 +35,11 @@ description:
   - C(performance) - tokens/s over the baseline generations and the acceptance length
     (C(/server_info)) must meet O(min_tokens_per_second) and O(min_accept_length) and must not have
     regressed by more than O(max_regression) from the previous release (O(previous) or O(metrics_file)).
-  - While later stages run, the unit and journal are still watched, so a crash during a request is
-    reported as the crash it is.
+  - While later stages run, the unit and journal are still watched. A request that fails makes the gate
+    read the unit and its journal again; a server that died (the unit no longer runs, or its main PID
+    changed) fails at C(unit_watch) with the cause (for example C(child_crashed), C(killed),
+    C(restarted)), and RV(died_during) names the stage and request it interrupted. A request that fails
+    on a unit that still runs is reported at its own stage.
   - The sequence is in C(plugins/module_utils/health_gate.py), its rules in C(health_journal.py),
     C(health_unit.py), C(health_output.py) and C(health_records.py) beside it, and C(docs/health-gate.md).
 author:
@@ -251,11 +254,19 @@ failed_stage:
   returned: failure
   type: str
   sample: unit_watch
+died_during:
+  description:
+    - When the server died after its port answered (then RV(failed_stage) is C(unit_watch)) - the stage
+      and the request that failed, its error, and the unit's main PID when the port answered and now.
+  returned: when a server died during a later stage
+  type: dict
+  sample: {stage: baseline, request: "baseline prompt 'List the first ten prime numbers, separated by commas.'",
+           error: "ConnectionRefusedError: [Errno 111] Connection refused", main_pid_at_ready: "4182", main_pid_now: "0"}
 failure_kind:
   description:
     - What failed, for example C(bad_flag), C(oom), C(self_kill), C(scheduler_exception), C(plugin),
-      C(unknown_algorithm), C(cuda_oom), C(restarted), C(no_progress), C(start_timeout), C(hung),
-      C(chat), C(degenerate), C(baseline_mismatch), C(performance).
+      C(unknown_algorithm), C(cuda_oom), C(child_crashed), C(killed), C(restarted), C(no_progress),
+      C(start_timeout), C(hung), C(chat), C(degenerate), C(baseline_mismatch), C(performance).
   returned: failure
   type: str
   sample: self_kill
