@@ -474,7 +474,8 @@ class HealthGate:
         document = self.read_record(path) if path else None
         results = []
         key = self.decoding_key()
-        self.result["baseline"] = {"status": "passed" if path else "skipped", "file": path, "model": self.model,
+        # "incomplete" until every prompt was generated: a request that fails (the server died) leaves it so.
+        self.result["baseline"] = {"status": "incomplete", "file": path, "model": self.model,
                                    "key": key["key"], "family": key["family"], "results": results}
         new_document = document
         mismatches = []
@@ -487,6 +488,7 @@ class HealthGate:
             verdict = degenerate_output(reply["text"])
             if verdict["degenerate"]:
                 entry["status"] = "degenerate"
+                self.result["baseline"]["status"] = "failed"
                 raise GateFailed("degenerate", "the output for baseline prompt %r is degenerate: %s" % (prompt[:60], verdict["reason"]))
             if not path:
                 entry["status"] = "unchecked"
@@ -506,6 +508,7 @@ class HealthGate:
             if not comparison["match"]:
                 mismatches.append((prompt, comparison))
         statuses = [entry["status"] for entry in results]
+        self.result["baseline"]["status"] = "passed" if path else "skipped"
         if mismatches:
             self.result["baseline"]["status"] = "failed"
             prompt, comparison = mismatches[0]

@@ -321,7 +321,8 @@ degenerate:
 baseline:
   description:
     - The baseline comparison. C(status) is C(passed), C(failed), C(recorded) (some baselines were new),
-      C(missing) (no baseline and not recording) or C(skipped); C(results) has one entry per prompt.
+      C(missing) (no baseline and not recording), C(skipped) (no O(baseline_file)) or C(incomplete) (a
+      request failed before every prompt was generated); C(results) has one entry per prompt generated.
   returned: when reached
   type: dict
   sample: {status: passed, file: /var/lib/sglang/coder/baseline.json, model: coder,

@@ -327,6 +327,7 @@ def test_a_scheduler_killed_during_the_baseline_fails_at_unit_watch_with_the_wat
                                      "error": "RemoteDisconnected: Remote end closed connection without response",
                                      "main_pid_at_ready": "4182", "main_pid_now": "0"}
     assert result["stage"] == "baseline" and "baseline" in result["timings"] and len(looks) == 3
+    assert result["baseline"]["status"] == "incomplete" and result["baseline"]["results"] == []
     assert result["unit_state"]["state"] == "failed/failed" and "kill_process_tree" in result["journal_excerpt"][-1]
 
 
