@@ -95,7 +95,7 @@ def main():
                 s.info["eager_decode_batches"] = len(re.findall(r"cuda graph: False", log))
                 s.info["ddtree_ready_line"] = (re.findall(r"DDTREE worker ready[^\n]*", log) or [None])[0]
                 s.info["ddtree_graph_line"] = (re.findall(r"DDTREE tree verify:[^\n]*", log) or [None])[0]
-                s.info["step_timing"] = re.findall(r"DDTREE step timing[^\n]*", log)[-6:]
+                s.info["step_timing"] = re.findall(r"DDTREE step timing[^\n]*", log)[-40:]
             except OSError:
                 pass
         save()

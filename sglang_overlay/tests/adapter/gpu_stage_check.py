@@ -2,12 +2,14 @@
 
     python sglang_overlay/tests/adapter/gpu_stage_check.py      # on a CUDA host (torch, triton)
 
-``tree_stage.GraphedTreeStage`` replaying its CUDA graphs must give the eager stage's layout bit for bit
-(tree, positions, ancestor masks, FULL-mask scatter positions, links) at batch sizes 1, 3, 16 and 48,
+``tree_stage.GraphedTreeStage`` replaying its CUDA graphs (captured for 1, 2, 4, 8, 16, 32, 48; a batch is
+padded up) must give the eager stage's layout bit for bit (tree, positions, ancestor masks, FULL-mask
+scatter positions, links) at batch sizes 1, 3, 16 and 48,
 over new inputs each call (drafter hidden states, roots and prefix lengths all change), with a
 Qwen3-8B-shaped LM head (hidden 4096, vocabulary 151936, bf16), budget 15, top-k 8, window 16. A replay
 that skipped the input copies (planted below) must be caught. Then wall time per call, eager vs graphed
-(50 calls, synchronized at the end: host launch work and GPU time together). Prints JSON.
+(50 calls, synchronized at the end: host launch work and GPU time together). Also the one-launch
+accepted path (``kernels.accept_path``) on CUDA == the torch ``accepted_step`` on CPU. Prints JSON.
 """
 
 import json
@@ -20,12 +22,14 @@ import torch
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(_HERE, "..", "..", "src")]
 from sglang_overlay.adapter.settings import ResolvedDDTree  # noqa: E402
-from sglang_overlay.adapter.tree_stage import GraphedTreeStage  # noqa: E402
+from sglang_overlay.adapter.tree_stage import GraphedTreeStage, layout_rows  # noqa: E402
 from sglang_overlay.adapter.tree_step import tree_stage  # noqa: E402
-from sglang_overlay.adapter.tree_verify import dense_head_topk  # noqa: E402
+from sglang_overlay.adapter.tree_verify import accepted_step, dense_head_topk  # noqa: E402
+from sglang_overlay.kernels.accept_path import accept_path  # noqa: E402
 
 FIELDS = ("positions", "ancestors", "mask_index", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
 HIDDEN, VOCAB, DEV = 4096, 151936, "cuda"
+SIZES = [1, 2, 4, 8, 16, 32, 48]
 
 
 def same_layout(a, b):
@@ -54,19 +58,34 @@ def main():
     weight = torch.randn(VOCAB, HIDDEN, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(DEV).manual_seed(0)) * 0.02
     settings = ResolvedDDTree(budget=15, top_k=8, allow_hybrid_unsafe=False, window=16)
     eager = tree_stage(lambda rows, k: dense_head_topk(rows, weight, k), settings)
-    graphed = GraphedTreeStage(eager, max_batch=64)
+    graphed = GraphedTreeStage(eager, batch_sizes=SIZES)
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "wall_per_call_ms": []}
     with torch.inference_mode():
         for bs in (1, 3, 16, 48):
             for step in range(4):
                 args = stage_inputs(bs, 100 * bs + step)
                 assert same_layout(eager(*args), graphed(*args)), ("graphed stage differs", bs, step)
-            key = next(k for k in graphed.captured_shapes if k[0][0] == bs)
-            graphed._graphs[key].graph.replay()  # planted: a replay without copying the new inputs in
-            assert not same_layout(eager(*stage_inputs(bs, 999)), graphed._graphs[key].out), ("stale replay", bs)
+            entry = graphed._graphs[min(s for s in SIZES if s >= bs)]
+            entry.replay()  # planted: a replay without copying the new inputs in
+            assert not same_layout(eager(*stage_inputs(bs, 999)), layout_rows(entry.out, bs)), ("stale replay", bs)
             out["wall_per_call_ms"].append({"bs": bs, "eager": wall(eager, args), "graphed": wall(graphed, args)})
-    out["checked"] = {"batch_sizes": [1, 3, 16, 48], "calls_each": 4, "captured": len(graphed.captured_shapes),
+    out["checked"] = {"batch_sizes": [1, 3, 16, 48], "calls_each": 4, "captured": graphed.captured_sizes,
                       "planted_stale_replay_caught": True}
+    for seed in range(20):  # eagle_sample-like outputs: root row, accepted rows, then -1
+        g = torch.Generator().manual_seed(seed)
+        bs, width = 1 + seed * 3, 16
+        predict = torch.randint(0, VOCAB, (bs * width,), generator=g, dtype=torch.int32)
+        lens = torch.randint(1, width + 1, (bs,), generator=g, dtype=torch.int32)
+        index = torch.full((bs, width), -1, dtype=torch.int32)
+        for b in range(bs):
+            slots = torch.randperm(width - 1, generator=g)[: int(lens[b]) - 1] + 1
+            index[b, : int(lens[b])] = b * width + torch.cat([torch.zeros(1, dtype=torch.long), slots]).int()
+        prefix = torch.randint(0, 5000, (bs,), generator=g)
+        want = accepted_step(predict, index, lens, prefix)
+        got = accept_path(predict.cuda(), index.cuda(), lens.cuda(), prefix.cuda())
+        for a, b in zip(got, (want.out_tokens, want.accept_lens, want.bonus, want.path_rows, want.path_positions)):
+            assert torch.equal(a.cpu(), b), ("accept_path differs", seed)
+    out["accept_path_equal_cases"] = 20
     print(json.dumps(out, indent=1))
 
 

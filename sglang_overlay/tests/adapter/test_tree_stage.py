@@ -6,18 +6,21 @@ with the eager stage bit for bit on the device.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 
 from sglang_overlay.adapter.settings import ResolvedDDTree
 from sglang_overlay.adapter.tree_stage import GraphedTreeStage
 from sglang_overlay.adapter.tree_step import tree_stage
 from sglang_overlay.adapter.tree_verify import (
+    TreeLayout,
     build_tree_verify_tensors,
     full_custom_mask,
     full_mask_index,
     verify_tensors_from_layout,
 )
-from sglang_overlay.core.tree import draft_topk
+from sglang_overlay.core.tree import DDTreeBatch, draft_topk
 from sglang_overlay.core.verify import ancestor_mask, sglang_tree_mask
 
 SETTINGS = ResolvedDDTree(budget=6, top_k=3, allow_hybrid_unsafe=False, window=8)
@@ -59,6 +62,46 @@ def test_mask_index_gives_sglangs_full_mask():
     assert torch.equal(mask, full_custom_mask(ancestor_mask(layout.tree), prefix))
 
 
+class StandInGraphs(GraphedTreeStage):
+    """The wrapper with a CPU stand-in for a CUDA graph: a replay reruns the stage on the static inputs
+    and writes into the captured outputs (what a graph replay does), so the padding, the input copies
+    and the output views are tested without a GPU."""
+
+    def _can_capture(self, hidden):
+        return True
+
+    def _capture(self, static):
+        out = self.stage(*static)
+
+        def replay():
+            new = self.stage(*static)
+            for a, b in zip(layout_tensors(out), layout_tensors(new)):
+                a.copy_(b)
+
+        return replay, out
+
+
+def layout_tensors(layout):
+    tree = [getattr(layout.tree, f.name) for f in fields(DDTreeBatch)]
+    return tree + [getattr(layout, f.name) for f in fields(TreeLayout) if f.name != "tree"]
+
+
+def assert_same_layout(got, want):
+    assert len(layout_tensors(got)) == len(layout_tensors(want))
+    for a, b in zip(layout_tensors(got), layout_tensors(want)):
+        assert torch.equal(a, b)
+
+
+def test_graphed_stage_pads_to_the_captured_sizes_and_equals_the_eager_stage():
+    _, weight, _, _ = inputs(1, seed=4)
+    stage = tree_stage(head(weight), SETTINGS)
+    graphed = StandInGraphs(stage, batch_sizes=[8, 1, 2, 4])
+    for seed, bs in enumerate([3, 1, 3, 8, 2, 5, 3]):  # new inputs every call, sizes revisited
+        hidden, _, roots, prefix = inputs(bs, seed=10 + seed)
+        assert_same_layout(graphed(hidden, roots, prefix), stage(hidden, roots, prefix))
+    assert graphed.captured_sizes == [1, 2, 4, 8]
+
+
 def test_graphed_stage_runs_eagerly_where_it_cannot_capture():
     hidden, weight, roots, prefix = inputs(3, seed=3)
     calls = []
@@ -68,11 +111,18 @@ def test_graphed_stage_runs_eagerly_where_it_cannot_capture():
         calls.append(args[0].shape[0])
         return stage(*args)
 
+    class FailingCapture(StandInGraphs):
+        def _capture(self, static):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
     want = stage(hidden, roots, prefix)
-    for wrapper in (GraphedTreeStage(counted, max_batch=8),  # CPU tensors: no graphs
-                    GraphedTreeStage(counted, max_batch=2),  # batch above the captured sizes
-                    GraphedTreeStage(counted, max_batch=8, enabled=False)):
-        got = wrapper(hidden, roots, prefix)
-        assert got.tree.equals(want.tree) and torch.equal(got.positions, want.positions)
-        assert wrapper.captured_shapes == []
-    assert calls == [3, 3, 3]
+    wrappers = (GraphedTreeStage(counted, batch_sizes=[4]),  # CPU tensors: no graphs
+                StandInGraphs(counted, batch_sizes=[1, 2]),  # batch above the captured sizes
+                StandInGraphs(counted, batch_sizes=[4], enabled=False),
+                StandInGraphs(counted, batch_sizes=[]),  # the target has no decode graphs
+                FailingCapture(counted, batch_sizes=[4]))
+    for wrapper in wrappers:
+        assert_same_layout(wrapper(hidden, roots, prefix), want)
+        assert wrapper.captured_sizes == []
+    assert calls == [3] * len(wrappers)
+    assert not wrappers[-1].enabled

@@ -4,27 +4,32 @@ The stage is everything between the drafter's hidden states and the target's ver
 shapes depend only on the batch size: the drafter rows through the target LM head, the fused draft
 top-k, the tree kernel, the padding to the verify window, SGLang's verify links, the positions,
 the ancestor masks and the scatter positions of the FULL mask's tree blocks
-(``tree_verify.tree_layout``). Run eagerly that is about 60 kernel launches and their Python, every
-step, outside the target's graphs: on a small model the step is bound by that host work (issue 19
-measured DDTREE's step at 8.7 ms against DFLASH's 5.4 ms). In a graph it is three input copies and
-one replay. What stays eager is only what has a per-step size: the FULL mask (``prefix + W``
-columns per row; two launches with the graph's scatter positions).
+(``tree_step.tree_stage`` -> ``tree_verify.TreeLayout``). Run eagerly that is about 60 kernel
+launches and their Python every step (1.7 ms of host time per step on the H200, against 0.06 ms
+replayed); on a small model the step is bound by that host work. What stays eager is what has a
+per-step size: the FULL mask (``prefix + W`` columns per row: a fill and one scatter).
 
-Same kernels in the graph as eagerly, so the same tree, bit for bit (the GPU test compares them);
-the outputs are the graph's static tensors, rewritten by the next replay of the same batch size,
-which the next step enqueues on the same stream after this step's readers.
+Batch sizes are padded up to the sizes the target's decode graphs were captured for (as SGLang pads
+its own), and every size is captured at the first call, so serving never stalls on a capture.
+Same kernels in the graph as eagerly, so the same tree, bit for bit (``tests/adapter/
+gpu_stage_check.py`` on a GPU; the padding rows never mix with the real ones: every operation of the
+stage is per request). The outputs are views of the graph's static tensors, rewritten by the next
+replay, which the next step enqueues on the same stream after this step's readers.
 
-Torch only; capture needs CUDA (``GraphedTreeStage`` falls back to the eager function elsewhere).
+Torch only; capture needs CUDA (``GraphedTreeStage`` runs the eager function elsewhere).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
-from typing import Callable, Optional
+from dataclasses import fields, replace
+from typing import Callable, Optional, Sequence
 
 import torch
 
+from ..core.tree import DDTreeBatch
 from .tree_verify import TreeLayout
 
 logger = logging.getLogger(__name__)
@@ -40,71 +45,115 @@ def eager_tree_stage() -> bool:
     return os.environ.get(EAGER_STAGE_ENV, "") == "1"
 
 
-class _Captured:
-    __slots__ = ("graph", "hidden", "roots", "prefix", "out")
+def layout_rows(layout: TreeLayout, bs: int) -> TreeLayout:
+    """The first ``bs`` requests of a layout (views; ``mask_index`` is flat, ``W * W`` per request)."""
+    tree = DDTreeBatch(**{f.name: getattr(layout.tree, f.name)[:bs] for f in fields(DDTreeBatch)})
+    width = layout.tree.num_slots
+    return replace(
+        layout,
+        tree=tree,
+        positions=layout.positions[:bs],
+        ancestors=layout.ancestors[:bs],
+        mask_index=layout.mask_index[: bs * width * width],
+        retrieve_index=layout.retrieve_index[:bs],
+        retrieve_next_token=layout.retrieve_next_token[:bs],
+        retrieve_next_sibling=layout.retrieve_next_sibling[:bs],
+    )
 
-    def __init__(self, graph, hidden, roots, prefix, out):
-        self.graph, self.hidden, self.roots, self.prefix, self.out = graph, hidden, roots, prefix, out
+
+class _Captured:
+    __slots__ = ("replay", "hidden", "roots", "prefix", "out", "views")
+
+    def __init__(self, replay, hidden, roots, prefix, out):
+        self.replay, self.hidden, self.roots, self.prefix, self.out = replay, hidden, roots, prefix, out
+        self.views: dict[int, TreeLayout] = {}
 
 
 class GraphedTreeStage:
-    """``stage(hidden, root_tokens, prefix_lens) -> TreeLayout``, captured per input shape on first use.
+    """``stage(hidden, root_tokens, prefix_lens) -> TreeLayout`` replayed from CUDA graphs.
 
     Args:
         stage: the eager stage, a pure function of its three tensor arguments (no host sync, no
-            data-dependent shapes: ``tree_verify.tree_layout`` after the draft top-k).
-        max_batch: batches larger than this run eagerly (bounds the graphs' memory pool, which
-            holds the largest ``[bs * L, V]`` draft logits).
+            data-dependent shapes, each request's outputs a function of its own inputs only).
+        batch_sizes: the padded batch sizes to capture (the target's decode graph sizes); a batch
+            larger than all of them runs eagerly.
         enabled: False runs every call eagerly.
 
-    All graphs share one memory pool (their replays never overlap; each output stays referenced
-    here, so a later capture never reuses it). A capture that fails is logged once and that shape
-    runs eagerly from then on.
+    All sizes are captured at the first call on CUDA tensors (zero inputs; the feature size and
+    dtypes of that call), sharing one memory pool: replays never overlap, and every output stays
+    referenced here, so no capture reuses another's outputs. If a capture fails it is logged and the
+    stage runs eagerly from then on.
     """
 
-    def __init__(self, stage: StageFn, max_batch: int, enabled: bool = True):
+    def __init__(self, stage: StageFn, batch_sizes: Sequence[int], enabled: bool = True):
         self.stage = stage
-        self.max_batch = int(max_batch)
-        self.enabled = bool(enabled)
-        self._graphs: dict[tuple, Optional[_Captured]] = {}
+        self.batch_sizes = sorted({int(b) for b in batch_sizes if int(b) > 0})
+        self.enabled = bool(enabled) and bool(self.batch_sizes)
+        self._graphs: dict[int, _Captured] = {}
+        self._captured = False
         self._pool = None
 
     @property
-    def captured_shapes(self) -> list[tuple]:
-        return [key for key, entry in self._graphs.items() if entry is not None]
+    def max_batch(self) -> int:
+        return self.batch_sizes[-1] if self.batch_sizes else 0
+
+    @property
+    def captured_sizes(self) -> list[int]:
+        return sorted(self._graphs)
 
     def __call__(self, hidden: torch.Tensor, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> TreeLayout:
         bs = int(hidden.shape[0])
-        if not self.enabled or not hidden.is_cuda or bs == 0 or bs > self.max_batch:
+        if not self.enabled or not self._can_capture(hidden) or bs == 0 or bs > self.max_batch:
             return self.stage(hidden, root_tokens, prefix_lens)
-        key = (tuple(hidden.shape), hidden.dtype, root_tokens.dtype, prefix_lens.dtype)
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(key, hidden, root_tokens, prefix_lens)
-        entry = self._graphs[key]
-        if entry is None:
-            return self.stage(hidden, root_tokens, prefix_lens)
-        entry.hidden.copy_(hidden)
-        entry.roots.copy_(root_tokens.reshape(entry.roots.shape))
-        entry.prefix.copy_(prefix_lens)
-        entry.graph.replay()
-        return entry.out
+        if not self._captured:
+            self._capture_all(hidden, root_tokens, prefix_lens)
+            if not self.enabled:
+                return self.stage(hidden, root_tokens, prefix_lens)
+        entry = self._graphs[self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]]
+        entry.hidden[:bs].copy_(hidden)
+        entry.roots[:bs].copy_(root_tokens.reshape(-1))
+        entry.prefix[:bs].copy_(prefix_lens)
+        entry.replay()
+        view = entry.views.get(bs)
+        if view is None:
+            view = entry.views[bs] = layout_rows(entry.out, bs)
+        return view
 
-    def _capture(self, key, hidden, root_tokens, prefix_lens) -> Optional[_Captured]:
-        static = (hidden.clone(), root_tokens.reshape(-1).clone(), prefix_lens.clone())
+    # ---- capture (overridden by the CPU tests with a stand-in graph) --------------------------------
+
+    def _can_capture(self, hidden: torch.Tensor) -> bool:
+        return hidden.is_cuda
+
+    def _capture_all(self, hidden, root_tokens, prefix_lens) -> None:
+        self._captured = True
+        tail = tuple(hidden.shape[1:])
         try:
-            # Warm up on a side stream (Triton compiles, cuBLAS picks its kernels) outside the capture.
-            side = torch.cuda.Stream(device=hidden.device)
-            side.wait_stream(torch.cuda.current_stream(hidden.device))
-            with torch.cuda.stream(side):
-                self.stage(*static)
-            torch.cuda.current_stream(hidden.device).wait_stream(side)
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                out = self.stage(*static)
-        except Exception:  # noqa: BLE001 (a shape that cannot be captured still runs, eagerly)
-            logger.exception("DDTREE: could not capture the tree stage for %s; it runs eagerly", key)
-            return None
-        logger.info("DDTREE tree stage: captured a CUDA graph for batch size %d", key[0][0])
-        return _Captured(graph, *static, out)
+            for size in reversed(self.batch_sizes):  # the largest first: the pool's size is set once
+                static = (
+                    hidden.new_zeros((size, *tail)),
+                    root_tokens.new_zeros((size,)),
+                    prefix_lens.new_zeros((size,)),
+                )
+                replay, out = self._capture(static)
+                self._graphs[size] = _Captured(replay, *static, out)
+        except Exception:  # noqa: BLE001 (the stage still runs, eagerly)
+            logger.exception("DDTREE: could not capture the tree stage in CUDA graphs; it runs eagerly")
+            self._graphs.clear()
+            self.enabled = False
+            return
+        logger.info("DDTREE tree stage: captured CUDA graphs for batch sizes %s", self.captured_sizes)
+
+    def _capture(self, static: tuple) -> tuple[Callable[[], None], TreeLayout]:
+        device = static[0].device
+        # Warm up on a side stream (Triton compiles, cuBLAS picks its kernels) outside the capture.
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            self.stage(*static)
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            out = self.stage(*static)
+        return graph.replay, out

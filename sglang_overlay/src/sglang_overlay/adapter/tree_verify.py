@@ -25,6 +25,7 @@ from ..core.tree import (
     draft_topk,
 )
 from ..core.verify import ancestor_mask, eagle_verify_links, verify_positions
+from ..kernels.accept_path import accept_path, accept_path_available
 from ..kernels.draft_topk import MAX_FUSED_K, fused_available, fused_draft_topk
 
 # ---- drafter logits -> per-position top-k log-probs ------------------------------------------
@@ -357,7 +358,14 @@ def accepted_step(
         accept_index: ``[bs, W]`` flat rows of the root and accepted nodes, -1 after the end.
         accept_lens: ``[bs]`` emitted tokens per request (accepted drafts + 1).
         prefix_lens: ``[bs]`` committed length before this step.
+
+    On CUDA one Triton launch (``kernels.accept_path``, the same result); these torch ops elsewhere.
     """
+    if accept_index.is_cuda and accept_path_available():
+        out_tokens, lens32, bonus, path_rows, path_positions = accept_path(
+            predict, accept_index, accept_lens, prefix_lens
+        )
+        return AcceptedStep(out_tokens, lens32, bonus, path_rows, path_positions)
     bs, width = (int(d) for d in accept_index.shape)
     device = accept_index.device
     lens = accept_lens.to(device=device, dtype=torch.int64)

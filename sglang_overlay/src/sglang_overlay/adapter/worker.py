@@ -232,7 +232,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 "tree stage: %s.",
                 "on" if can_run_graph else "off for this batch",
                 "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
-                "CUDA graph per batch size up to %d" % self._tree_stage.max_batch
+                "CUDA graphs for batch sizes %s" % self._tree_stage.captured_sizes
                 if self._tree_stage.enabled
                 else "eager",
             )
@@ -258,24 +258,19 @@ class DDTreeWorker(DFlashWorkerV2):
         )
 
     def _graphed_tree_stage(self) -> GraphedTreeStage:
-        """Steps 2-3 of the tree step, in a CUDA graph per batch size where the target has graphs.
+        """Steps 2-3 of the tree step, replayed from CUDA graphs where the target has decode graphs.
 
-        Built at the first decode step: the target's graphs are captured after this worker, and
-        the stage replays graphs only for the batch sizes the target captured (``max_bs``). Eager
-        with ``DDTREE_EAGER_TREE_STAGE=1``, without target graphs, and at TP > 1 (the vocab-parallel
-        head all-gathers across ranks).
+        Built at the first decode step (the target's graphs are captured after this worker), for
+        the batch sizes the target captured (``capture_bs``; batches are padded up to them, larger
+        ones run eagerly). Eager with ``DDTREE_EAGER_TREE_STAGE=1``, without target graphs, and at
+        TP > 1 (the vocab-parallel head all-gathers across ranks).
         """
         if self._tree_stage is None:
             runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
-            max_bs = int(getattr(runner, "max_bs", 0) or 0)
-            enabled = (
-                runner is not None
-                and max_bs > 0
-                and not eager_tree_stage()
-                and int(get_parallel().tp_group.world_size) == 1
-            )
+            sizes = [int(b) for b in (getattr(runner, "capture_bs", None) or [])]
+            enabled = bool(sizes) and not eager_tree_stage() and int(get_parallel().tp_group.world_size) == 1
             self._tree_stage = GraphedTreeStage(
-                tree_stage(self._head_topk, self.ddtree), max_batch=max_bs, enabled=enabled
+                tree_stage(self._head_topk, self.ddtree), batch_sizes=sizes, enabled=enabled
             )
         return self._tree_stage
 

@@ -5,6 +5,7 @@ Modules:
                 build_tree_kernel, empty_tree_batch, kernel_config, check_kernel_limits, limits
     draft_topk  fused_draft_topk (per-row top-k log-probs from one pass over the logits, Triton),
                 draft_topk_fast (the kernel on CUDA, core.tree.draft_topk elsewhere)
+    accept_path accept_path (the accepted path of a tree verify in one launch, Triton)
     warmup      ahead-of-time compilation of the kernel variants into a Triton cache + a JSON manifest
                 (``python -m sglang_overlay.kernels.warmup --arch sm_90 ...``)
 
@@ -22,6 +23,7 @@ _LAZY = {
         "default_num_warps", "empty_tree_batch", "build_tree_kernel", "build_tree", "triton_available",
     ),
     "draft_topk": ("MAX_FUSED_K", "fused_draft_topk", "draft_topk_fast", "fused_available"),
+    "accept_path": ("accept_path", "accept_path_available"),
     "warmup": ("warmup_kernels", "WarmupError"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
