@@ -232,9 +232,10 @@ class HealthGate:
         self.result["timings"]["total"] = round(self.clock() - self.t0, 3)
         self.result["passed"] = True
         performance = self.result.get("performance", {})
-        message = "%s is healthy: port after %s s, /health %s s, %s tokens/s, acceptance length %s" % (
+        message = "%s is healthy: port after %s s, /health %s s, %s tokens/s, acceptance length %s%s" % (
             self.unit, self.result["startup"].get("time_to_port_s"), self.result["health"]["latency_s"],
-            performance.get("tokens_per_second"), performance.get("accept_length"))
+            performance.get("tokens_per_second"), performance.get("accept_length"),
+            " (%s)" % performance["accept_length_source"] if performance.get("accept_length_source") else "")
         return True, message, self.result
 
     def failed(self, failure: GateFailed) -> tuple:
@@ -538,13 +539,23 @@ class HealthGate:
             current["accept_length"] = info["data"]["internal_states"][0].get("avg_spec_accept_length")
         except (TypeError, KeyError, IndexError, AttributeError):
             current["server_info_error"] = info["error"] or "HTTP %s" % info["status"]
+        source = "server_info" if current["accept_length"] is not None else None
+        accept_detail = {}
+        if source is None and self.decoding_key()["family"] != "NONE" and params["prompts"]:
+            accept_detail = self.accept_length_from_generate(params["prompts"][0], params["max_tokens"])
+            current["accept_length"] = accept_detail.pop("accept_length")
+            source = "generate meta_info" if current["accept_length"] is not None else None
         previous = params["previous"]
         if previous is None and params["metrics_file"]:
             previous = previous_metrics(self.read_record(params["metrics_file"]), self.decoding_key()["key"])
         floors = {"tokens_per_second": params["min_tokens_per_second"], "accept_length": params["min_accept_length"]}
         problems = compare_metrics(current, floors, previous, params["max_regression"])
+        if current["accept_length"] is None and accept_detail.get("accept_length_error"):
+            problems = [problem + " (POST /generate: %s)" % accept_detail["accept_length_error"]
+                        if problem.startswith("no acceptance length") else problem for problem in problems]
         self.result["performance"] = dict(
-            current, completion_tokens=sum(g["completion_tokens"] or 0 for g in self.generations),
+            current, accept_length_source=source, **accept_detail,
+            completion_tokens=sum(g["completion_tokens"] or 0 for g in self.generations),
             generation_s=round(sum(g["seconds"] for g in self.generations), 3),
             previous=previous, floors=floors, max_regression=params["max_regression"], problems=problems)
         if problems:
@@ -554,4 +565,31 @@ class HealthGate:
                 "model": self.model, "key": self.decoding_key()["key"], "release_id": params["release_id"],
                 "recorded_at": _now_utc(),
                 "tokens_per_second": current["tokens_per_second"], "accept_length": current["accept_length"],
-                "prompts": len(self.generations), "max_tokens": params["max_tokens"]})
+                "accept_length_source": source, "prompts": len(self.generations), "max_tokens": params["max_tokens"]})
+
+    def accept_length_from_generate(self, prompt: str, max_tokens: int) -> dict:
+        """The acceptance length of one greedy generation, from SGLang's own per-request meta_info.
+
+        For a speculative server whose /server_info has no average yet: SGLang 0.5.23 adds to
+        avg_spec_accept_length only every decode_log_interval (40) decode batches, more than the gate's
+        few generations on a fresh server. The native /generate answers each request's spec_accept_length
+        (completion tokens / verify steps) in its meta_info; the OpenAI routes do not.
+        -> {"accept_length": float or None, "accept_length_request": {...}} or, when it could not be
+        read, {"accept_length": None, "accept_length_error": why}.
+        """
+        body = {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
+        answer = self.io.request("POST", "/generate", body, timeout=self.params["request_timeout"], auth=True)
+        meta = answer["data"].get("meta_info") if answer["status"] == 200 and isinstance(answer["data"], dict) else None
+        if not isinstance(meta, dict):
+            problem = describe(answer) if answer["error"] or answer["status"] != 200 else (
+                "an answer without meta_info: %s" % answer["text"][:200])
+            self.check_unit("POST /generate", problem)  # a server that died explains it better
+            return {"accept_length": None, "accept_length_error": problem}
+        accept = meta.get("spec_accept_length")
+        detail = {"accept_length": accept if isinstance(accept, (int, float)) and not isinstance(accept, bool) else None,
+                  "accept_length_request": {"prompt": prompt[:TEXT_LIMIT], "completion_tokens": meta.get("completion_tokens"),
+                                            "spec_verify_ct": meta.get("spec_verify_ct"), "latency_s": answer["seconds"]}}
+        if detail["accept_length"] is None:
+            # SGLang sets it only when the request ran at least one verify step.
+            detail["accept_length_error"] = "meta_info has no spec_accept_length (spec_verify_ct %s)" % meta.get("spec_verify_ct")
+        return detail

@@ -4,6 +4,7 @@
 real processes and a real HTTP server.)
 """
 
+import json
 import pathlib
 
 import pytest
@@ -16,7 +17,11 @@ GOOD_TEXT = "The capital of France is Paris, and the Seine runs through it."
 BASELINE = "/var/lib/sglang/coder/baseline.json"
 KEY = "coder | DFLASH | tp 1 | sglang 0.5.23"  # what ScriptedHost's /server_info makes the baseline key
 METRICS = "/var/lib/sglang/coder/metrics.json"
-JOURNALS = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "sglang-journals"
+FIXTURES = pathlib.Path(__file__).resolve().parents[3] / "fixtures"
+JOURNALS = FIXTURES / "sglang-journals"
+# Real SGLang 0.5.23's answer to a native /generate on a DDTREE server (H200): meta_info with
+# spec_accept_length 12.0 (24 completion tokens / 2 verify steps).
+GENERATE_ANSWER = json.loads((FIXTURES / "sglang-conformance" / "generate.json").read_text())["body"]
 
 
 def gate_params(**overrides):
@@ -50,8 +55,10 @@ class ScriptedHost:
         self.chat_text = GOOD_TEXT
         self.on_chat = None
         self.requests = []
+        self.bodies = []  # (path, body, auth) of each POST
         self.server_info = {"speculative_algorithm": "DFLASH", "tp_size": 1, "version": "0.5.23",
                             "internal_states": [{"avg_spec_accept_length": 3.4}]}
+        self.generate_answer = GENERATE_ANSWER
 
     def unit_properties(self):
         return self.units.pop(0) if len(self.units) > 1 else self.units[0]
@@ -68,6 +75,8 @@ class ScriptedHost:
 
     def request(self, method, path, body=None, timeout=10.0, auth=False):
         self.requests.append((method, path))
+        if method == "POST":
+            self.bodies.append((path, body, auth))
         self.clock.now += 0.5
         answer = {"status": 200, "data": None, "text": "", "seconds": 0.5, "error": None}
         if path == "/health":
@@ -79,6 +88,8 @@ class ScriptedHost:
                               "usage": {"completion_tokens": 32}}
         elif path == "/server_info":
             answer["data"] = self.server_info
+        elif path == "/generate":
+            answer["data"] = self.generate_answer
         return answer
 
 
@@ -118,6 +129,8 @@ def test_a_good_start_passes_every_stage_and_records_baseline_and_metrics(clock)
     assert result["baseline"]["status"] == "recorded" and result["recorded"] == {"baseline": True, "metrics": True}
     assert written[BASELINE]["baselines"][KEY]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
     assert written[METRICS]["records"][-1]["accept_length"] == 3.4
+    # /server_info had the average: no extra generation for it.
+    assert result["performance"]["accept_length_source"] == "server_info" and ("POST", "/generate") not in host.requests
     assert result["performance"]["tokens_per_second"] == 64.0  # 32 tokens in 0.5 s
 
 
@@ -273,6 +286,76 @@ def test_the_acceptance_length_is_read_after_the_baseline_requests(clock):
     passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
     assert passed, message
     assert result["performance"]["accept_length"] == 5.0 and served[-1] == 2
+
+
+# ---- the acceptance length on a fresh server (docs/health-gate.md, "6. performance") ----------------
+
+def fresh(host):
+    """A speculative server whose /server_info has no average yet (SGLang 0.5.23 adds to it only every 40
+    decode batches: gate-run3, both calls)."""
+    host.server_info = dict(host.server_info, internal_states=[{"last_gen_throughput": 120.0}])
+    return host
+
+
+def test_a_fresh_speculative_server_gives_its_acceptance_length_through_generate_meta_info(clock):
+    host = fresh(ScriptedHost(clock, journal=GOOD_START))
+    passed, message, result, written, _warnings = run(host, clock, api_key="k3y", min_accept_length=2.0,
+                                                      metrics_file=METRICS, record_metrics=True)
+    assert passed, message
+    performance = result["performance"]
+    assert performance["accept_length"] == 12.0 and performance["accept_length_source"] == "generate meta_info"
+    assert performance["accept_length_request"] == {"prompt": PROMPT, "completion_tokens": 24, "spec_verify_ct": 2,
+                                                    "latency_s": 0.5}
+    assert message.endswith("acceptance length 12.0 (generate meta_info)")
+    # One greedy native generation of the first baseline prompt, with the API key, after the baseline's.
+    assert [b for b in host.bodies if b[0] == "/generate"] == [
+        ("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 64, "temperature": 0}}, True)]
+    assert host.requests[-2:] == [("GET", "/server_info"), ("POST", "/generate")]
+    assert performance["completion_tokens"] == 32  # tokens/s is still the baseline generations' alone
+    assert written[METRICS]["records"][-1]["accept_length"] == 12.0
+    assert written[METRICS]["records"][-1]["accept_length_source"] == "generate meta_info"
+
+
+def test_a_server_without_speculative_decoding_is_not_asked_for_an_acceptance_length(clock):
+    host = fresh(ScriptedHost(clock, journal=GOOD_START))
+    host.server_info = dict(host.server_info, speculative_algorithm=None)
+    passed, message, result, _written, _warnings = run(host, clock, min_accept_length=2.0)
+    assert ("POST", "/generate") not in host.requests
+    assert result["performance"]["accept_length"] is None and result["performance"]["accept_length_source"] is None
+    assert not passed and result["failed_stage"] == "performance"
+    assert "no acceptance length was measured, but the floor is 2 (is speculative decoding on?)" in message
+
+
+@pytest.mark.parametrize("answer, why", [
+    ({"status": 404, "data": {"detail": "Not Found"}, "text": '{"detail": "Not Found"}'}, "HTTP 404"),
+    ({"data": {"text": "x", "meta_info": {"completion_tokens": 1}}}, "meta_info has no spec_accept_length"),
+])
+def test_an_acceptance_length_generate_cannot_give_is_none_and_says_why(clock, answer, why):
+    host = fresh(ScriptedHost(clock, journal=GOOD_START))
+    original = host.request
+    host.request = lambda method, path, body=None, timeout=10.0, auth=False: (
+        dict(original(method, path, body, timeout, auth), **answer) if path == "/generate" else original(method, path, body, timeout, auth))
+    passed, _message, result, _written, _warnings = run(host, clock)
+    assert passed and result["performance"]["accept_length"] is None  # no floor: nothing to fail
+    assert result["performance"]["accept_length_source"] is None and why in result["performance"]["accept_length_error"]
+    passed, message, result, _written, _warnings = run(host, clock, min_accept_length=2.0)
+    assert not passed and result["failed_stage"] == "performance" and "(POST /generate: %s" % why in message
+
+
+def test_a_server_that_died_before_the_generate_request_fails_at_unit_watch(clock):
+    host = fresh(ScriptedHost(clock, journal=GOOD_START))
+    original = host.request
+
+    def request(method, path, body=None, timeout=10.0, auth=False):
+        if path == "/generate":
+            host.units = [FAILED_KILL]
+            return {"status": None, "data": None, "text": "", "seconds": 0.0, "error": "ConnectionRefusedError: refused"}
+        return original(method, path, body, timeout, auth)
+
+    host.request = request
+    passed, _message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
+    assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "killed"
+    assert result["died_during"]["stage"] == "performance" and result["died_during"]["request"] == "POST /generate"
 
 
 # ---- a server that dies after it became ready (docs/health-gate.md, "A server that dies during the gate")

@@ -63,6 +63,7 @@ class FakeSGLang(ThreadingHTTPServer):
         self.delay = 0.01  # seconds per chat answer
         self.on_chat = None  # called on each chat request
         self.requests = []
+        self.generate_bodies = []
         self.release = threading.Event()
 
     def listen(self):
@@ -111,6 +112,13 @@ class Handler(BaseHTTPRequestHandler):
         server = self.server
         server.requests.append(("POST", self.path, self.headers.get("Authorization")))
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/generate":
+            if not self.authorized():
+                return None
+            server.generate_bodies.append(body)
+            tokens = body["sampling_params"]["max_new_tokens"]  # SGLang: completion tokens / verify steps
+            return self.reply(200, {"text": GOOD_TEXT, "meta_info": {"completion_tokens": tokens, "spec_verify_ct": 8,
+                                                                     "spec_accept_length": tokens / 8}})
         if self.path != "/v1/chat/completions":
             return self.reply(404, {"detail": "Not Found"})
         if server.chat == "401":  # a key the server does not take; the answer echoes what was sent
@@ -395,3 +403,14 @@ def test_performance_floor_and_regression(host, tmp_path, capsys):
     assert "acceptance length 1.2 is below the floor 2" in result["msg"]
     assert "below the previous release's 3.4" in result["msg"]
     assert result["baseline"]["status"] == "recorded" and not (tmp_path / "state").exists()
+
+
+def test_a_fresh_server_gives_its_acceptance_length_through_generate(host, tmp_path, capsys):
+    # SGLang 0.5.23's /server_info has no average until 40 decode batches ran (gate-run3).
+    host.server.accept_length = None
+    host.server.listen()
+    code, result = run_module(sglang_health, args(host, tmp_path, prompts=["p"], min_accept_length=2.0), capsys)
+    assert code == 0, result["msg"]
+    assert result["performance"]["accept_length"] == 8.0 and result["performance"]["accept_length_source"] == "generate meta_info"
+    assert host.server.generate_bodies == [{"text": "p", "sampling_params": {"max_new_tokens": 64, "temperature": 0}}]
+    assert ("POST", "/generate", "Bearer %s" % API_KEY) in host.server.requests
