@@ -32,9 +32,13 @@ description:
     O(baseline_tolerance). The key is the model, the decoding family (the speculative algorithm, DDTREE in
     DFLASH's family), the tensor-parallel size and the SGLang version, read from C(/server_info); a change
     of any of them changes greedy outputs legitimately, so it records a new baseline instead of failing.
-  - C(performance) - tokens/s over the baseline generations and the acceptance length
-    (C(/server_info)) must meet O(min_tokens_per_second) and O(min_accept_length) and must not have
-    regressed by more than O(max_regression) from the previous release (O(previous) or O(metrics_file)).
+  - C(performance) - tokens/s over the baseline generations and the acceptance length must meet
+    O(min_tokens_per_second) and O(min_accept_length) and must not have regressed by more than
+    O(max_regression) from the previous release (O(previous) or O(metrics_file)). The acceptance length
+    is C(/server_info)'s C(avg_spec_accept_length); a speculative server that has none yet (SGLang 0.5.23
+    averages only every C(--decode-log-interval), 40, decode batches, more than a fresh server has run)
+    is asked for one more greedy generation of the first of O(prompts) through C(POST /generate), and
+    its C(meta_info.spec_accept_length) is used.
   - While later stages run, the unit and journal are still watched. A request that fails makes the gate
     read the unit and its journal again; a server that died (the unit no longer runs, or its main PID
     changed) fails at C(unit_watch) with the cause (for example C(child_crashed), C(killed),
@@ -149,7 +153,8 @@ options:
     type: float
   min_accept_length:
     description:
-      - Floor for the average acceptance length SGLang reports; failing when none is reported.
+      - Floor for the average acceptance length SGLang reports (C(/server_info), or the C(meta_info) of
+        one C(/generate) request on a server that has no average yet); failing when none is reported.
     type: float
   previous:
     description:
@@ -329,11 +334,18 @@ baseline:
            key: "coder | DFLASH | tp 1 | sglang 0.5.23", family: DFLASH,
            results: [{prompt: "List the first ten prime numbers, separated by commas.", status: match, differing_chars: 0}]}
 performance:
-  description: Tokens/s, acceptance length, the previous numbers and floors compared with, and the problems found.
+  description:
+    - Tokens/s, acceptance length, the previous numbers and floors compared with, and the problems found.
+    - C(accept_length_source) says where the acceptance length came from - C(server_info), C(generate meta_info)
+      (one C(/generate) request, described by C(accept_length_request) - prompt, completion_tokens,
+      spec_verify_ct, latency_s), or null with C(accept_length_error) saying why it could not be read.
   returned: when reached
   type: dict
-  sample: {tokens_per_second: 182.4, accept_length: 3.41, completion_tokens: 192, generation_s: 1.05,
-           previous: {tokens_per_second: 175.0, accept_length: 3.38}, problems: []}
+  sample: {tokens_per_second: 182.4, accept_length: 12.8, accept_length_source: generate meta_info,
+           accept_length_request: {prompt: "List the first ten prime numbers, separated by commas.",
+                                   completion_tokens: 64, spec_verify_ct: 5, latency_s: 0.21},
+           completion_tokens: 192, generation_s: 1.05,
+           previous: {tokens_per_second: 175.0, accept_length: 13.4}, problems: []}
 recorded:
   description: What was recorded (or, in check mode, would have been); C(verdict) with O(verdict_file).
   returned: always
