@@ -9,7 +9,8 @@ PERF_STEP_TIMING=N sets DDTREE_STEP_TIMING=N on both DDTREE servers (host ms per
 logged every N steps; the last lines land in results-perf.json). NONE starts first (it
 fills the JIT cache), then the other three together; then the measurements run one server at a time
 (the others idle), ROUNDS rounds (default 3) of 1, 16 and 64 concurrent greedy requests (T = 0, 64 new
-tokens, ignore_eos) on the held-out prompts: 8, 32 and 64 requests. tokens/s = completion tokens / wall
+tokens, ignore_eos) on the held-out prompts: 6, 32 and 64 requests, each list PERF_REPEAT times (default 1;
+longer rounds average out the scheduler's jitter, which moves a 0.1 s round by 20 %). tokens/s = completion tokens / wall
 seconds of the round. Greedy outputs of the first round are kept to compare servers (graphs vs eager).
 Writes OUT/results-perf.json and OUT/server-perf-NAME.log.
 """
@@ -29,7 +30,8 @@ CONCURRENCY = {1: 6, 16: 32, 64: 64}  # concurrent requests -> requests per meas
 
 def measure(server, prompts, conc):
     params = {"temperature": 0, "max_new_tokens": sc.GREEDY_NEW, "ignore_eos": True}
-    jobs = prompts[: CONCURRENCY[conc]]
+    repeat = int(os.environ.get("PERF_REPEAT", "1"))
+    jobs = prompts[: CONCURRENCY[conc]] * repeat
     t = time.time()
     with cf.ThreadPoolExecutor(conc) as ex:
         outs = list(ex.map(lambda p: server.generate(p, params), jobs))
@@ -57,6 +59,7 @@ def main():
             s.env["DDTREE_STEP_TIMING"] = os.environ["PERF_STEP_TIMING"]
     t0 = time.time()
     doc = {"plan": "perf", "rounds": rounds, "requests": CONCURRENCY, "new_tokens": sc.GREEDY_NEW,
+           "repeat": int(os.environ.get("PERF_REPEAT", "1")),
            "servers": {s.name: s.info for s in servers}, "runs": [], "outputs": {}}
 
     def save():
