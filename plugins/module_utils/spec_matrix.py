@@ -10,6 +10,13 @@ predicates by introspecting SGLang's SpeculativeAlgorithm), run in the service's
 
 from __future__ import annotations
 
+# What the checks' process imports once before forking a child per check (module_utils/forked_jobs.py):
+# SGLang imports torch before anything of its own, and a plugin cannot change it.
+PRELOAD = ("torch",)
+
+# `python -m sglang_overlay.predicates --json`, as a job: the module found on the release's path.
+PREDICATES_WITH_PLUGINS = 'import runpy; runpy.run_module("sglang_overlay.predicates", run_name="__main__", alter_sys=True)'
+
 # Run in the stack as `python -c FLAGS_PROBE <flags...>`: load plugins as SGLang does, parse the flags
 # with SGLang's own parser (exit 2 on a bad flag, like launch_server), resolve the algorithm.
 FLAGS_PROBE = r'''

@@ -1,6 +1,6 @@
 """Find every place a secret is: files under given roots, processes' argv and environment, the journal.
 
-Stdlib only: tests/gitops/test_secrets.py runs it on the controller (import) and on a lab host
+Stdlib only: tests/gitops/secret_checks.py runs it on the controller (import) and on a lab host
 (``python3 -c <this file> <roots...>``, the secret on stdin, so the search itself never puts the secret
 in an argv). Prints one JSON object: {"files": [...], "processes": [...], "journal": [...], "units": [...]}.
 """

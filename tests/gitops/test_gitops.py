@@ -1,9 +1,12 @@
 """GitOps rollouts end to end: a local bare Git repository, the lab, the rollout entry point and ansible-pull.
 
 The tests run in order and share one lab and one fleet repository (a copy of this checkout):
-  1. commit A (good overlay) rolls out on both hosts through scripts/rollout (plan, then rollout);
+  1. commit A (good overlay, and a canary API key for ct200's service) rolls out on both hosts through
+     scripts/rollout (plan, then rollout) at -vvv; the service refuses a request without the key and
+     answers one with it;
   2. commit B (an overlay whose tree walk is broken: not lossless) fails the health gate on the canary,
-     which is rolled back; ct129 is never touched; the report says so;
+     which is rolled back (also at -vvv); ct129 is never touched; the report says so; then the key is
+     searched for everywhere on the controller and ct200 (secret_checks.py): only its own file holds it;
   3. the same through the pull-based timer's command (ansible-pull, as the rollout_pull role renders it):
      commit C (good) rolls out, commit D (broken) is rolled back on the canary, and a run with no new
      commit does nothing;
@@ -14,6 +17,7 @@ Run by `scripts/test gitops`. Needs the lab (podman) and the controller venv on 
 
 import json
 import os
+import secrets
 import shlex
 import shutil
 import subprocess
@@ -22,22 +26,17 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+import secret_checks
+from conftest import ARTIFACTS, REPO, copy_checkout, on_lab_host, run
+
 WALK = "sglang_overlay/src/sglang_overlay/core/walk.py"
 GOOD_MATCH = "(tree.tokens == want[:, None])"
 BROKEN_MATCH = "(tree.tokens >= 0)"  # accepts any child: the output is no longer the target's own
-ARTIFACTS = Path(os.environ.get("DDTREE_TEST_ARTIFACTS") or REPO / ".cache" / "gitops-artifacts")
+# ct200's service's API key: a canary, fresh each run, searched for after the rollouts (issue 18).
+API_KEY = "canary-" + secrets.token_hex(16)
 
 pytestmark = pytest.mark.skipif(shutil.which("podman") is None or shutil.which("ansible-pull") is None,
                                 reason="needs podman and the controller venv (scripts/test gitops)")
-
-
-def run(command, env, cwd=REPO, check=True, timeout=1800):
-    proc = subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s exited %d\n--- stdout (tail)\n%s\n--- stderr (tail)\n%s" % (
-            " ".join(map(str, command)), proc.returncode, proc.stdout[-6000:], proc.stderr[-3000:]))
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +45,9 @@ def lab(tmp_path_factory):
     base = tmp_path_factory.mktemp("gitops")
     env = dict(os.environ, DDTREE_LAB_ID="ddtree-gitops-%d-%d" % (int(time.time()), os.getpid()),
                DDTREE_LOCK_DIR=str(base / "locks"), DDTREE_ROLLOUT_WORKDIR=str(base / "rollouts"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               # Where the API key search looks on the controller, besides the reports and locks.
+               ANSIBLE_LOCAL_TEMP=str(base / "ansible-tmp"), DDTREE_ROLLOUT_REPORT_HISTORY="1")
     env.pop("DDTREE_ROLLOUT_REPORT_DIR", None)
     run([str(REPO / "lab" / "up")], env)
     try:
@@ -62,17 +63,7 @@ def fleet(lab):
     bare, work = base / "fleet.git", base / "work"
     run(["git", "init", "--quiet", "--bare", "--initial-branch=main", str(bare)], env)
     run(["git", "init", "--quiet", "--initial-branch=main", str(work)], env)
-    files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], env).stdout.split("\0")
-    for name in filter(None, files):
-        source = REPO / name
-        if not source.exists() and not source.is_symlink():
-            continue  # deleted in this checkout, not yet committed
-        target = work / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():
-            os.symlink(os.readlink(source), target)
-        else:
-            shutil.copy2(source, target)
+    copy_checkout(work, env)
 
     def commit(message, change=None):
         if change:
@@ -100,7 +91,7 @@ def mend_walk(note):
 
 
 def on_host(lab, host, *command):
-    return run(["podman", "exec", "%s-%s" % (lab["env"]["DDTREE_LAB_ID"], host), *command], lab["env"]).stdout.strip()
+    return on_lab_host(lab["env"], host, *command)
 
 
 def current_release(lab, host, service):
@@ -108,7 +99,11 @@ def current_release(lab, host, service):
 
 
 def answers(lab, host):
-    """The service on the host answers a chat completion with real text."""
+    """The service on the host answers a chat completion with real text (ct200's: given its API key)."""
+    if host == secret_checks.HOST:
+        [(status, text)] = secret_checks.chat_statuses(lab["env"], API_KEY, keys=["key"])
+        assert status == 200, status
+        return text
     code = ("import json, urllib.request; body = json.dumps({'model': 'any', 'max_tokens': 12, 'temperature': 0, "
             "'messages': [{'role': 'user', 'content': 'Name three rivers.'}]}).encode(); "
             "req = urllib.request.Request('http://127.0.0.1:30000/v1/chat/completions', body, {'Content-Type': 'application/json'}); "
@@ -138,9 +133,11 @@ STATE = {}
 
 
 def test_commit_a_rolls_out_on_both_hosts(lab, fleet):
-    commit_a = fleet["commit"]("A: this checkout")
+    commit_a = fleet["commit"]("A: this checkout, and a canary API key for ct200's service", secret_checks.plant_key(API_KEY))
     reports = lab["base"] / "reports-a"
-    rollout(lab, fleet, reports)
+    # -vvv: every module's arguments and results printed, where a key passed through a task would show.
+    STATE["output_a"] = rollout(lab, fleet, reports, "--", "-vvv")
+    STATE["reports_a"] = reports
     plan, report = load(reports / "plan.json"), load(reports / "rollout.json")
     assert plan["verdict"] == "planned" and plan["revision"] == commit_a
     assert {row["host"]: row["status"] for row in plan["hosts"]} == {"ct200": "would change", "ct129": "would change"}
@@ -151,6 +148,8 @@ def test_commit_a_rolls_out_on_both_hosts(lab, fleet):
     assert rows[("ct129", "chat")]["after_release_id"] == release_a and all(row["gate"]["passed"] for row in rows.values())
     assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_a
     assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3
+    # The key reached the server: it refuses a request without it.
+    assert secret_checks.chat_statuses(lab["env"], API_KEY, keys=[None])[0][0] == 401
     STATE["release_a"] = release_a
 
 
@@ -159,7 +158,7 @@ def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_o
     commit_b = fleet["commit"]("B: the tree walk accepts any child (not lossless)", break_walk)
     reports = lab["base"] / "reports-b"
     # The plan step is proven with commit A; here the rollout itself is the subject.
-    proc = rollout(lab, fleet, reports, "--skip-plan", check=False)
+    proc = rollout(lab, fleet, reports, "--skip-plan", "--", "-vvv", check=False)
     assert proc.returncode == 1, proc.stderr[-3000:]
     keep(reports / "rollout.md", "failed-rollout.md")
     keep(reports / "rollout.json", "failed-rollout.json")
@@ -180,6 +179,13 @@ def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_o
     assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3
     history = on_host(lab, "ct200", "tail", "-n", "1", "/var/lib/sglang/coder/history.jsonl")
     assert json.loads(history)["rolled_back_to_release_id"] == release_a
+    # A rollout and a rollback at -vvv, the journal excerpts of a failed gate in history and reports: the
+    # key is nowhere but in its own file.
+    output_a = STATE["output_a"]
+    secret_checks.assert_the_key_is_only_in_its_file(
+        lab["env"], API_KEY,
+        {"rollout A (plan and rollout, -vvv)": output_a.stdout + output_a.stderr, "rollout B (rolled back, -vvv)": proc.stdout + proc.stderr},
+        [STATE["reports_a"], reports])
 
 
 def pull_command(lab, fleet):

@@ -13,20 +13,19 @@ Run by `scripts/test interrupted` (not part of `scripts/test`: about 40 minutes)
 import json
 import os
 import shutil
-import subprocess
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from conftest import ARTIFACTS, REPO, copy_checkout, run
+
 WALK = "sglang_overlay/src/sglang_overlay/core/walk.py"
 GOOD_MATCH = "(tree.tokens == want[:, None])"
 LOSSY_MATCH = "(tree.tokens >= 0)"  # accepts any child: the output is no longer the target's own
 SERVICES = "/opt/sglang/services/coder"
 VERDICTS = "/var/lib/sglang/coder/verdicts.json"
-ARTIFACTS = Path(os.environ.get("DDTREE_TEST_ARTIFACTS") or REPO / ".cache" / "gitops-artifacts")
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("podman") is None or shutil.which("ansible-playbook") is None,
@@ -38,15 +37,6 @@ pytestmark = [
 ]
 
 
-def run(command, env, cwd, check=True, timeout=1800, new_session=False):
-    proc = subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False,
-                          start_new_session=new_session)
-    if check and proc.returncode != 0:
-        raise AssertionError("%s exited %d\n--- stdout (tail)\n%s\n--- stderr (tail)\n%s" % (
-            " ".join(map(str, command)), proc.returncode, proc.stdout[-6000:], proc.stderr[-3000:]))
-    return proc
-
-
 @pytest.fixture(scope="module")
 def bed(tmp_path_factory):
     """A lab of its own and a copy of this checkout to vary the overlay in."""
@@ -56,17 +46,7 @@ def bed(tmp_path_factory):
     for name in ("DDTREE_ROLLOUT_REPORT_DIR", "DDTREE_KILL_AT_TASK", "DDTREE_KILL_AFTER_S"):
         env.pop(name, None)
     work = base / "work"
-    files = run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], env, REPO).stdout.split("\0")
-    for name in filter(None, files):
-        source = REPO / name
-        if not source.exists() and not source.is_symlink():
-            continue
-        target = work / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_symlink():
-            os.symlink(os.readlink(source), target)
-        else:
-            shutil.copy2(source, target)
+    copy_checkout(work, env)
     # DDTREE_INTERRUPTED_REUSE_LAB=1 with DDTREE_INTERRUPTED_LAB_ID: a lab already up and rolled out by an
     # earlier run of this file (to run some cells again with -k); it is left up.
     reuse = os.environ.get("DDTREE_INTERRUPTED_REUSE_LAB") == "1"
