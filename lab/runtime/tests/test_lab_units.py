@@ -11,6 +11,7 @@ from ddtree_lab_runtime.decoding import DecodePlan, Decoder, SamplingParams
 from ddtree_lab_runtime.faults import LabConfigError, LabEnv, parse_faults
 from ddtree_lab_runtime.gpus import environment_with_gpus, held_gpus
 from ddtree_lab_runtime.model import LabDraftConfig, LabLM, LabModelConfig
+from ddtree_lab_runtime.scheduler import SpecMetrics
 from ddtree_lab_runtime.tokenizer import EOS_ID, IM_END_ID, ByteTokenizer, IncrementalDecoder
 
 TOK = ByteTokenizer()
@@ -99,6 +100,32 @@ def test_speculative_greedy_is_lossless(target, name):
         steps += stats.spec_verify_ct
         assert stats.spec_num_correct_drafts <= stats.spec_verify_ct * PLANS[name].budget
     assert steps < 4 * 79  # drafts were accepted
+
+
+def test_decode_steps_are_the_decode_batches_sglang_counts(target):
+    # Every step after the prefill's first token is one decode batch: a verify step (committed, accepted)
+    # on a speculative server, a plain one-token step (None) otherwise.
+    _out, stats = greedy(Decoder(target, PLANS["ddtree-15x8"]), PROMPTS[0])
+    assert len(stats.decode_steps) == stats.spec_verify_ct and None not in stats.decode_steps
+    assert sum(step[0] for step in stats.decode_steps) == stats.spec_num_accept_tokens == stats.completion_tokens - 1
+    _out, stats = greedy(Decoder(target, DecodePlan("none")), PROMPTS[0])
+    assert stats.decode_steps == [None] * (stats.completion_tokens - 1)
+
+
+def test_the_server_average_counts_only_whole_decode_log_intervals():
+    # SGLang 0.5.23 (metrics_reporter.report_decode_stats): a window of verify steps folds into the totals
+    # /server_info reads only at every decode_log_interval-th decode batch.
+    metrics = SpecMetrics(decode_log_interval=40)
+    folded = [metrics.decode_batch((4, 3)) for _ in range(39)]
+    assert folded == [None] * 39 and metrics.total.forward_ct == 0  # 39 batches: no average yet
+    window = metrics.decode_batch((2, 1))
+    assert (window.forward_ct, window.accept_tokens, window.correct_drafts) == (40, 158, 118)
+    assert (metrics.total.forward_ct, metrics.total.accept_tokens) == (40, 158) and metrics.logged is window
+    for _ in range(39):  # the next window is not in the average until its 40th batch
+        assert metrics.decode_batch((1, 0)) is None
+    assert (metrics.total.forward_ct, metrics.total.accept_tokens) == (40, 158)
+    assert metrics.decode_batch(None).forward_ct == 39  # a plain decode batch counts, adds no verify step
+    assert (metrics.total.forward_ct, metrics.total.accept_tokens, metrics.decode_batches) == (79, 197, 80)
 
 
 def test_ddtree_tree_accepts_more_than_its_first_rank_chain(target):

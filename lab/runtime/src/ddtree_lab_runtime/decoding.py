@@ -196,6 +196,9 @@ class RequestStats:
     spec_verify_ct: int = 0
     spec_num_correct_drafts: int = 0
     spec_num_accept_tokens: int = 0  # committed tokens in verify steps (accepted drafts + bonus)
+    # One entry per decode batch (every step after the prefill's first token), in order: (committed
+    # tokens, accepted drafts) of a verify step, or None for a plain one-token decode step.
+    decode_steps: list = field(default_factory=list)
     finish_reason: Optional[dict] = None
     decode_seconds: float = 0.0
     first_token_seconds: float = 0.0
@@ -317,6 +320,9 @@ class Decoder:
                 stats.spec_verify_ct += 1
                 stats.spec_num_correct_drafts += min(accepted, len(chunk))
                 stats.spec_num_accept_tokens += len(chunk)
+                stats.decode_steps.append((len(chunk), min(accepted, len(chunk))))
+            elif produced > 0:
+                stats.decode_steps.append(None)
             for tok in chunk:
                 ctx = self.target.push(ctx, tok)
             produced += len(chunk)

@@ -251,6 +251,8 @@ def build_app(state: ServerState) -> Starlette:
             "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": state.context_len},
             "lab_runtime": {**state.lab_info, **state.plan.to_dict(),
                             "spec_verify_ct_total": scheduler.spec.forward_ct,
+                            "decode_batches": scheduler.spec_metrics.decode_batches,
+                            "decode_log_interval": scheduler.spec_metrics.decode_log_interval,
                             "spec_accept_rate": scheduler.spec_accept_rate()},
         }
         accept = scheduler.avg_spec_accept_length()
@@ -295,10 +297,10 @@ def build_app(state: ServerState) -> Starlette:
         gauge("sglang:gen_throughput", "The generation throughput (token/s).", scheduler.gen_throughput())
         gauge("sglang:spec_accept_length",
               "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward).",
-              scheduler.avg_spec_accept_length() or 0.0)
+              scheduler.accept_length(scheduler.spec_metrics.logged))  # SGLang: the last logged window's
         gauge("sglang:spec_accept_rate",
               "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
-              scheduler.spec_accept_rate())
+              scheduler.accept_rate(scheduler.spec_metrics.logged))
         gauge("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
               scheduler.prompt_tokens_total, tok_labels, "counter")
         gauge("sglang:generation_tokens_total", "Number of generation tokens processed.",

@@ -175,7 +175,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from .endpoints import ServerState, build_app
     from .scheduler import Scheduler
 
-    scheduler = Scheduler(decoder, tokenizer, faults)
+    scheduler = Scheduler(decoder, tokenizer, faults, decode_log_interval=cfg.decode_log_interval)
     scheduler.start()
     context_len = model_config.context_length
     logger.info(

@@ -98,8 +98,46 @@ class SpecTotals:
     correct_drafts: int = 0
 
 
+class SpecMetrics:
+    """The server-wide speculative statistics as SGLang 0.5.23 keeps them
+    (``scheduler_components/metrics_reporter.py``, ``report_decode_stats``; ``internal_state.py``,
+    ``_average_accept_length``).
+
+    Every decode batch counts (a verify step, or a plain one-token step); a verify step adds to a window.
+    Only when the count of decode batches reaches a multiple of ``decode_log_interval`` (``--decode-log-interval``,
+    40) is the window logged ("Decode batch, ... accept len: ...") and folded into the totals, and the
+    totals are all ``/server_info``'s ``avg_spec_accept_length`` reads: a fresh server that ran fewer
+    decode batches reports none (measured on the H200, docs/evidence/gpu-sglang/gate-run3). Per request,
+    ``meta_info.spec_accept_length`` is there from the first verify step.
+    """
+
+    def __init__(self, decode_log_interval: int = 40):
+        self.decode_log_interval = max(int(decode_log_interval), 1)
+        self.decode_batches = 0
+        self.window = SpecTotals()
+        self.total = SpecTotals()
+        self.logged = SpecTotals()  # the last window folded: what SGLang's /metrics gauges show (0 before)
+
+    def decode_batch(self, step: Optional[tuple]) -> Optional[SpecTotals]:
+        """One decode batch: (committed tokens, accepted drafts) of a verify step, or None for a plain
+        step. -> the window just folded into the totals (to log), or None."""
+        self.decode_batches += 1
+        if step is not None:
+            self.window.forward_ct += 1
+            self.window.accept_tokens += step[0]
+            self.window.correct_drafts += step[1]
+        if self.decode_batches % self.decode_log_interval != 0:
+            return None
+        window, self.window = self.window, SpecTotals()
+        self.logged = window
+        self.total.forward_ct += window.forward_ct
+        self.total.accept_tokens += window.accept_tokens
+        self.total.correct_drafts += window.correct_drafts
+        return window
+
+
 class Scheduler:
-    def __init__(self, decoder: Decoder, tokenizer: ByteTokenizer, faults: Faults):
+    def __init__(self, decoder: Decoder, tokenizer: ByteTokenizer, faults: Faults, decode_log_interval: int = 40):
         self.decoder = decoder
         self.tokenizer = tokenizer
         self.faults = faults
@@ -108,7 +146,8 @@ class Scheduler:
         self.armed = False  # faults that act "after start" act once the warm-up is done
         self.user_requests = 0
         self.running = 0
-        self.spec = SpecTotals()
+        self.spec_metrics = SpecMetrics(decode_log_interval)
+        self.spec = self.spec_metrics.total  # what /server_info and /metrics report
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.num_requests_total = 0
@@ -135,14 +174,30 @@ class Scheduler:
         return self.queue.qsize()
 
     def avg_spec_accept_length(self) -> Optional[float]:
+        """/server_info's average: the folded totals only (SpecMetrics); None before the first fold."""
         if not self.decoder.plan.speculative or self.spec.forward_ct <= 0:
             return None
-        return self.spec.accept_tokens / self.spec.forward_ct
+        return self.accept_length(self.spec)
+
+    def _log_decode_batch(self, window: SpecTotals, tokens: int) -> None:
+        """SGLang's line, logged every decode_log_interval decode batches (its format, measured on the H200)."""
+        msg = f"Decode batch, #running-req: 1, #token: {tokens}, token usage: 0.00, "
+        if self.decoder.plan.speculative:
+            msg += f"accept len: {self.accept_length(window):.2f}, accept rate: {self.accept_rate(window):.2f}, "
+        msg += f"cuda graph: False, gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {self.queue_size()}"
+        logger.info(msg)
 
     def spec_accept_rate(self) -> float:
+        return self.accept_rate(self.spec)
+
+    @staticmethod
+    def accept_length(counts: SpecTotals) -> float:
+        return counts.accept_tokens / counts.forward_ct if counts.forward_ct else 0.0
+
+    def accept_rate(self, counts: SpecTotals) -> float:
         per_round = max(self.decoder.plan.num_draft_tokens - 1, 0)
-        proposed = self.spec.forward_ct * per_round
-        return self.spec.correct_drafts / proposed if proposed else 0.0
+        proposed = counts.forward_ct * per_round
+        return counts.correct_drafts / proposed if proposed else 0.0
 
     def gen_throughput(self) -> float:
         now = time.time()
@@ -255,9 +310,10 @@ class Scheduler:
             meta["spec_num_proposed_drafts"] = proposed
         if request.kind != "health":
             with self._lock:
-                self.spec.forward_ct += stats.spec_verify_ct
-                self.spec.accept_tokens += stats.spec_num_accept_tokens
-                self.spec.correct_drafts += stats.spec_num_correct_drafts
+                for step in stats.decode_steps:
+                    window = self.spec_metrics.decode_batch(step)
+                    if window is not None:
+                        self._log_decode_batch(window, len(request.prompt_ids) + stats.completion_tokens)
                 self.prompt_tokens_total += len(request.prompt_ids)
                 self.generation_tokens_total += stats.completion_tokens
                 self.num_requests_total += 1
