@@ -22,6 +22,9 @@ Scenarios (docs/health-gate.md, "Measured on real SGLang"):
           (a failed request on a healthy unit: it must stay at its stage). In the other two the launcher,
           or its scheduler, is SIGKILLed just before the gate's first baseline generation: each must fail
           at unit_watch with its cause (the gate reads the unit and journal again after the failed request).
+  GATE_PLAN=fresh (docs/evidence/gpu-sglang/gate-run4): one DDTREE server gated from its start with
+          min_accept_length 2.0 (its /server_info has no average yet: the gate reads the acceptance length
+          from a /generate's meta_info), then gated again on the same server.
 Writes OUT/gate-results.json (each run's passed, message and result), OUT/baseline.json, OUT/metrics.json,
 OUT/conformance/*.json and the servers' logs (OUT/server-*.log).
 """
@@ -391,6 +394,41 @@ def healthy_then_short_timeout(server):
         dump()
 
 
+def server_info_states(server):
+    """/server_info's internal_states[0] and how many "Decode batch" lines (one per decode_log_interval
+    decode batches) the server has logged so far."""
+    with open(log_path(server), errors="replace") as handle:
+        decode_lines = handle.read().count("Decode batch")
+    try:
+        states = (server.get("/server_info").get("internal_states") or [{}])[0]
+    except Exception as exc:  # noqa: BLE001
+        states = {"error": repr(exc)}
+    return {"avg_spec_accept_length": states.get("avg_spec_accept_length"), "decode_batch_log_lines": decode_lines}
+
+
+@guarded
+def fresh_then_again(server):
+    """A fresh DDTREE server gated from its start with an acceptance-length floor (its /server_info has no
+    average yet), then gated again on the same server."""
+    for label, since in (("ddtree-fresh", None), ("ddtree-again", "now")):
+        io = ProcessIO(server, log_path(server))
+        if since:
+            io.offset = os.path.getsize(log_path(server))
+        entry = run_gate(label, server, io, baseline_file=BASELINE, metrics_file=METRICS, record_metrics=True,
+                         min_accept_length=2.0, **({"since": since} if since else {}))
+        entry["after"] = server_info_states(server)
+        with LOCK:
+            dump()
+
+
+def plan_fresh(models, release, servers, threads):
+    server = Server("ddtree", "DDTREE", release, 31030, models)
+    server.start()
+    servers.append(server)
+    threads.append(threading.Thread(target=fresh_then_again, args=(server,)))
+    threads[-1].start()
+
+
 def plan_killed(models, release, servers, threads):
     plan = [(Server("ddtree", "DDTREE", release, 31020, models), healthy_then_short_timeout, ()),
             (Server("ddtree-launcher-killed", "DDTREE", release, 31021, models), killed_in_baseline, ("launcher",)),
@@ -486,6 +524,8 @@ def main():
         threads = []
         if os.environ.get("GATE_PLAN") == "killed":
             plan_killed(models, release, servers, threads)
+        elif os.environ.get("GATE_PLAN") == "fresh":
+            plan_fresh(models, release, servers, threads)
         else:
             plan_waves(models, release, lossy, servers, threads)
         deadline = float(os.environ.get("GATE_LIMIT", "400"))
