@@ -24,8 +24,8 @@ description:
     naming it) and resolves its speculative algorithm.
   - Writes nothing (C(PYTHONDONTWRITEBYTECODE=1)).
   - Runs the three checks in one process of the stack's Python that imports torch once and forks a
-    child per check (each with its own environment and path, as separate processes would have):
-    about a third of the CPU time of three processes.
+    child per check, each with its own environment and path as separate processes would have; about
+    half the CPU time of three processes.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
