@@ -51,7 +51,7 @@ def main():
                sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models),
                sc.Server("perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models),
                sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models)]
-    name, _, value = os.environ.get("PERF_BEFORE_ENV", "DDTREE_EAGER_TREE_STAGE=1").partition("=")
+    name, value = os.environ.get("PERF_BEFORE_ENV", "DDTREE_EAGER_TREE_STAGE=1").split("=", 1)
     servers[2].env[name] = value
     servers[2].info["env"] = "%s=%s" % (name, value)
     if os.environ.get("PERF_STEP_TIMING"):
