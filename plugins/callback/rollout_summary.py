@@ -87,6 +87,14 @@ def _now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _event(task):
+    """The task's ddtree_rollout_event, its own or its include's (a bake includes the role's health_gate.yml)."""
+    try:
+        return task.get_vars().get(EVENT_VAR)
+    except Exception:  # a task object without vars (never seen; the report must not break a run)  # pylint: disable=broad-except
+        return None
+
+
 def _command():
     """This run's ansible-playbook command as typed, to resume a paused rollout with (under AWX: relaunch the job)."""
     return {"cwd": os.getcwd(), "argv": " ".join(shlex.quote(arg) for arg in sys.argv)}
@@ -140,7 +148,7 @@ class CallbackModule(CallbackBase):
             self.active = True
             self.events.append({"host": host, "kind": "start", "result": data["ansible_facts"][START_FACT]})
         kind = ACTIONS.get(getattr(task, "resolved_action", None) or task.action)
-        if kind == "gate" and (task.vars or {}).get(EVENT_VAR) == "bake":
+        if kind == "gate" and _event(task) == "bake":
             kind = "bake"
         if kind and "results" not in data:
             self.active = True
@@ -164,7 +172,7 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         kind = ACTIONS.get(getattr(result._task, "resolved_action", None) or result._task.action)
-        event = (result._task.vars or {}).get(EVENT_VAR)
+        event = _event(result._task)
         if event in ("stop", "pause"):
             self.events.append({"host": result._host.get_name(), "kind": event, "task": result._task.get_name(),
                                 "result": {"msg": result._result.get("msg", "")}})

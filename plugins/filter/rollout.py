@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import yaml
+
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy import (
@@ -13,7 +15,15 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy impor
 
 
 def rollout_policy(policy, legacy_batches=None):
-    """The policy, validated and normalised, with the play keywords it sets (serial, max_fail_percentage)."""
+    """The policy, validated and normalised, with the play keywords it sets (serial, max_fail_percentage).
+
+    A policy given as text (an AWX survey's textarea holds no mapping) is read as YAML, or JSON."""
+    if isinstance(policy, str):
+        try:
+            policy = yaml.safe_load(policy) if policy.strip() else None
+        except yaml.YAMLError as error:
+            raise AnsibleFilterError("ddtree_rollout_policy is text that is not YAML (%s): write a mapping such as "
+                                     "{batches: [1, '5%%'], bake_time_s: 300}" % str(error).splitlines()[0]) from None
     try:
         result = validate_policy(policy, legacy_batches)
     except PolicyError as error:
