@@ -137,7 +137,8 @@ class CallbackModule(CallbackBase):
 
     def _host(self, result):
         """The host a result is about: the delegated one when a task ran on a targeted host for another (a bake)."""
-        delegated = (result._result.get("_ansible_delegated_vars") or {}).get("ansible_delegated_host")
+        # An unreachable result carries no _ansible_delegated_vars; its task holds delegate_to, templated.
+        delegated = (result._result.get("_ansible_delegated_vars") or {}).get("ansible_delegated_host") or result._task.delegate_to
         return delegated if delegated in self.targeted else result._host.get_name()
 
     def _record(self, result, item=None):
@@ -174,6 +175,7 @@ class CallbackModule(CallbackBase):
         kind = ACTIONS.get(getattr(result._task, "resolved_action", None) or result._task.action)
         event = _event(result._task)
         if event in ("stop", "pause"):
+            self.active = True
             self.events.append({"host": result._host.get_name(), "kind": event, "task": result._task.get_name(),
                                 "result": {"msg": result._result.get("msg", "")}})
             return
@@ -193,6 +195,14 @@ class CallbackModule(CallbackBase):
         self.failed_items.setdefault((result._host.get_name(), result._task._uuid), []).append(result._result.get("msg", ""))
 
     def v2_runner_on_unreachable(self, result):
+        if _event(result._task) == "bake":
+            # A bake's re-check that could not reach its host (the task ignores it): inconclusive, not a failure.
+            self.active = True
+            service = (result._task.args or {}).get("name")
+            self.events.append({"host": self._host(result), "kind": "bake", "task": result._task.get_name(),
+                                "service": service if isinstance(service, str) and "{{" not in service else None,
+                                "result": dict(result._result, unreachable=True)})
+            return
         self.events.append({"host": self._host(result), "kind": "unreachable", "task": result._task.get_name(),
                             "result": result._result})
 

@@ -130,7 +130,7 @@ def _host_status(record, kind):
         return "would change" if record["changes"] else "no change"
     if any(service["rollback"] for service in services):
         return "rolled back"
-    if any((service.get("bake") or {}).get("verdict") == "inconclusive" for service in services):
+    if record.get("inconclusive") or any((service.get("bake") or {}).get("verdict") == "inconclusive" for service in services):
         return "inconclusive"
     if record["failure"]:
         return "failed"
@@ -202,8 +202,12 @@ def build_report(events, targeted, kind="rollout", meta=None):
                 if not summary["passed"]:
                     service["rollback"] = {"evidence": summary}
         elif kind_ == "bake":
-            service = _service(record, event["service"] or (result.get("item") or {}).get("service", {}).get("name"))
             verdict = bake_verdict(result)
+            name = event.get("service") or result.get("service")
+            if not name:  # the re-check never reached the host: no service to name
+                record["inconclusive"] = verdict["reason"]
+                continue
+            service = _service(record, name)
             summary = dict(gate_summary(result), verdict=verdict["verdict"], reason=verdict["reason"])
             service["bake"] = summary
             if verdict["verdict"] == "failed":
@@ -393,12 +397,13 @@ def render_markdown(report):
         out += ["### Paused", "", _cell(report["paused"]), ""]
         if resume_command(report):
             out += ["Resume (the same run again; under AWX, relaunch the job):", "", _fence([resume_command(report)]), ""]
-    bakes = [(row["host"], service) for row in report["hosts"] for service in row["services"] if service.get("bake")]
+    bakes = [(row["host"], service["name"], service["bake"]) for row in report["hosts"] for service in row["services"] if service.get("bake")]
+    bakes += [(row["host"], None, {"verdict": "inconclusive", "stage": None, "reason": row["inconclusive"]})
+              for row in report["hosts"] if row.get("inconclusive")]
     if bakes:
         out += ["### Bake re-checks", "", "| Host | Service | Result | Stage | Why |", "|---|---|---|---|---|"]
-        for host, service in bakes:
-            bake = service["bake"]
-            out.append("| %s | %s | %s | %s | %s |" % (_cell(host), _cell(service["name"]), _cell(bake["verdict"]), _cell(bake["stage"]),
+        for host, name, bake in bakes:
+            out.append("| %s | %s | %s | %s | %s |" % (_cell(host), _cell(name), _cell(bake["verdict"]), _cell(bake["stage"]),
                                                      _cell(bake["reason"] if bake["verdict"] != "passed" else "")))
         out.append("")
     not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
@@ -473,7 +478,7 @@ def summary_lines(report):
     if report.get("stopped"):
         lines.append(("STOPPED: %s" % report["stopped"], True))
     if report.get("paused"):
-        lines.append(("PAUSED: %s" % report["paused"], True))
+        lines.append((report["paused"] if report["paused"].startswith("PAUSED") else "PAUSED: %s" % report["paused"], True))
         if resume_command(report):
             lines.append(("resume: %s" % resume_command(report), True))
     return lines

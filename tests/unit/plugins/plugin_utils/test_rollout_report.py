@@ -266,3 +266,14 @@ def test_reports_without_a_bake_are_unchanged():
     report = build_report(canary_rolled_back(), ["ct200", "ct129"])
     assert "paused" not in report and "stopped" not in report
     assert all("bake" not in service for row in report["hosts"] for service in row["services"])
+
+
+def test_a_bake_that_never_reached_its_host_is_inconclusive_not_failed():
+    events = two_batches_deployed() + [
+        {"host": "ct129", "kind": "bake", "service": None, "result": {"unreachable": True, "msg": "ssh: Connection refused"}},
+        {"host": "ct200", "kind": "pause", "result": {"msg": "PAUSED: ..."}},
+    ]
+    report = build_report(events, ["ct200", "ct129"])
+    assert report["verdict"] == "paused"
+    assert report["hosts"][1]["status"] == "inconclusive" and report["hosts"][1]["failure"] is None
+    assert "| ct129 | – | inconclusive | – | unreachable: ssh: Connection refused |" in render_markdown(report)
