@@ -311,8 +311,8 @@ def _headline(report):
     parts = ", ".join("%d %s" % (count, status) for status, count in sorted(counts.items()))
     if report["verdict"] == "planned":
         return "## ddtree.sglang plan: %s" % (parts or "no hosts")
-    word = {"succeeded": "succeeded", "failed": "FAILED", "paused": "PAUSED (a bake's re-check was inconclusive)", "refused": "REFUSED (another rollout holds the lock)",
-            "plan failed": "FAILED"}.get(report["verdict"], report["verdict"])
+    word = {"succeeded": "succeeded", "failed": "FAILED", "paused": "PAUSED (a bake's re-check was inconclusive)",
+            "refused": "REFUSED (another rollout holds the lock)", "plan failed": "FAILED"}.get(report["verdict"], report["verdict"])
     return "## ddtree.sglang %s: %s (%s)" % ("plan" if report["kind"] == "plan" else "rollout", word, parts or "no hosts")
 
 
@@ -403,8 +403,8 @@ def render_markdown(report):
     if bakes:
         out += ["### Bake re-checks", "", "| Host | Service | Result | Stage | Why |", "|---|---|---|---|---|"]
         for host, name, bake in bakes:
-            out.append("| %s | %s | %s | %s | %s |" % (_cell(host), _cell(name), _cell(bake["verdict"]), _cell(bake["stage"]),
-                                                     _cell(bake["reason"] if bake["verdict"] != "passed" else "")))
+            why = bake["reason"] if bake["verdict"] != "passed" else ""
+            out.append("| %s | %s | %s | %s | %s |" % (_cell(host), _cell(name), _cell(bake["verdict"]), _cell(bake["stage"]), _cell(why)))
         out.append("")
     not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
     if not_reached:
