@@ -17,19 +17,22 @@ the same hosts waits up to --lock-timeout seconds, or is refused (0); it never r
 
 Exit status: 0 done (plan: nothing failed; rollout: every targeted host converged and passed its gate),
 1 the rollout failed (the report says which host, and what was rolled back), 2 bad input or the plan
-failed (nothing was changed), 75 another rollout holds the lock (nothing was changed).
+failed (nothing was changed), 3 the rollout paused: a bake's re-check was inconclusive (a host unreachable,
+or the check could not look at the service; nothing was rolled back; the resume command is printed, and is
+the same rollout again, pinned to the commit), 75 another rollout holds the lock (nothing was changed).
 """
 
 import argparse
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 
-EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED = 1, 2, 75
+EXIT_FAILED, EXIT_USAGE, EXIT_PAUSED, EXIT_LOCKED = 1, 2, 3, 75
 KEEP_WORKTREES = 5
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # This checkout's collection (collections/ links to it), for the cache folder's rule.
@@ -172,6 +175,25 @@ def run_playbook(tree, args, commit, report_dir, check):
     return code, report
 
 
+def resume_command(argv, commit):
+    """This command again, pinned to the commit it rolled out (a branch may have moved since)."""
+    args, rest, skip = [], list(argv), False
+    for index, arg in enumerate(rest):
+        if skip:
+            skip = False
+            continue
+        if arg == "--":
+            args += rest[index:]
+            break
+        if arg == "--revision":
+            skip = True
+            continue
+        if arg.startswith("--revision="):
+            continue
+        args.append(arg)
+    return "cd %s && %s" % (shlex.quote(REPO_ROOT), " ".join(shlex.quote(arg) for arg in ["scripts/rollout", "--revision", commit] + args))
+
+
 def main(argv):
     args = parse_args(argv)
     if shutil.which("ansible-playbook") is None:
@@ -198,6 +220,10 @@ def main(argv):
     if report and report["verdict"] == "refused":
         log("refused: another rollout holds the lock (%s)" % os.path.join(report_dir, "rollout.md"))
         return EXIT_LOCKED
+    if report and report["verdict"] == "paused":
+        log("PAUSED: %s (%s)" % (report.get("paused", ""), os.path.join(report_dir, "rollout.md")))
+        log("resume: %s" % resume_command(argv, commit))
+        return EXIT_PAUSED
     log("rollout %s: %s" % ("succeeded" if code == 0 else "FAILED", os.path.join(report_dir, "rollout.md")))
     return 0 if code == 0 else EXIT_FAILED
 

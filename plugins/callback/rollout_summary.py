@@ -56,7 +56,9 @@ options:
 import json
 import os
 import re
+import shlex
 import subprocess
+import sys
 import time
 
 from ansible import context
@@ -74,11 +76,28 @@ ACTIONS = {
     "ddtree.sglang.service_gate_status": "verdicts",
 }
 START_FACT = "ddtree_rollout_release_ids_at_start"
+# A task may say what it is to the report with the task variable ddtree_rollout_event: "bake" (a bake's
+# re-check, not a deploy's gate), "stop" or "pause" (a run_once fail that stops or pauses the whole rollout,
+# not a failure of the host it ran on). docs/rollout-policy.md.
+EVENT_VAR = "ddtree_rollout_event"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _now():
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _event(task):
+    """The task's ddtree_rollout_event, its own or its include's (a bake includes the role's health_gate.yml)."""
+    try:
+        return task.get_vars().get(EVENT_VAR)
+    except Exception:  # a task object without vars (never seen; the report must not break a run)  # pylint: disable=broad-except
+        return None
+
+
+def _command():
+    """This run's ansible-playbook command as typed, to resume a paused rollout with (under AWX: relaunch the job)."""
+    return {"cwd": os.getcwd(), "argv": " ".join(shlex.quote(arg) for arg in sys.argv)}
 
 
 def _write(path, text):
@@ -116,14 +135,22 @@ class CallbackModule(CallbackBase):
 
     # ---- recording ----------------------------------------------------------------------------------
 
+    def _host(self, result):
+        """The host a result is about: the delegated one when a task ran on a targeted host for another (a bake)."""
+        # An unreachable result carries no _ansible_delegated_vars; its task holds delegate_to, templated.
+        delegated = (result._result.get("_ansible_delegated_vars") or {}).get("ansible_delegated_host") or result._task.delegate_to
+        return delegated if delegated in self.targeted else result._host.get_name()
+
     def _record(self, result, item=None):
         task = result._task
-        host = result._host.get_name()
+        host = self._host(result)
         data = result._result
         if START_FACT in (data.get("ansible_facts") or {}):
             self.active = True
             self.events.append({"host": host, "kind": "start", "result": data["ansible_facts"][START_FACT]})
         kind = ACTIONS.get(getattr(task, "resolved_action", None) or task.action)
+        if kind == "gate" and _event(task) == "bake":
+            kind = "bake"
         if kind and "results" not in data:
             self.active = True
             self.events.append({"host": host, "kind": kind, "task": task.get_name(), "service": data.get("service"),
@@ -146,6 +173,12 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         kind = ACTIONS.get(getattr(result._task, "resolved_action", None) or result._task.action)
+        event = _event(result._task)
+        if event in ("stop", "pause"):
+            self.active = True
+            self.events.append({"host": result._host.get_name(), "kind": event, "task": result._task.get_name(),
+                                "result": {"msg": result._result.get("msg", "")}})
+            return
         if kind == "lock":
             self.active = True
             self.events.append({"host": result._host.get_name(), "kind": "lock", "result": result._result})
@@ -162,7 +195,15 @@ class CallbackModule(CallbackBase):
         self.failed_items.setdefault((result._host.get_name(), result._task._uuid), []).append(result._result.get("msg", ""))
 
     def v2_runner_on_unreachable(self, result):
-        self.events.append({"host": result._host.get_name(), "kind": "unreachable", "task": result._task.get_name(),
+        if _event(result._task) == "bake":
+            # A bake's re-check that could not reach its host (the task ignores it): inconclusive, not a failure.
+            self.active = True
+            service = (result._task.args or {}).get("name")
+            self.events.append({"host": self._host(result), "kind": "bake", "task": result._task.get_name(),
+                                "service": service if isinstance(service, str) and "{{" not in service else None,
+                                "result": dict(result._result, unreachable=True)})
+            return
+        self.events.append({"host": self._host(result), "kind": "unreachable", "task": result._task.get_name(),
                             "result": result._result})
 
     # ---- the end ------------------------------------------------------------------------------------
@@ -183,6 +224,9 @@ class CallbackModule(CallbackBase):
         kind = "plan" if context.CLIARGS.get("check") else "rollout"
         meta = {"revision": self._revision(), "trigger": self.get_option("trigger") or None,
                 "started": self.started, "finished": _now()}
+        if any(event["kind"] == "pause" for event in self.events):
+            # Only for a paused run (the resume command), as typed: secrets belong in vault files, not in -e.
+            meta["command"] = _command()
         report = build_report(self.events, self.targeted, kind=kind, meta=meta)
         self._display.banner("ROLLOUT SUMMARY" if kind == "rollout" else "ROLLOUT PLAN")
         for text, bad in summary_lines(report):

@@ -21,9 +21,16 @@ Event: {"host", "kind", "task", "service", "result"} with kind one of
   change      a task that changed (or would, in check mode), with its diff as text
   failed      a task that failed the host (not an ignored one)
   unreachable the host could not be reached
+  bake        a bake's re-check of a service (ddtree.sglang.sglang_health, task variable
+              ddtree_rollout_event: bake): passed, failed (rolled back next) or inconclusive
+  stop        a task that stopped the whole rollout (after a bake's failed re-check, or too many failures
+              in a batch): its message, not a failure of the host it ran on
+  pause       a task that paused the rollout (a bake's inconclusive re-check): its message
 """
 
 from __future__ import annotations
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy import bake_verdict
 
 # 2: every release id is named release_id, or <qualifier>_release_id where an object holds several
 # (before_release_id/after_release_id, failed_release_id/rolled_back_to_release_id; the host's
@@ -123,6 +130,8 @@ def _host_status(record, kind):
         return "would change" if record["changes"] else "no change"
     if any(service["rollback"] for service in services):
         return "rolled back"
+    if record.get("inconclusive") or any((service.get("bake") or {}).get("verdict") == "inconclusive" for service in services):
+        return "inconclusive"
     if record["failure"]:
         return "failed"
     if not record["seen"]:
@@ -147,7 +156,15 @@ def build_report(events, targeted, kind="rollout", meta=None):
     for name in targeted:
         host(name)
     lock = None
+    stopped = paused = None
     for event in events:
+        if event["kind"] in ("stop", "pause"):
+            message = (event.get("result") or {}).get("msg", "")
+            if event["kind"] == "stop":
+                stopped = stopped or message
+            else:
+                paused = paused or message
+            continue
         record = host(event["host"])
         result = event.get("result") or {}
         kind_ = event["kind"]
@@ -184,6 +201,17 @@ def build_report(events, targeted, kind="rollout", meta=None):
                 service["gate"] = summary
                 if not summary["passed"]:
                     service["rollback"] = {"evidence": summary}
+        elif kind_ == "bake":
+            verdict = bake_verdict(result)
+            name = event.get("service") or result.get("service")
+            if not name:  # the re-check never reached the host: no service to name
+                record["inconclusive"] = verdict["reason"]
+                continue
+            service = _service(record, name)
+            summary = dict(gate_summary(result), verdict=verdict["verdict"], reason=verdict["reason"])
+            service["bake"] = summary
+            if verdict["verdict"] == "failed":
+                service["rollback"] = {"evidence": dict(summary, during="bake")}
         elif kind_ == "verdicts":
             for name, status in sorted((result.get("services") or {}).items()):
                 if (status or {}).get("action") not in (None, "none"):
@@ -223,11 +251,22 @@ def build_report(events, targeted, kind="rollout", meta=None):
         verdict = "refused"
     elif kind == "plan":
         verdict = "plan failed" if any(row["failure"] for row in rows) else "planned"
-    elif any(row["failure"] for row in rows):
+    elif stopped or any(row["failure"] or row["status"] == "rolled back" for row in rows):
         verdict = "failed"
+    elif paused:
+        verdict = "paused"
     else:
         verdict = "succeeded"
-    return dict(meta or {}, schema=SCHEMA_VERSION, kind=kind, verdict=verdict, lock=lock, hosts=rows)
+    extra = {key: value for key, value in (("stopped", stopped), ("paused", paused)) if value}
+    return dict(meta or {}, schema=SCHEMA_VERSION, kind=kind, verdict=verdict, lock=lock, hosts=rows, **extra)
+
+
+def resume_command(report):
+    """The command that resumes a paused rollout: the same run again, from the same directory."""
+    command = report.get("command") or {}
+    if not command.get("argv"):
+        return None
+    return "cd %s && %s" % (command.get("cwd") or ".", command["argv"])
 
 
 # ---- Markdown ---------------------------------------------------------------------------------------
@@ -272,8 +311,8 @@ def _headline(report):
     parts = ", ".join("%d %s" % (count, status) for status, count in sorted(counts.items()))
     if report["verdict"] == "planned":
         return "## ddtree.sglang plan: %s" % (parts or "no hosts")
-    word = {"succeeded": "succeeded", "failed": "FAILED", "refused": "REFUSED (another rollout holds the lock)",
-            "plan failed": "FAILED"}.get(report["verdict"], report["verdict"])
+    word = {"succeeded": "succeeded", "failed": "FAILED", "paused": "PAUSED (a bake's re-check was inconclusive)",
+            "refused": "REFUSED (another rollout holds the lock)", "plan failed": "FAILED"}.get(report["verdict"], report["verdict"])
     return "## ddtree.sglang %s: %s (%s)" % ("plan" if report["kind"] == "plan" else "rollout", word, parts or "no hosts")
 
 
@@ -328,8 +367,9 @@ def render_markdown(report):
             # The gate's message starts with "<unit> failed at <stage> (<kind>): ", said already here.
             if " failed at %s (" % evidence.get("stage") in message.split(": ", 1)[0]:
                 message = message.split(": ", 1)[1]
-            out.append("Release %s failed the health gate at **%s** (%s): %s" % (
-                _code(rollback.get("failed_release_id") or evidence.get("release_id")), evidence.get("stage"),
+            out.append("Release %s failed %s at **%s** (%s): %s" % (
+                _code(rollback.get("failed_release_id") or evidence.get("release_id")),
+                "the bake's re-check" if evidence.get("during") == "bake" else "the health gate", evidence.get("stage"),
                 evidence.get("failure_kind") or "?", message))
             out.append("")
             if rollback.get("rolled_back_to_release_id"):
@@ -350,6 +390,21 @@ def render_markdown(report):
         out += ["### Failures", ""]
         for row in failures:
             out.append("- **%s** at *%s*: %s" % (row["host"], row["failure"]["task"], _cell(row["failure"]["msg"])))
+        out.append("")
+    if report.get("stopped"):
+        out += ["**Stopped:** %s" % _cell(report["stopped"]), ""]
+    if report.get("paused"):
+        out += ["### Paused", "", _cell(report["paused"]), ""]
+        if resume_command(report):
+            out += ["Resume (the same run again; under AWX, relaunch the job):", "", _fence([resume_command(report)]), ""]
+    bakes = [(row["host"], service["name"], service["bake"]) for row in report["hosts"] for service in row["services"] if service.get("bake")]
+    bakes += [(row["host"], None, {"verdict": "inconclusive", "stage": None, "reason": row["inconclusive"]})
+              for row in report["hosts"] if row.get("inconclusive")]
+    if bakes:
+        out += ["### Bake re-checks", "", "| Host | Service | Result | Stage | Why |", "|---|---|---|---|---|"]
+        for host, name, bake in bakes:
+            why = bake["reason"] if bake["verdict"] != "passed" else ""
+            out.append("| %s | %s | %s | %s | %s |" % (_cell(host), _cell(name), _cell(bake["verdict"]), _cell(bake["stage"]), _cell(why)))
         out.append("")
     not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
     if not_reached:
@@ -404,7 +459,7 @@ def summary_lines(report):
     if report["verdict"] == "refused":
         return [(report["lock"]["msg"], True)]
     for row in report["hosts"]:
-        bad = row["status"] in ("rolled back", "failed", "unreachable", "plan failed")
+        bad = row["status"] in ("rolled back", "failed", "unreachable", "plan failed", "inconclusive")
         if not row["services"]:
             detail = row["failure"]["msg"] if row["failure"] else "keeps the release it had"
             lines.append(("%s: %s - %s" % (row["host"], row["status"], detail), bad))
@@ -420,4 +475,10 @@ def summary_lines(report):
             lines.append((text, bad))
         if row["failure"] and row["services"] and not any(s["rollback"] for s in row["services"]):
             lines.append(("%s: failed at %s: %s" % (row["host"], row["failure"]["task"], row["failure"]["msg"]), True))
+    if report.get("stopped"):
+        lines.append(("STOPPED: %s" % report["stopped"], True))
+    if report.get("paused"):
+        lines.append((report["paused"] if report["paused"].startswith("PAUSED") else "PAUSED: %s" % report["paused"], True))
+        if resume_command(report):
+            lines.append(("resume: %s" % resume_command(report), True))
     return lines

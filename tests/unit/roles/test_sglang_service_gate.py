@@ -44,12 +44,25 @@ def gate_calls(task_file, variables):
             arguments = {key: render(value, variables) for key, value in task[GATE].items()}
             calls.append((task["name"], {key: value for key, value in arguments.items() if value != OMIT}))
         elif INCLUDE in task:
-            inner = dict(variables)
-            for key, value in (task.get("vars") or {}).items():
-                inner[key] = render(value, inner)
+            # As Ansible does: the include's vars may use the loop's variable, and the loop the include's vars.
             loop_var = (task.get("loop_control") or {}).get("loop_var", "item")
-            for element in render(task["loop"], inner) if "loop" in task else [None]:
-                calls += gate_calls(task[INCLUDE], dict(inner, **{loop_var: element}) if "loop" in task else inner)
+            elements = [None]
+            if "loop" in task:
+                from ansible.errors import AnsibleUndefinedVariable  # imported late, as render() says why
+
+                outer = dict(variables)
+                for key, value in (task.get("vars") or {}).items():
+                    try:
+                        outer[key] = render(value, outer)
+                    except AnsibleUndefinedVariable:  # one that needs the loop's variable
+                        pass
+                elements = render(task["loop"], outer)
+            included = task[INCLUDE]["file"] if isinstance(task[INCLUDE], dict) else task[INCLUDE]
+            for element in elements:
+                inner = dict(variables, **{loop_var: element}) if "loop" in task else dict(variables)
+                for key, value in (task.get("vars") or {}).items():
+                    inner[key] = render(value, inner)
+                calls += gate_calls(included, inner)
     return calls
 
 
@@ -132,3 +145,34 @@ def test_a_release_without_a_passed_verdict_is_gated_or_rolled_back_though_nothi
     assert [name for name, _arguments in gate_calls("gate.yml", variables)] == ["Gate the service on its release: {{ sglang_service_gate_service.name }}"]
     variables["sglang_service_units_verdict_gate"] = []
     assert gate_calls("gate.yml", variables) == []
+
+
+def test_a_bakes_recheck_is_the_same_gate_call_with_the_quick_stages_only(role_variables, monkeypatch):
+    # The loop's filter, called directly: ansible's plugin loader does not see this checkout's collection
+    # once pytest has imported it as a plain package.
+    from ansible_collections.ddtree.sglang.plugins.filter.rollout import rollout_bake_checks
+
+    plain_render = render
+
+    def render_with_collection_filters(value, variables):
+        if isinstance(value, str) and "ddtree.sglang.rollout_bake_checks(hostvars)" in value:
+            return rollout_bake_checks(variables["sglang_service_bake_hosts"], variables["hostvars"])
+        return plain_render(value, variables)
+
+    monkeypatch.setitem(globals(), "render", render_with_collection_filters)
+    entry = role_variables["sglang_service_plan"]["services"][0]
+    check = {"host": "ct200", "service": entry, "since": "2026-11-30 10:00:00", "release_id": "new"}
+    variables = dict(role_variables, sglang_service_bake_hosts=["ct200"], sglang_service_bake_results=[],
+                     hostvars={"ct200": dict(role_variables)}, sglang_service_bake={"failed": [], "inconclusive": []})
+    rechecks = gate_calls("bake.yml", variables)
+    assert len(rechecks) == 1
+    arguments = rechecks[0][1]
+    deploy = gate_calls("gate.yml", role_variables)[0][1]
+    # The quick stages: no generations for a baseline or the speed, nothing recorded, no floors to meet.
+    assert arguments["prompts"] == []
+    for key in ("baseline_file", "metrics_file", "verdict_file", "min_tokens_per_second", "min_accept_length"):
+        assert key not in arguments, key
+    assert arguments["record_metrics"] is False
+    # The service's own settings, and the journal since the deploy's restart.
+    assert float(arguments["start_timeout"]) == 1800 == float(deploy["start_timeout"])
+    assert (arguments["since"], arguments["release_id"], arguments["port"]) == (check["since"], "new", deploy["port"])

@@ -92,3 +92,13 @@ def test_old_worktrees_are_pruned_but_never_the_one_in_use(rollout, tmp_path):
         rollout.prune_worktrees(mirror, workdir, commits[-1])
     left = sorted(p.name for p in trees.iterdir() if p.is_dir())
     assert left == sorted([commits[0]] + commits[-5:])
+
+
+def test_the_resume_command_is_this_command_pinned_to_the_commit(rollout):
+    command = rollout.resume_command(["--revision", "main", "--inventory", "inventories/prod/hosts.yml", "--",
+                                      "-e", '{"ddtree_rollout_policy": {"bake_time_s": 300}}'], "a" * 40)
+    assert command.endswith("scripts/rollout --revision %s --inventory inventories/prod/hosts.yml -- -e "
+                            "'{\"ddtree_rollout_policy\": {\"bake_time_s\": 300}}'" % ("a" * 40))
+    assert command.startswith("cd ") and " main" not in command
+    assert rollout.resume_command(["--revision=main", "--skip-plan"], "b" * 40).endswith("--revision %s --skip-plan" % ("b" * 40))
+    assert rollout.EXIT_PAUSED not in (0, rollout.EXIT_FAILED, rollout.EXIT_USAGE, rollout.EXIT_LOCKED)

@@ -208,3 +208,72 @@ def test_a_release_switched_in_this_run_has_no_verdict_by_nature_and_is_simply_u
                           gate("ct200", passed_gate("coder", NEW))]
     row = build_report(events, ["ct200"])["hosts"][0]
     assert row["status"] == "updated" and row["services"][0]["recovery"] is None
+
+
+# ---- the rollout policy's bake (docs/rollout-policy.md) ---------------------------------------------
+
+def bake(host, service, **result):
+    return {"host": host, "kind": "bake", "service": service, "result": dict({"service": service, "release_id": NEW}, **result)}
+
+
+def two_batches_deployed():
+    return [LOCK] + START + [
+        {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct200", "coder", OLD, NEW), gate("ct200", passed_gate("coder", NEW)),
+        {"host": "ct129", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct129", "chat", OLD, NEW), gate("ct129", passed_gate("chat", NEW)),
+    ]
+
+
+def test_a_failed_bake_recheck_of_an_earlier_host_is_rolled_back_and_stops_the_rollout():
+    events = two_batches_deployed() + [
+        bake("ct200", "coder", passed=False, failed=True, failed_stage="unit_watch", stage="unit_watch",
+             failure_kind="child_crashed", msg="sglang-coder.service failed at unit_watch (child_crashed): a scheduler died"),
+        bake("ct129", "chat", passed=True, stage="performance"),
+        link("ct200", "coder", NEW, OLD, state="previous"), gate("ct200", passed_gate("coder", OLD)),
+        # The run_once stop ran on ct129: the rollout's stop, not ct129's failure.
+        {"host": "ct129", "kind": "stop", "result": {"msg": "The bake's re-check failed for ct200 coder"}},
+    ]
+    report = build_report(events, ["ct200", "ct129"])
+    assert report["verdict"] == "failed" and report["stopped"].startswith("The bake's re-check failed")
+    canary, second = report["hosts"]
+    assert canary["status"] == "rolled back" and second["status"] == "updated" and second["failure"] is None
+    coder = canary["services"][0]
+    assert coder["gate"]["passed"] is True  # the deploy gate stays what it was
+    assert coder["bake"]["verdict"] == "failed" and coder["rollback"]["evidence"]["during"] == "bake"
+    assert coder["rollback"]["rolled_back_to_release_id"] == OLD and coder["after_release_id"] == OLD
+    text = render_markdown(report)
+    assert "rollout: FAILED" in text and "failed the bake's re-check at **unit_watch** (child_crashed)" in text
+    assert "**Stopped:**" in text and "| ct129 | chat | passed |" in text
+
+
+def test_an_inconclusive_bake_pauses_with_the_resume_command():
+    events = two_batches_deployed() + [
+        bake("ct200", "coder", passed=True, stage="performance"),
+        bake("ct129", "chat", unreachable=True, msg="ssh: connect to host ct129: timed out"),
+        {"host": "ct200", "kind": "pause", "result": {"msg": "PAUSED: the bake's re-check was inconclusive for ct129 chat"}},
+    ]
+    report = build_report(events, ["ct200", "ct129"], meta={"command": {"cwd": "/srv/fleet", "argv": "ansible-playbook site.yml"}})
+    assert report["verdict"] == "paused" and "stopped" not in report
+    assert [row["status"] for row in report["hosts"]] == ["updated", "inconclusive"]
+    assert report["hosts"][1]["services"][0]["rollback"] is None  # nothing learnt: nothing rolled back
+    text = render_markdown(report)
+    assert "rollout: PAUSED" in text and "cd /srv/fleet && ansible-playbook site.yml" in text
+    assert ("resume: cd /srv/fleet && ansible-playbook site.yml", True) in summary_lines(report)
+
+
+def test_reports_without_a_bake_are_unchanged():
+    report = build_report(canary_rolled_back(), ["ct200", "ct129"])
+    assert "paused" not in report and "stopped" not in report
+    assert all("bake" not in service for row in report["hosts"] for service in row["services"])
+
+
+def test_a_bake_that_never_reached_its_host_is_inconclusive_not_failed():
+    events = two_batches_deployed() + [
+        {"host": "ct129", "kind": "bake", "service": None, "result": {"unreachable": True, "msg": "ssh: Connection refused"}},
+        {"host": "ct200", "kind": "pause", "result": {"msg": "PAUSED: ..."}},
+    ]
+    report = build_report(events, ["ct200", "ct129"])
+    assert report["verdict"] == "paused"
+    assert report["hosts"][1]["status"] == "inconclusive" and report["hosts"][1]["failure"] is None
+    assert "| ct129 | – | inconclusive | – | unreachable: ssh: Connection refused |" in render_markdown(report)
