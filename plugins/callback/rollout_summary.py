@@ -72,6 +72,7 @@ ACTIONS = {
     "ddtree.sglang.service_link": "link",
     "ddtree.sglang.sglang_health": "gate",
     "ddtree.sglang.service_gate_status": "verdicts",
+    "ddtree.sglang.service_release_choice": "choice",
 }
 START_FACT = "ddtree_rollout_release_ids_at_start"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

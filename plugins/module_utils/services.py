@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import release_pin_problems
+
 # SGLang 0.5.23's built-in algorithms (NEXTN is an alias of EAGLE) and the overlay's DDTREE.
 ALGORITHMS = ("NONE", "EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "DDTREE")
 # Algorithms whose drafter is a separate model (--speculative-draft-model-path).
@@ -63,6 +65,7 @@ def service_problems(services, gpu_indices, host="host"):
             problems.append("%s: tp_size %s does not divide the %d GPU(s) %s" % (label, tp_size, len(gpus), gpus))
         problems.extend(_speculative_problems(label, service))
         problems.extend(_secret_flag_problems(label, service))
+        problems.extend(release_pin_problems(label, service))
     return problems
 
 

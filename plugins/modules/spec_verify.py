@@ -22,6 +22,9 @@ description:
     the C(!!!!!!!!) incident.
   - Dry-parses the service's flags with SGLang's own parser with the release active (a bad flag fails,
     naming it) and resolves its speculative algorithm.
+  - With O(flags_release), parses the flags with that release's C(site/) instead (the release the
+    service runs: a pinned one, or the base release of a service that does not load the overlay); with
+    O(flags_overlay=false) it also fails when an SGLang plugin of the overlay is discoverable there.
   - Writes nothing (C(PYTHONDONTWRITEBYTECODE=1)).
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
@@ -47,6 +50,15 @@ options:
     description: Extra environment for the dry parse (the service's, for example C(SGLANG_DDTREE_BUDGET)).
     type: dict
     default: {}
+  flags_release:
+    description: The release whose C(site/) the flags are parsed with (the one the service runs); unset, O(release).
+    type: path
+  flags_overlay:
+    description:
+      - Whether the service loads the overlay. C(false) (a NEXTN service on the base release) fails the
+        check when a plugin from the overlay's package is discoverable with O(flags_release).
+    type: bool
+    default: true
 extends_documentation_fragment:
   - ddtree.sglang.attributes.read_only
 """
@@ -80,7 +92,9 @@ plugin_problems:
   type: list
   elements: str
 parsed:
-  description: What SGLang's parser made of the flags (model path, port, algorithm and what it resolves to).
+  description:
+    - What SGLang's parser made of the flags (model path, port, algorithm and what it resolves to), and
+      C(plugins), the SGLang plugins discoverable there (C(name), C(value)).
   returned: when I(flags) were given and parsed
   type: dict
 """
@@ -95,6 +109,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.spec_matrix import (
     builtin_differences,
     dflash_family_problems,
     matrix_lines,
+    overlay_plugins,
 )
 
 
@@ -106,6 +121,8 @@ def main():
             plugin_algorithm=dict(type="str", default="DDTREE"),
             flags=dict(type="list", elements="str", default=[]),
             environment=dict(type="dict", default={}),
+            flags_release=dict(type="path"),
+            flags_overlay=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
@@ -141,10 +158,14 @@ def main():
         module.fail_json(msg="the release changes SGLang's speculative algorithms: %s"
                          % "; ".join(result["builtin_differences"] + result["plugin_problems"]), **result)
     if params["flags"]:
-        env = dict(quiet, PYTHONPATH=site)
+        env = dict(quiet, PYTHONPATH=os.path.join(params["flags_release"] or params["release"], "site"))
         env.update({key: str(value) for key, value in params["environment"].items()})
         parsed = run([python, "-c", FLAGS_PROBE] + params["flags"], env, "SGLang's parser on the service's flags")
         result["parsed"] = parsed
+        leaked = overlay_plugins(parsed.get("plugins") or [])
+        if not params["flags_overlay"] and leaked:
+            module.fail_json(msg="the service must not load the overlay, but its release %s makes SGLang discover the overlay's plugin %s"
+                             % (params["flags_release"] or params["release"], ", ".join(leaked)), **result)
         if parsed.get("error"):
             module.fail_json(msg="--speculative-algorithm %s does not resolve with the release: %s" % (parsed["algorithm"], parsed["error"]), **result)
     module.exit_json(**result)
