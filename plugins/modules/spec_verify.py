@@ -23,7 +23,7 @@ description:
   - Dry-parses the service's flags with SGLang's own parser with the release active (a bad flag fails,
     naming it) and resolves its speculative algorithm.
   - With O(flags_release), parses the flags with that release's C(site/) instead (the release the
-    service runs: a pinned one, or the base release of a service that does not load the overlay); with
+    service runs - a pinned one, or the base release of a service that does not load the overlay); with
     O(flags_overlay=false) it also fails when an SGLang plugin of the overlay is discoverable there.
   - Writes nothing (C(PYTHONDONTWRITEBYTECODE=1)).
 author:

@@ -114,8 +114,9 @@ def _service(record, name):
         "rollback": None, "recovery": None, "release_choice": None})
 
 
-# How a service's release was chosen, in a word for tables and terminal lines.
-CHOICE_WORDS = {"candidate": "candidate", "pin": "pinned", "base": "base, no overlay"}
+# How a service's release was chosen, for the table, where it is not the default (the candidate: a
+# rolled-back service runs an older release than the candidate it followed, so it is not marked).
+CHOICE_WORDS = {"pin": "pinned", "base": "base, no overlay"}
 
 
 def _choice_word(service):

@@ -44,12 +44,23 @@ def gate_calls(task_file, variables):
             arguments = {key: render(value, variables) for key, value in task[GATE].items()}
             calls.append((task["name"], {key: value for key, value in arguments.items() if value != OMIT}))
         elif INCLUDE in task:
-            inner = dict(variables)
-            for key, value in (task.get("vars") or {}).items():
-                inner[key] = render(value, inner)
+            # As Ansible does: a task's vars are templated when used, so those naming the loop variable
+            # are rendered per element (and the loop itself with the others).
+            from ansible.errors import AnsibleUndefinedVariable
+
+            task_vars = task.get("vars") or {}
             loop_var = (task.get("loop_control") or {}).get("loop_var", "item")
-            for element in render(task["loop"], inner) if "loop" in task else [None]:
-                calls += gate_calls(task[INCLUDE], dict(inner, **{loop_var: element}) if "loop" in task else inner)
+            outer = dict(variables)
+            for key, value in task_vars.items():
+                try:
+                    outer[key] = render(value, outer)
+                except AnsibleUndefinedVariable:
+                    outer.pop(key, None)  # names the loop variable
+            for element in render(task["loop"], outer) if "loop" in task else [None]:
+                inner = dict(variables, **{loop_var: element}) if "loop" in task else dict(variables)
+                for key, value in task_vars.items():
+                    inner[key] = render(value, inner)
+                calls += gate_calls(task[INCLUDE], inner)
     return calls
 
 
@@ -69,7 +80,9 @@ def role_variables(capsys):
         sglang_service_restarted={"results": [{"changed": True, "item": entry["unit"]}]},
         sglang_service_started={"results": []},
         sglang_service_since={"stdout": "2026-11-30 10:00:00"},
-        sglang_service_release={"release_id": "new"},
+        sglang_service_release={"release_id": "candidate"},
+        # The gate names each service's own release (its pin, the candidate, or the base release).
+        sglang_service_releases={"services": {entry["name"]: {"release_id": "new"}}},
         sglang_service_rollback_since={"stdout": "2026-11-30 10:05:00"},
         sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
         sglang_service_failed={"item": entry, "passed": False, "msg": "failed"},
