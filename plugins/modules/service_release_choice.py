@@ -33,7 +33,9 @@ options:
     type: str
     required: true
   base_id:
-    description: The host's base release (M(ddtree.sglang.release) with O(ddtree.sglang.release#module:overlay=false)); needed when a service does not load the overlay.
+    description:
+      - The host's base release (M(ddtree.sglang.release) with O(ddtree.sglang.release#module:overlay=false)).
+      - Needed when a service does not load the overlay.
     type: str
   stack_id:
     description: The host's active stack, which a pin by revision prefers when the revision was built for several stacks.

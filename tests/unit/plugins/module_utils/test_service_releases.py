@@ -17,8 +17,9 @@ CHAT = {"name": "chat", "algorithm": "NEXTN", "release": "candidate"}
 
 
 def test_a_non_ddtree_service_runs_the_base_release_whatever_the_candidate():
-    first, _ = choose_releases([CODER, CHAT], "aaaaaaaaaaaa", "cccccccccccc", RELEASES, "stack1")
-    second, _ = choose_releases([CODER, CHAT], "bbbbbbbbbbbb", "cccccccccccc", RELEASES, "stack1")
+    first, problems_first = choose_releases([CODER, CHAT], "aaaaaaaaaaaa", "cccccccccccc", RELEASES, "stack1")
+    second, problems_second = choose_releases([CODER, CHAT], "bbbbbbbbbbbb", "cccccccccccc", RELEASES, "stack1")
+    assert problems_first == problems_second == []
     assert first["chat"] == second["chat"] == {
         "release_id": "cccccccccccc", "follows": "base", "overlay": False,
         "reason": "NEXTN does not load the overlay: the base release (the stack alone)"}
