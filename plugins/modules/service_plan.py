@@ -16,6 +16,8 @@ description:
     exist on the host and are not shared between services, C(tp_size) dividing the GPU count, a known
     speculative algorithm, a draft model for the algorithms that need one, DDTree budget and top-k
     at least 1 - and fails listing every broken rule, each naming the service, the field and the value.
+  - Refuses a shadow (C(shadow_of)) of an unknown service, of itself or of another shadow, one without
+    spare GPUs (naming the GPUs that are free), one whose algorithm is not C(DDTREE), and a pinned one.
   - Refuses a release pin on a service whose algorithm does not load the overlay, and a pin that is
     no release id or revision.
   - Refuses a secret flag (C(--api-key), C(--admin-api-key)) in C(extra_args), which would put it in the
@@ -47,6 +49,12 @@ options:
         type: dict
         default: {algorithm: NONE}
       api_key: {description: API key (from Ansible Vault); never returned, type: str}
+      shadow_of:
+        description:
+          - The production service on this host this one is the shadow of - it runs the candidate beside
+            it on spare GPUs and a port of its own, without production traffic. A shadow's algorithm is
+            C(DDTREE) and it follows the candidate.
+        type: str
       release:
         description:
           - C(candidate) (follow the rollout's candidate release), or a release id or source revision
@@ -113,6 +121,7 @@ services:
       algorithm: DDTREE
       loads_overlay: true
       release: candidate
+      shadow_of: null
       gpus: [0, 1]
       port: 30000
       host: 127.0.0.1
@@ -146,6 +155,7 @@ SERVICE_OPTIONS = dict(
     speculative=dict(type="dict", default={"algorithm": "NONE"}),
     api_key=dict(type="str", no_log=True),
     release=dict(type="str", default="candidate"),
+    shadow_of=dict(type="str"),
     extra_args=dict(type="list", elements="str", default=[]),
     environment=dict(type="dict", default={}),
     health=dict(type="dict", default={}, options=dict(
@@ -187,6 +197,7 @@ def main():
             "algorithm": algorithm,
             "loads_overlay": loads_overlay(algorithm),
             "release": service.get("release") or CANDIDATE,
+            "shadow_of": service.get("shadow_of"),
             "gpus": service["gpus"],
             "port": service["port"],
             "host": service.get("host") or "127.0.0.1",
