@@ -74,6 +74,7 @@ ACTIONS = {
     "ddtree.sglang.service_link": "link",
     "ddtree.sglang.sglang_health": "gate",
     "ddtree.sglang.service_gate_status": "verdicts",
+    "ddtree.sglang.service_release_choice": "choice",
 }
 START_FACT = "ddtree_rollout_release_ids_at_start"
 # A task may say what it is to the report with the task variable ddtree_rollout_event: "bake" (a bake's

@@ -46,7 +46,10 @@ def rollout_bake_checks(hosts, hostvars):
         facts = hostvars[host]
         state[host] = {"services": (facts.get("sglang_service_plan") or {}).get("services") or [],
                        "since": (facts.get("sglang_service_since") or {}).get("stdout"),
-                       "release_id": (facts.get("sglang_service_release") or {}).get("release_id")}
+                       "release_id": (facts.get("sglang_service_release") or {}).get("release_id"),
+                       # Each service's own release (its pin, or the base release of one without the overlay).
+                       "releases": {name: choice.get("release_id") for name, choice in
+                                    ((facts.get("sglang_service_releases") or {}).get("services") or {}).items()}}
     return bake_checks(list(hosts), state)
 
 

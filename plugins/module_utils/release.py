@@ -63,6 +63,15 @@ def release_id(overlay_source_hash, stack_id, arch, extra_wheel_hashes=()):
     return hashlib.sha256(identity.encode("utf-8")).hexdigest()[:12]
 
 
+def base_release_id(stack_id, extra_wheel_hashes=()):
+    """The base release of a stack: the stack and the extra wheels, no overlay (what a service whose
+    algorithm is not DDTREE runs). Independent of the overlay's source, so an overlay change leaves it as
+    it is; "base" in the identity keeps it apart from every overlay release."""
+    identity = "base\n%s" % stack_id
+    identity += "".join("\n%s" % digest for digest in extra_wheel_hashes)
+    return hashlib.sha256(identity.encode("utf-8")).hexdigest()[:12]
+
+
 def manifest_problems(manifest, files, links):
     """Why a release's files do not match its manifest; [] when they do.
 

@@ -144,15 +144,19 @@ def bake_checks(hosts: list, host_state: dict) -> list:
     """The re-checks of one bake: one {host, service, since, release_id} per service of each host updated so far.
 
     host_state: host -> {"services": the role's plan entries, "since": when its services were restarted (the
-    journal is read from there, so a crash at any time since the deploy counts), "release_id"}. Only what
-    the service's plan entry is copied whole (a rollback gates with its settings), never an API key: loop
-    items are printed and returned (the task looks the key up itself).
+    journal is read from there, so a crash at any time since the deploy counts), "release_id" (the host's
+    candidate), "releases" (service name -> the release it runs: the candidate, its pin or the base
+    release; a service missing there runs the candidate)}. Only what the service's plan entry is copied
+    whole (a rollback gates with its settings), never an API key: loop items are printed and returned (the
+    task looks the key up itself).
     """
     checks = []
     for host in hosts:
         state = host_state.get(host) or {}
+        releases = state.get("releases") or {}
         for service in state.get("services") or []:
-            checks.append({"host": host, "since": state.get("since"), "release_id": state.get("release_id"),
+            checks.append({"host": host, "since": state.get("since"),
+                           "release_id": releases.get(service.get("name")) or state.get("release_id"),
                            "service": {key: value for key, value in service.items() if key != "api_key"}})
     return checks
 

@@ -12,6 +12,13 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
+    CANDIDATE,
+    OVERLAY_ALGORITHMS,
+    loads_overlay,
+    release_pin_problems,
+)
+
 # SGLang 0.5.23's built-in algorithms (NEXTN is an alias of EAGLE) and the overlay's DDTREE.
 ALGORITHMS = ("NONE", "EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "DDTREE")
 # Algorithms whose drafter is a separate model (--speculative-draft-model-path).
@@ -31,6 +38,7 @@ def service_problems(services, gpu_indices, host="host"):
     """Every rule the services break on this host, each naming the service, the field and the value."""
     problems = []
     seen_names, ports, gpu_owner = {}, {}, {}
+    spare = spare_gpus(services, gpu_indices)
     for position, service in enumerate(services):
         name = service.get("name")
         label = "%s: sglang_services[%d] (%s)" % (host, position, name)
@@ -52,6 +60,9 @@ def service_problems(services, gpu_indices, host="host"):
             if gpu not in gpu_indices:
                 have = ", ".join(str(index) for index in gpu_indices) or "none"
                 problems.append("%s: GPU index %s does not exist on %s, which has GPUs %s" % (label, gpu, host, have))
+            elif gpu in gpu_owner and gpu_owner[gpu] != name and service.get("shadow_of"):
+                problems.append("%s: a shadow needs spare GPUs of its own, but GPU %s is used by service %s; %s"
+                                % (label, gpu, gpu_owner[gpu], _spare_text(spare, host)))
             elif gpu in gpu_owner and gpu_owner[gpu] != name:
                 problems.append("%s: GPU %s is also used by service %s" % (label, gpu, gpu_owner[gpu]))
             else:
@@ -63,6 +74,48 @@ def service_problems(services, gpu_indices, host="host"):
             problems.append("%s: tp_size %s does not divide the %d GPU(s) %s" % (label, tp_size, len(gpus), gpus))
         problems.extend(_speculative_problems(label, service))
         problems.extend(_secret_flag_problems(label, service))
+        problems.extend(release_pin_problems(label, service))
+    problems.extend(shadow_problems(services, host))
+    return problems
+
+
+def spare_gpus(services, gpu_indices):
+    """The host's GPUs that no production service (one that is not a shadow) uses."""
+    used = {gpu for service in services if not service.get("shadow_of") for gpu in service.get("gpus") or []}
+    return [gpu for gpu in gpu_indices if gpu not in used]
+
+
+def _spare_text(spare, host):
+    if not spare:
+        return "%s has no spare GPU (every GPU serves production); remove the shadow or free GPUs for it" % host
+    return "give it spare GPUs (free on %s: %s)" % (host, ", ".join(str(gpu) for gpu in spare))
+
+
+def shadow_problems(services, host="host"):
+    """The rules of shadow services (docs/services.md, "Shadow services"): a shadow names a production
+    service of the host, runs the candidate (DDTREE, never pinned), on its own GPUs and port (checked
+    with every service's GPUs and ports)."""
+    problems = []
+    by_name = {service.get("name"): service for service in services}
+    for position, service in enumerate(services):
+        target = service.get("shadow_of")
+        if not target:
+            continue
+        label = "%s: sglang_services[%d] (%s)" % (host, position, service.get("name"))
+        if target == service.get("name"):
+            problems.append("%s: shadow_of %r names the service itself; name the production service it runs beside" % (label, target))
+        elif target not in by_name:
+            names = ", ".join(sorted(str(other.get("name")) for other in services if not other.get("shadow_of"))) or "none"
+            problems.append("%s: shadow_of %r names no service on %s (production services there: %s)" % (label, target, host, names))
+        elif by_name[target].get("shadow_of"):
+            problems.append("%s: shadow_of %r names a shadow; name the production service %r it shadows"
+                            % (label, target, by_name[target]["shadow_of"]))
+        algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
+        if not loads_overlay(algorithm):
+            problems.append("%s: a shadow runs the candidate release, so its algorithm must be %s, not %s"
+                            % (label, " or ".join(OVERLAY_ALGORITHMS), algorithm))
+        if (service.get("release") or CANDIDATE) != CANDIDATE:
+            problems.append("%s: a shadow follows the candidate; remove release %r" % (label, service["release"]))
     return problems
 
 

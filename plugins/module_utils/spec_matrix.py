@@ -25,7 +25,10 @@ from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.server_args import prepare_server_args
 args = prepare_server_args(sys.argv[1:])
-result = {"model_path": args.model_path, "port": args.port, "algorithm": args.speculative_algorithm, "resolves_to": None}
+from importlib.metadata import entry_points
+result = {"model_path": args.model_path, "port": args.port, "algorithm": args.speculative_algorithm, "resolves_to": None,
+          "plugins": sorted(({"name": ep.name, "value": ep.value} for ep in entry_points(group="sglang.srt.plugins")),
+                            key=lambda plugin: plugin["name"])}
 if args.speculative_algorithm:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     try:
@@ -36,6 +39,16 @@ if args.speculative_algorithm:
         result["error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(result))
 '''
+
+# The overlay's package: a plugin whose entry point lives in it is the overlay's.
+OVERLAY_PACKAGE = "sglang_overlay"
+
+
+def overlay_plugins(plugins):
+    """The names of the discoverable SGLang plugins ({name, value}) that are the overlay's."""
+    return sorted(plugin["name"] for plugin in plugins
+                  if str(plugin.get("value", "")).split(":", 1)[0].split(".", 1)[0] == OVERLAY_PACKAGE)
+
 
 DFLASH_FAMILY = ("is_dflash", "is_dflash_family", "is_speculative")
 

@@ -20,6 +20,9 @@ description:
     (an interrupted build) and is rebuilt. A release whose files differ from its manifest is tampered;
     the module fails, listing the differences, and never rebuilds over it.
   - With I(state=verified), only checks the manifest and fails on any difference.
+  - With O(overlay=false), builds the stack's base release instead - the stack link and the
+    O(extra_wheels), nothing of the overlay, no kernels - which the services whose algorithm is not
+    DDTREE run (docs/services.md). Its id depends only on the stack and the extra wheels.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
@@ -38,8 +41,14 @@ options:
     choices: [present, verified]
     default: present
   wheel:
-    description: The overlay wheel on the host. Required with I(state=present).
+    description: The overlay wheel on the host. Required with I(state=present) and O(overlay=true).
     type: path
+  overlay:
+    description:
+      - Build an overlay release (C(true)) or the stack's base release (C(false)), which holds no overlay
+        and records C(overlay=false) and source revision C(none) in its manifest.
+    type: bool
+    default: true
   extra_wheels:
     description:
       - More wheels on the host to install into C(site/) with the overlay (the lab's runtime; none in
@@ -86,6 +95,12 @@ EXAMPLES = r"""
     arch: sm_120
     source_revision: 5e1f3a2b9c0d
 
+- name: Build the stack's base release (for the services that do not load the overlay)
+  ddtree.sglang.release:
+    overlay: false
+    stack: /opt/sglang/stacks/3f2a9c1d0b7e
+    stack_id: 3f2a9c1d0b7e
+
 - name: Refuse a tampered release
   ddtree.sglang.release:
     release_id: 9c1d0b7e3f2a
@@ -117,6 +132,10 @@ manifest:
   description: The manifest, without the per-file hashes.
   returned: when the release exists
   type: dict
+overlay:
+  description: Whether this is an overlay release (C(false) for a base release).
+  returned: always
+  type: bool
 """
 
 import json
@@ -130,6 +149,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.ddtree.sglang.plugins.module_utils.release import (
     MANIFEST,
     MANIFEST_FORMAT,
+    base_release_id,
     file_sha256,
     manifest_problems,
     release_id,
@@ -169,16 +189,22 @@ def build(module, path, extra_wheels):
     cache = os.path.join(path, "kernel-cache")
     os.makedirs(cache)
     env = {"PYTHONPATH": site, "PYTHONNOUSERSITE": "1", "TRITON_CACHE_DIR": cache}
-    run(module, [python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "--disable-pip-version-check",
-                 "--target", site, params["wheel"]] + params["extra_wheels"], {"PYTHONNOUSERSITE": "1"}, "installing the overlay wheel")
+    wheels = ([params["wheel"]] if params["overlay"] else []) + params["extra_wheels"]
+    if wheels:
+        run(module, [python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "--disable-pip-version-check",
+                     "--target", site] + wheels, {"PYTHONNOUSERSITE": "1"}, "installing the release's wheels")
+    else:
+        os.makedirs(site)  # a base release in production: the stack alone
     os.symlink(params["stack"], os.path.join(path, "stack"))
-    warmup = [python, "-m", "sglang_overlay.kernels.warmup", "--cache-dir", cache]
-    # No GPU (the lab): the warm-up says nothing was compiled and the cache stays empty.
-    warmup += ["--allow-no-gpu"] if params["arch"] == "cpu" else ["--arch", params["arch"]]
-    warmup_log = run(module, warmup, env, "compiling and warming the kernels for %s" % params["arch"])
-    with open(os.path.join(path, "kernel-warmup.log"), "w") as handle:
-        handle.write(warmup_log)
-    run(module, [python, "-m", "compileall", "-q", site], env, "byte-compiling the overlay")
+    if params["overlay"]:
+        warmup = [python, "-m", "sglang_overlay.kernels.warmup", "--cache-dir", cache]
+        # No GPU (the lab): the warm-up says nothing was compiled and the cache stays empty.
+        warmup += ["--allow-no-gpu"] if params["arch"] == "cpu" else ["--arch", params["arch"]]
+        warmup_log = run(module, warmup, env, "compiling and warming the kernels for %s" % params["arch"])
+        with open(os.path.join(path, "kernel-warmup.log"), "w") as handle:
+            handle.write(warmup_log)
+    if wheels:
+        run(module, [python, "-m", "compileall", "-q", site], env, "byte-compiling the overlay")
     files, links = tree_hashes(path)
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -186,8 +212,9 @@ def build(module, path, extra_wheels):
         "stack_id": params["stack_id"],
         "stack": params["stack"],
         "arch": params["arch"],
-        "source_revision": params["source_revision"],
-        "source_hash": params["source_hash"],
+        "overlay": params["overlay"],
+        "source_revision": params["source_revision"] if params["overlay"] else "none",
+        "source_hash": params["source_hash"] if params["overlay"] else "none",
         "extra_wheels": extra_wheels,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "files": files,
@@ -208,6 +235,7 @@ def main():
             release_id=dict(type="str"),
             state=dict(type="str", choices=["present", "verified"], default="present"),
             wheel=dict(type="path"),
+            overlay=dict(type="bool", default=True),
             extra_wheels=dict(type="list", elements="path", default=[]),
             stack=dict(type="path"),
             stack_id=dict(type="str"),
@@ -215,7 +243,7 @@ def main():
             source_revision=dict(type="str", default="unknown"),
             source_hash=dict(type="str", default="unknown"),
         ),
-        required_if=[("state", "present", ("wheel", "stack", "stack_id")), ("state", "verified", ("release_id",))],
+        required_if=[("state", "present", ("stack", "stack_id")), ("state", "verified", ("release_id",))],
         supports_check_mode=True,
     )
     params = module.params
@@ -224,7 +252,12 @@ def main():
         if not os.path.isfile(wheel):
             module.fail_json(msg="extra wheel %s is not on the host" % wheel, problems=[], rebuilt_partial=False)
         extra_wheels.append({"wheel": os.path.basename(wheel), "sha256": file_sha256(wheel)})
-    if not params["release_id"]:
+    if params["state"] == "present" and params["overlay"] and not params["wheel"]:
+        module.fail_json(msg="an overlay release needs wheel (the overlay wheel on the host); overlay=false builds the base release",
+                         problems=[], rebuilt_partial=False)
+    if not params["release_id"] and not params["overlay"]:
+        params["release_id"] = base_release_id(params["stack_id"], [extra["sha256"] for extra in extra_wheels])
+    elif not params["release_id"]:
         params["release_id"] = release_id(params["source_hash"], params["stack_id"], params["arch"],
                                           [extra["sha256"] for extra in extra_wheels])
     path = os.path.join(params["root"], params["release_id"])
@@ -236,18 +269,21 @@ def main():
             module.fail_json(msg="release %s is tampered: its files differ from its manifest (%d difference(s): %s). "
                                  "It will not be activated; remove it to rebuild." % (path, len(problems), "; ".join(problems[:5])),
                              release_dir=path, problems=problems, rebuilt_partial=False, manifest=summary(manifest))
-        module.exit_json(changed=False, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=False, manifest=summary(manifest))
+        module.exit_json(changed=False, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=False,
+                         manifest=summary(manifest), overlay=manifest.get("overlay", True))
     partial = os.path.isdir(path)
     if params["state"] == "verified":
         module.fail_json(msg="release %s is %s: no manifest. It will not be activated." % (path, "partial" if partial else "missing"),
                          release_dir=path, problems=["no manifest"], rebuilt_partial=False)
     if module.check_mode:
-        module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial)
+        module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial,
+                         overlay=params["overlay"])
     if partial:
         shutil.rmtree(path)
     os.makedirs(path)
     manifest = build(module, path, extra_wheels)
-    module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial, manifest=summary(manifest))
+    module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial,
+                     manifest=summary(manifest), overlay=params["overlay"])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,10 @@ description:
     exist on the host and are not shared between services, C(tp_size) dividing the GPU count, a known
     speculative algorithm, a draft model for the algorithms that need one, DDTree budget and top-k
     at least 1 - and fails listing every broken rule, each naming the service, the field and the value.
+  - Refuses a shadow (C(shadow_of)) of an unknown service, of itself or of another shadow, one without
+    spare GPUs (naming the GPUs that are free), one whose algorithm is not C(DDTREE), and a pinned one.
+  - Refuses a release pin on a service whose algorithm does not load the overlay, and a pin that is
+    no release id or revision.
   - Refuses a secret flag (C(--api-key), C(--admin-api-key)) in C(extra_args), which would put it in the
     server's command line, readable by every local user; C(api_key) is the way.
   - Returns, per service, its systemd unit name, its C(launch_server) flags and its environment, never
@@ -45,6 +49,19 @@ options:
         type: dict
         default: {algorithm: NONE}
       api_key: {description: API key (from Ansible Vault); never returned, type: str}
+      shadow_of:
+        description:
+          - The production service on this host this one is the shadow of - it runs the candidate beside
+            it on spare GPUs and a port of its own, without production traffic. A shadow's algorithm is
+            C(DDTREE) and it follows the candidate.
+        type: str
+      release:
+        description:
+          - C(candidate) (follow the rollout's candidate release), or a release id or source revision
+            to pin the service to (M(ddtree.sglang.service_release_choice) resolves it on the host).
+          - Only services whose algorithm loads the overlay (C(DDTREE)) may pin; the others run the base release.
+        type: str
+        default: candidate
       extra_args: {description: More launch_server flags, type: list, elements: str, default: []}
       environment: {description: More environment variables, type: dict, default: {}}
       health:
@@ -102,6 +119,9 @@ services:
       exec_args: --model-path /models/coder --served-model-name coder --host 127.0.0.1 --port 30000 --tp-size 2
       environment: {CUDA_VISIBLE_DEVICES: "0,1"}
       algorithm: DDTREE
+      loads_overlay: true
+      release: candidate
+      shadow_of: null
       gpus: [0, 1]
       port: 30000
       host: 127.0.0.1
@@ -114,6 +134,7 @@ import copy
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import CANDIDATE, loads_overlay
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
     gate_settings,
     service_environment,
@@ -133,6 +154,8 @@ SERVICE_OPTIONS = dict(
     port=dict(type="int", required=True),
     speculative=dict(type="dict", default={"algorithm": "NONE"}),
     api_key=dict(type="str", no_log=True),
+    release=dict(type="str", default="candidate"),
+    shadow_of=dict(type="str"),
     extra_args=dict(type="list", elements="str", default=[]),
     environment=dict(type="dict", default={}),
     health=dict(type="dict", default={}, options=dict(
@@ -164,13 +187,17 @@ def main():
     plan = []
     for service in services:
         flags = service_flags(service)
+        algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
         plan.append({
             "name": service["name"],
             "unit": "sglang-%s.service" % service["name"],
             "flags": flags,
             "exec_args": " ".join(systemd_quote(arg) for arg in flags),
             "environment": service_environment(service),
-            "algorithm": (service.get("speculative") or {}).get("algorithm", "NONE"),
+            "algorithm": algorithm,
+            "loads_overlay": loads_overlay(algorithm),
+            "release": service.get("release") or CANDIDATE,
+            "shadow_of": service.get("shadow_of"),
             "gpus": service["gpus"],
             "port": service["port"],
             "host": service.get("host") or "127.0.0.1",

@@ -22,6 +22,9 @@ description:
     the C(!!!!!!!!) incident.
   - Dry-parses the service's flags with SGLang's own parser with the release active (a bad flag fails,
     naming it) and resolves its speculative algorithm.
+  - With O(flags_release), parses the flags with that release's C(site/) instead (the release the
+    service runs - a pinned one, or the base release of a service that does not load the overlay); with
+    O(flags_overlay=false) it also fails when an SGLang plugin of the overlay is discoverable there.
   - Writes nothing (C(PYTHONDONTWRITEBYTECODE=1)).
   - Runs the three checks in one process of the stack's Python that imports torch once and forks a
     child per check, each with its own environment and path as separate processes would have; about
@@ -50,6 +53,15 @@ options:
     description: Extra environment for the dry parse (the service's, for example C(SGLANG_DDTREE_BUDGET)).
     type: dict
     default: {}
+  flags_release:
+    description: The release whose C(site/) the flags are parsed with (the one the service runs); unset, O(release).
+    type: path
+  flags_overlay:
+    description:
+      - Whether the service loads the overlay. C(false) (a NEXTN service on the base release) fails the
+        check when a plugin from the overlay's package is discoverable with O(flags_release).
+    type: bool
+    default: true
 extends_documentation_fragment:
   - ddtree.sglang.attributes.read_only
 """
@@ -83,7 +95,9 @@ plugin_problems:
   type: list
   elements: str
 parsed:
-  description: What SGLang's parser made of the flags (model path, port, algorithm and what it resolves to).
+  description:
+    - What SGLang's parser made of the flags (model path, port, algorithm and what it resolves to), and
+      C(plugins), the SGLang plugins discoverable there (C(name), C(value)).
   returned: when I(flags) were given and parsed
   type: dict
 """
@@ -105,6 +119,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.spec_matrix import (
     builtin_differences,
     dflash_family_problems,
     matrix_lines,
+    overlay_plugins,
 )
 
 
@@ -116,6 +131,8 @@ def main():
             plugin_algorithm=dict(type="str", default="DDTREE"),
             flags=dict(type="list", elements="str", default=[]),
             environment=dict(type="dict", default={}),
+            flags_release=dict(type="path"),
+            flags_overlay=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )
@@ -133,9 +150,11 @@ def main():
         dict(with_release, name="the predicate matrix with the release", code=PREDICATES_WITH_PLUGINS, argv=["--json"]),
     ]
     if params["flags"]:
-        env = dict(with_release["env"], **{key: str(value) for key, value in params["environment"].items()})
+        # The flags are parsed with the release the service runs (a pinned one, or a base release).
+        flags_site = os.path.join(params["flags_release"] or params["release"], "site")
+        env = dict({"PYTHONPATH": flags_site}, **{key: str(value) for key, value in params["environment"].items()})
         jobs.append(dict(name="SGLang's parser on the service's flags", code=FLAGS_PROBE, argv=params["flags"],
-                         path=[site], env=env))
+                         path=[flags_site], env=env))
     rc, stdout, stderr = module.run_command(runner_command(python, jobs, preload=PRELOAD), environ_update=dict(quiet, PYTHONPATH=""))
     try:
         answers = job_results(stdout)
@@ -167,6 +186,10 @@ def main():
     if params["flags"]:
         parsed = output(jobs[2])
         result["parsed"] = parsed
+        leaked = overlay_plugins(parsed.get("plugins") or [])
+        if not params["flags_overlay"] and leaked:
+            module.fail_json(msg="the service must not load the overlay, but its release %s makes SGLang discover the overlay's plugin %s"
+                             % (params["flags_release"] or params["release"], ", ".join(leaked)), **result)
         if parsed.get("error"):
             module.fail_json(msg="--speculative-algorithm %s does not resolve with the release: %s" % (parsed["algorithm"], parsed["error"]), **result)
     module.exit_json(**result)

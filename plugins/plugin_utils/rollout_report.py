@@ -11,10 +11,13 @@ Everything here is a plain function of recorded data, so it is tested from recor
 Event: {"host", "kind", "task", "service", "result"} with kind one of
   lock        ddtree.sglang.rollout_lock's result
   start       the releases each service pointed at before the run ({service: {release_id, previous_release_id}})
-  release     ddtree.sglang.release's result (the release built for this host)
+  release     ddtree.sglang.release's result (the release built for this host; a base release, overlay
+              false, is kept apart as base_release)
   link        ddtree.sglang.service_link's result (a switch, or a rollback with state=previous)
   gate        ddtree.sglang.sglang_health's result (the first for a service; after a rollback, the
               gate of the release it went back to)
+  choice      ddtree.sglang.service_release_choice's result: per service the release it runs and why
+              (the candidate, a pin, or the base release of a service that does not load the overlay)
   verdicts    ddtree.sglang.service_gate_status's result: per service, whether its current release
               passed its gate and what the run does about it (a release an interrupted rollout left
               without a passed gate is gated, or rolled back)
@@ -115,7 +118,17 @@ def recovery_note(recovery):
 def _service(record, name):
     return record["services"].setdefault(name, {
         "name": name, "before_release_id": None, "after_release_id": None, "switched": False, "gate": None,
-        "rollback": None, "recovery": None})
+        "rollback": None, "recovery": None, "release_choice": None})
+
+
+# How a service's release was chosen, for the table, where it is not the default (the candidate: a
+# rolled-back service runs an older release than the candidate it followed, so it is not marked).
+CHOICE_WORDS = {"pin": "pinned", "base": "base, no overlay"}
+
+
+def _choice_word(service):
+    choice = service.get("release_choice") or {}
+    return CHOICE_WORDS.get(choice.get("follows"))
 
 
 def _host_status(record, kind):
@@ -150,7 +163,7 @@ def build_report(events, targeted, kind="rollout", meta=None):
     hosts = {}
 
     def host(name):
-        return hosts.setdefault(name, {"host": name, "status": None, "seen": False, "release": None, "services": {},
+        return hosts.setdefault(name, {"host": name, "status": None, "seen": False, "release": None, "base_release": None, "services": {},
                                        "changes": [], "failure": None, "unreachable": False})
 
     for name in targeted:
@@ -180,7 +193,11 @@ def build_report(events, targeted, kind="rollout", meta=None):
             continue
         record["seen"] = True
         if kind_ == "release":
-            record["release"] = {"release_id": result.get("release_id"), "built": bool(result.get("changed"))}
+            key = "base_release" if result.get("overlay") is False else "release"
+            record[key] = {"release_id": result.get("release_id"), "built": bool(result.get("changed"))}
+        elif kind_ == "choice":
+            for name, choice in sorted((result.get("services") or {}).items()):
+                _service(record, name)["release_choice"] = {key: (choice or {}).get(key) for key in ("release_id", "follows", "reason")}
         elif kind_ == "link":
             service = _service(record, event["service"])
             before = (result.get("before") or {}).get("release_id")
@@ -342,10 +359,11 @@ def render_markdown(report):
                 out.append("| %s | – | – | – | %s | – |" % (_cell(row["host"]), _cell(row["status"])))
                 continue
             after = service["after_release_id"]
-            if report["kind"] == "plan" and row["release"]:
-                after = row["release"]["release_id"]
+            if report["kind"] == "plan" and (service.get("release_choice") or row["release"]):
+                after = (service.get("release_choice") or row["release"])["release_id"]
+            after_cell = _code(after) + (" (%s)" % _choice_word(service) if _choice_word(service) else "")
             out.append("| %s | %s | %s | %s | %s | %s |" % (
-                _cell(row["host"]), _cell(service["name"]), _code(service["before_release_id"]), _code(after),
+                _cell(row["host"]), _cell(service["name"]), _code(service["before_release_id"]), after_cell,
                 _cell(row["status"]), _cell(_gate_cell(service["gate"]) if report["kind"] != "plan" else "–")))
     out.append("")
 
@@ -466,6 +484,8 @@ def summary_lines(report):
         for service in row["services"]:
             text = "%s %s: %s, release %s -> %s" % (row["host"], service["name"], row["status"],
                                                     _short(service["before_release_id"]) or "none", _short(service["after_release_id"]) or "none")
+            if service.get("release_choice"):
+                text += " (%s)" % service["release_choice"]["reason"]
             if service["gate"]:
                 text += ", gate " + _gate_cell(service["gate"])
             if service["rollback"] and service["rollback"].get("rolled_back_to_release_id"):

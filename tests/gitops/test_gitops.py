@@ -2,8 +2,10 @@
 
 The tests run in order and share one lab and one fleet repository (a copy of this checkout):
   1. commit A (good overlay, and a canary API key for ct200's service) rolls out on both hosts through
-     scripts/rollout (plan, then rollout) at -vvv; the service refuses a request without the key and
-     answers one with it;
+     scripts/rollout (plan, then rollout) at -vvv: ct200's DDTREE service onto A's release, ct129's NEXTN
+     service onto its stack's base release, which no later overlay commit changes (docs/services.md,
+     "Which release a service runs"); ct200's service refuses a request without the key and answers one
+     with it;
   2. commit B (an overlay whose tree walk is broken: not lossless) fails the health gate on the canary,
      which is rolled back (also at -vvv); ct129 is never touched; the report says so; then the key is
      searched for everywhere on the controller and ct200 (secret_checks.py): only its own file holds it;
@@ -144,13 +146,14 @@ def test_commit_a_rolls_out_on_both_hosts(lab, fleet):
     assert report["verdict"] == "succeeded" and report["revision"] == commit_a and report["trigger"] == "gitops test"
     rows = services(report)
     assert {key: row["status"] for key, row in rows.items()} == {("ct200", "coder"): "updated", ("ct129", "chat"): "updated"}
-    release_a = rows[("ct200", "coder")]["after_release_id"]
-    assert rows[("ct129", "chat")]["after_release_id"] == release_a and all(row["gate"]["passed"] for row in rows.values())
-    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_a
+    release_a, base = rows[("ct200", "coder")]["after_release_id"], rows[("ct129", "chat")]["after_release_id"]
+    assert base != release_a and all(row["gate"]["passed"] for row in rows.values())
+    assert rows[("ct129", "chat")]["release_choice"]["follows"] == "base"
+    assert current_release(lab, "ct200", "coder") == release_a and current_release(lab, "ct129", "chat") == base
     assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3
     # The key reached the server: it refuses a request without it.
     assert secret_checks.chat_statuses(lab["env"], API_KEY, keys=[None])[0][0] == 401
-    STATE["release_a"] = release_a
+    STATE["release_a"], STATE["base"] = release_a, base
 
 
 def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_on_a(lab, fleet):
@@ -170,12 +173,13 @@ def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_o
     assert coder["rollback"]["failed_release_id"] not in (None, release_a) and coder["rollback"]["rolled_back_to_release_id"] == release_a
     assert coder["gate"]["passed"] is False and coder["gate"]["stage"] in ("degenerate", "baseline")
     assert coder["rollback"]["gate"]["passed"] is True
-    assert chat["status"] == "not reached" and chat["after_release_id"] == release_a
+    base = STATE["base"]
+    assert chat["status"] == "not reached" and chat["after_release_id"] == base
     markdown = (reports / "rollout.md").read_text()
     assert "| ct200 | coder | `%s` | `%s` | rolled back |" % (release_a[:12], release_a[:12]) in markdown
-    assert "| ct129 | chat | `%s` | `%s` | not reached |" % (release_a[:12], release_a[:12]) in markdown
-    # The hosts themselves: both still on A, both answering.
-    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_a
+    assert "| ct129 | chat | `%s` | `%s` (base, no overlay) | not reached |" % (base[:12], base[:12]) in markdown
+    # The hosts themselves: ct200 still on A, ct129 on its base release, both answering.
+    assert current_release(lab, "ct200", "coder") == release_a and current_release(lab, "ct129", "chat") == base
     assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3
     history = on_host(lab, "ct200", "tail", "-n", "1", "/var/lib/sglang/coder/history.jsonl")
     assert json.loads(history)["rolled_back_to_release_id"] == release_a
@@ -221,8 +225,9 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     assert report["verdict"] == "succeeded" and report["revision"] == commit_c and report["trigger"] == "pull timer"
     rows = services(report)
     release_c = rows[("ct200", "coder")]["after_release_id"]
-    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["after_release_id"] == release_c
-    assert {row["status"] for row in rows.values()} == {"updated"}
+    # A DDTree-only change: ct200's DDTREE service is updated, ct129's NEXTN service is left as it was.
+    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["after_release_id"] == STATE["base"]
+    assert {key: row["status"] for key, row in rows.items()} == {("ct200", "coder"): "updated", ("ct129", "chat"): "unchanged"}
     assert len(list((reports / "history").glob("*-rollout.json"))) == 1
 
     # No new commit: ansible-pull does not run the playbook at all.
@@ -239,7 +244,7 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     rows = services(report)
     assert rows[("ct200", "coder")]["status"] == "rolled back" and rows[("ct200", "coder")]["after_release_id"] == release_c
     assert rows[("ct129", "chat")]["status"] == "not reached"
-    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_c
+    assert current_release(lab, "ct200", "coder") == release_c and current_release(lab, "ct129", "chat") == STATE["base"]
     STATE["release_c"] = release_c
     # E puts back C's exact tree: its release is C's (the release id is the content's), which the hosts
     # already run, so the next test's rollouts are no-ops and its subject, the lock, is all they exercise.
@@ -277,5 +282,6 @@ def test_two_triggers_at_once_one_refuses_one_waits_nothing_breaks(lab, fleet):
     assert waiting_report["lock"]["waited_s"] > 0 and waiting_report["finished"] >= first_report["finished"]
     assert {row["status"] for row in first_report["hosts"]} == {row["status"] for row in waiting_report["hosts"]} == {"unchanged"}
     release = services(first_report)[("ct200", "coder")]["after_release_id"]
-    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release == STATE["release_c"]
+    assert current_release(lab, "ct200", "coder") == release == STATE["release_c"]
+    assert current_release(lab, "ct129", "chat") == STATE["base"]
     assert len(set(answers(lab, "ct200"))) > 3 and len(set(answers(lab, "ct129"))) > 3

@@ -138,11 +138,37 @@ def test_ddtree_tree_accepts_more_than_its_first_rank_chain(target):
 
 def test_a_broken_verify_mask_is_caught(target, monkeypatch):
     """Control: with a causal (not ancestor-only) mask the verify rows are wrong."""
-    monkeypatch.setattr(decoding, "ancestor_mask", lambda tree: torch.tril(torch.ones(
+    monkeypatch.setattr(decoding._overlay_core(), "ancestor_mask", lambda tree: torch.tril(torch.ones(
         tree.batch_size, tree.num_slots, tree.num_slots, dtype=torch.bool)))
     spec = Decoder(target, PLANS["ddtree-15x8"])
     with pytest.raises(RuntimeError, match="tree verify inputs disagree"):
         greedy(spec, PROMPTS[0])
+
+
+@pytest.mark.parametrize("name", ["eagle-3", "dflash-15"])
+def test_chain_without_the_overlay_decodes_as_the_core(target, monkeypatch, name):
+    """A NEXTN/DFLASH service runs without the overlay (docs/services.md): the lab's own chain verify
+    must give the very tokens and statistics the core's top-1 tree gives, greedy and sampled."""
+    runs = {}
+    for params in (SamplingParams(max_new_tokens=60, temperature=0), SamplingParams(max_new_tokens=60, temperature=0.8, top_p=0.95, seed=5)):
+        for core in ("core", "none"):
+            if core == "none":
+                monkeypatch.setattr(decoding, "_overlay_core", lambda: None)
+            decoder = Decoder(target, PLANS[name])
+            assert (decoder.core is None) == (core == "none")
+            out = []
+            stats = decoder.generate(TOK.encode(PROMPTS[0]), params, lambda c: out.extend(c) or True)
+            runs[params.temperature, core] = (out, stats.spec_verify_ct, stats.spec_num_correct_drafts)
+            monkeypatch.undo()
+    assert runs[0, "none"] == runs[0, "core"]
+    assert runs[0.8, "none"] == runs[0.8, "core"]
+    assert runs[0, "core"][1] < 59  # drafts were accepted
+
+
+def test_without_the_overlay_a_tree_is_refused(target, monkeypatch):
+    monkeypatch.setattr(decoding, "_overlay_core", lambda: None)
+    with pytest.raises(RuntimeError, match="only with the overlay's core importable"):
+        Decoder(target, PLANS["eagle-tree"])
 
 
 def test_sampling_is_seeded_and_spec_sampling_runs(target):

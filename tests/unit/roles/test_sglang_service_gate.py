@@ -55,7 +55,7 @@ def gate_calls(task_file, variables):
                     try:
                         outer[key] = render(value, outer)
                     except AnsibleUndefinedVariable:  # one that needs the loop's variable
-                        pass
+                        outer.pop(key, None)
                 elements = render(task["loop"], outer)
             included = task[INCLUDE]["file"] if isinstance(task[INCLUDE], dict) else task[INCLUDE]
             for element in elements:
@@ -82,7 +82,9 @@ def role_variables(capsys):
         sglang_service_restarted={"results": [{"changed": True, "item": entry["unit"]}]},
         sglang_service_started={"results": []},
         sglang_service_since={"stdout": "2026-11-30 10:00:00"},
-        sglang_service_release={"release_id": "new"},
+        sglang_service_release={"release_id": "candidate"},
+        # The gate names each service's own release (its pin, the candidate, or the base release).
+        sglang_service_releases={"services": {entry["name"]: {"release_id": "new"}}},
         sglang_service_rollback_since={"stdout": "2026-11-30 10:05:00"},
         sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
         sglang_service_failed={"item": entry, "passed": False, "msg": "failed"},

@@ -36,9 +36,29 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-from sglang_overlay.core import ancestor_mask, draft_topk, greedy_walk, sample_target_tokens, sampled_walk, verify_positions
 from .model import Context, LabDraftConfig, LabLM, mix_seed
 from .tokenizer import VOCAB_SIZE
+
+
+def _overlay_core():
+    """The overlay's core, or None where it is not importable: a service whose algorithm is not DDTREE
+    runs without the overlay (docs/services.md, "Which release a service runs"), and there the lab
+    stands in for SGLang's own chain verification (``Decoder._chain_step``)."""
+    try:
+        import sglang_overlay.core as core  # noqa: PLC0415
+
+        return core
+    except ImportError:
+        return None
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """One sample per row of ``logits [B, n, V]`` from ``softmax(logits / T)``, as the overlay core's
+    ``sample_target_tokens`` draws it (same dtype, same one ``multinomial`` call: the same tokens for the
+    same generator; ``test_chain_without_the_overlay_decodes_as_the_core`` holds the two together)."""
+    batch, n, vocab = logits.shape
+    probs = torch.softmax(logits.to(torch.float32) / temperature, dim=-1)
+    return torch.multinomial(probs.reshape(batch * n, vocab), 1, generator=generator).reshape(batch, n)
 
 
 def _tree_builder():
@@ -222,7 +242,13 @@ class Decoder:
         self.plan = plan
         self.degenerate_token = degenerate_token
         self.per_token_delay = per_token_delay
-        self.builder, self.builder_name = _tree_builder()
+        self.core = _overlay_core()
+        if self.core is not None:
+            self.builder, self.builder_name = _tree_builder()
+        elif plan.speculative and (plan.mode in ("ddtree", "no_hidden_capture") or plan.top_k != 1):
+            raise RuntimeError(f"the lab decodes {plan.mode} with top-k {plan.top_k} only with the overlay's core importable")
+        else:
+            self.builder, self.builder_name = None, "lab chain (no overlay)"
         self.drafter = None
         if plan.speculative:
             draft = draft or LabDraftConfig.from_path(plan.draft_path or "lab-draft")
@@ -243,7 +269,31 @@ class Decoder:
         if params.greedy:
             return int(np.argmax(logits))
         processed = process_logits(torch.from_numpy(logits)[None, None], params)
-        return int(sample_target_tokens(processed, params.temperature, generator)[0, 0])
+        sample = self.core.sample_target_tokens if self.core is not None else sample_tokens
+        return int(sample(processed, params.temperature, generator)[0, 0])
+
+    def _chain_step(
+        self, ctx: Context, root: int, params: SamplingParams, generator: torch.Generator
+    ) -> tuple[list[int], int]:
+        """A top-1 chain without the overlay: SGLang's own EAGLE/DFLASH verify, as the lab models it.
+        The same tokens and random draws as the core's tree of top-k 1 (its slots: root + budget)."""
+        plan = self.plan
+        rows = self.drafter.rows(ctx, plan.draft_len, captured=plan.hidden_capture)
+        depth = min(plan.budget, plan.draft_len)
+        drafts = [int(token) for token in torch.argmax(rows[:depth].to(torch.float32), dim=-1)]
+        contexts = [ctx]
+        for token in drafts:
+            contexts.append(self.target.push(contexts[-1], token))
+        contexts += [ctx] * (plan.budget - depth)  # padding slots, as the tree has them
+        logits = torch.from_numpy(np.stack([self.target_logits(c) for c in contexts]))[None]
+        if params.greedy:
+            targets = logits.argmax(dim=-1)[0].tolist()
+        else:
+            targets = sample_tokens(process_logits(logits, params), params.temperature, generator)[0].tolist()
+        accepted = 0
+        while accepted < depth and targets[accepted] == drafts[accepted]:
+            accepted += 1
+        return drafts[:accepted] + [targets[accepted]], accepted
 
     # -- one speculative step --
 
@@ -251,6 +301,10 @@ class Decoder:
         self, ctx: Context, root: int, params: SamplingParams, generator: torch.Generator
     ) -> tuple[list[int], int]:
         """Draft, build, verify, walk. Returns (committed tokens: accepted + bonus, accepted drafts)."""
+        if self.core is None:
+            return self._chain_step(ctx, root, params, generator)
+        draft_topk, ancestor_mask, verify_positions = self.core.draft_topk, self.core.ancestor_mask, self.core.verify_positions
+        greedy_walk, sampled_walk = self.core.greedy_walk, self.core.sampled_walk
         plan = self.plan
         rows = self.drafter.rows(ctx, plan.draft_len, captured=plan.hidden_capture)
         k = max(1, min(plan.top_k, plan.budget))

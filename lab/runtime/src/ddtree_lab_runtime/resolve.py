@@ -169,9 +169,6 @@ def plan_from_args(server_args: Any) -> DecodePlan:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
-    from sglang_overlay.adapter import settings as dd_settings
-    from sglang_overlay.adapter.resolution import resolved_settings
-
     cfg = _view(server_args)
     requested = getattr(server_args, "speculative_algorithm", None)
     name = cfg.speculative_algorithm
@@ -182,6 +179,9 @@ def plan_from_args(server_args: Any) -> DecodePlan:
     common = dict(algorithm=name, requested=requested, draft_path=draft)
 
     if isinstance(algo, CustomSpecAlgo):
+        # A plugin algorithm: a plugin is loaded, so the overlay is importable.
+        from sglang_overlay.adapter import settings as dd_settings
+
         window = int(
             cfg.speculative_num_draft_tokens
             or cfg.speculative_dflash_block_size
@@ -207,7 +207,12 @@ def plan_from_args(server_args: Any) -> DecodePlan:
 
     if algo.is_dflash():
         window = int(cfg.speculative_num_draft_tokens)
-        tree = resolved_settings(server_args)
+        try:
+            from sglang_overlay.adapter.resolution import resolved_settings
+        except ImportError:  # a service without the overlay: DFLASH is only ever SGLang's own
+            tree = None
+        else:
+            tree = resolved_settings(server_args)
         if tree is not None:
             return DecodePlan("ddtree", draft_len=window - 1, budget=tree.budget, top_k=tree.effective_top_k,
                               num_draft_tokens=window, note="DDTREE (adapter-resolved) on the DFlash drafter", **common)

@@ -105,6 +105,14 @@ def test_bake_checks_one_per_service_and_no_secrets():
     assert "secret" not in repr(checks)
 
 
+def test_bake_checks_recheck_the_release_each_service_runs():
+    """A pinned service or one on its base release is re-checked on that release, not the host's candidate."""
+    state = {"a": {"since": "t", "release_id": "candidate", "releases": {"pinned": "p1", "chat": "base1"},
+                   "services": [{"name": "coder"}, {"name": "pinned"}, {"name": "chat"}]}}
+    assert [(check["service"]["name"], check["release_id"]) for check in bake_checks(["a"], state)] == [
+        ("coder", "candidate"), ("pinned", "p1"), ("chat", "base1")]
+
+
 def test_bake_verdicts():
     gate = {"passed": True, "msg": "healthy"}
     assert bake_verdict(gate)["verdict"] == "passed"

@@ -93,3 +93,38 @@ def test_gate_settings_take_the_services_own_values_over_the_role_defaults():
     assert services.gate_settings(slow, defaults) == {"start_timeout": 1800, "no_progress_timeout": 120, "min_accept_length": 2.5}
     # Unset both ways: left out, so the module's own defaults apply.
     assert services.gate_settings(CODER, {}) == {}
+
+
+SHADOW = {"name": "coder-shadow", "model_path": "/models/coder", "draft_model_path": "/models/coder-dflash", "gpus": [4, 5],
+          "tp_size": 2, "port": 30100, "speculative": {"algorithm": "DDTREE", "budget": 31}, "shadow_of": "coder"}
+
+
+def test_a_shadow_on_spare_gpus_and_its_own_port_is_accepted():
+    assert services.service_problems([CODER, CHAT, SHADOW], EIGHT, "ct200") == []
+    assert services.spare_gpus([CODER, CHAT, SHADOW], EIGHT) == [3, 4, 5, 6, 7]
+
+
+@pytest.mark.parametrize("shadow, message", [
+    (with_changes(SHADOW, shadow_of="coderr"),
+     "ct200: sglang_services[2] (coder-shadow): shadow_of 'coderr' names no service on ct200 (production services there: chat, coder)"),
+    (with_changes(SHADOW, shadow_of="coder-shadow"), "shadow_of 'coder-shadow' names the service itself"),
+    (with_changes(SHADOW, gpus=[1, 2]),
+     "(coder-shadow): a shadow needs spare GPUs of its own, but GPU 1 is used by service coder; give it spare GPUs (free on ct200: 3, 4, 5, 6, 7)"),
+    (with_changes(SHADOW, speculative_algorithm="NEXTN"), "a shadow runs the candidate release, so its algorithm must be DDTREE, not NEXTN"),
+    (with_changes(SHADOW, release="aaaaaaaaaaaa"), "a shadow follows the candidate; remove release 'aaaaaaaaaaaa'"),
+    (with_changes(SHADOW, port=30000), "(coder-shadow): port 30000 is also used by service coder"),
+])
+def test_each_broken_shadow_rule_is_named(shadow, message):
+    problems = services.service_problems([CODER, CHAT, shadow], EIGHT, "ct200")
+    assert any(message in problem for problem in problems), problems
+
+
+def test_a_shadow_on_a_host_without_spare_gpus_says_so_and_a_shadow_of_a_shadow_names_the_production_service():
+    chat = with_changes(CHAT, gpus=[0, 1], tp_size=2)
+    shadow = with_changes(SHADOW, gpus=[1], tp_size=1, shadow_of="chat")
+    assert services.service_problems([chat, shadow], [0, 1], "ct129") == [
+        "ct129: sglang_services[1] (coder-shadow): a shadow needs spare GPUs of its own, but GPU 1 is used by service chat; "
+        "ct129 has no spare GPU (every GPU serves production); remove the shadow or free GPUs for it"]
+    second = with_changes(SHADOW, name="second", gpus=[6], tp_size=1, port=30101, shadow_of="coder-shadow")
+    assert services.service_problems([CODER, SHADOW, second], EIGHT, "ct200") == [
+        "ct200: sglang_services[2] (second): shadow_of 'coder-shadow' names a shadow; name the production service 'coder' it shadows"]

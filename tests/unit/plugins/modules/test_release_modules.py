@@ -154,3 +154,14 @@ def test_links_follow_releases_root_wherever_it_is_and_are_read_back_by_one_read
     code, result = run_module(release_prune, {"root": releases_root, "services_root": services_root, "keep": [],
                                               "_ansible_check_mode": True}, capsys)
     assert result["in_use"] == {"bbb": ["coder/current"], "aaa": ["coder/previous"]} and result["removed"] == []
+
+
+def test_plan_carries_each_services_release_and_shadow(capsys):
+    shadow = dict(SERVICE, name="coder-shadow", gpus=[4, 5], port=30100, shadow_of="coder")
+    shadow.pop("api_key", None)
+    code, result = run_module(service_plan, {"services": [SERVICE, shadow], "gpu_indices": list(range(8))}, capsys)
+    assert code == 0
+    assert [(entry["release"], entry["shadow_of"], entry["loads_overlay"]) for entry in result["services"]] == [
+        ("candidate", None, True), ("candidate", "coder", True)]
+    code, result = run_module(service_plan, {"services": [SERVICE, dict(shadow, gpus=[1, 2])], "gpu_indices": [0, 1, 2]}, capsys)
+    assert code == 1 and "a shadow needs spare GPUs of its own, but GPU 1 is used by service coder; give it spare GPUs (free on host: 2)" in result["msg"]

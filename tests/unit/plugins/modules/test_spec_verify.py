@@ -79,7 +79,7 @@ def test_a_good_release_passes_and_its_flags_resolve(tmp_path, capsys):
     assert result["builtin_differences"] == [] and result["plugin_problems"] == []
     assert [line.split()[-1] for line in result["matrix"][1:]] == ["plugin", "same", "same"]
     assert result["parsed"] == {"model_path": "/models/coder", "port": 30000, "algorithm": "DDTREE",
-                                "resolves_to": "DDTREE", "is_dflash_family": True}
+                                "resolves_to": "DDTREE", "is_dflash_family": True, "plugins": []}
 
 
 def test_the_service_environment_reaches_only_the_parse(tmp_path, capsys):

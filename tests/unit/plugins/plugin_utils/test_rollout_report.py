@@ -277,3 +277,40 @@ def test_a_bake_that_never_reached_its_host_is_inconclusive_not_failed():
     assert report["verdict"] == "paused"
     assert report["hosts"][1]["status"] == "inconclusive" and report["hosts"][1]["failure"] is None
     assert "| ct129 | – | inconclusive | – | unreachable: ssh: Connection refused |" in render_markdown(report)
+
+
+BASE, PINNED = "4b2e6f1a0c3d7a8b", "aa11bb22cc33dd44"
+
+
+def choice(host, **services):
+    reasons = {"candidate": "follows the rollout's candidate", "pin": "pinned by release: %s (revision r)" % PINNED,
+               "base": "NEXTN does not load the overlay: the base release (the stack alone)"}
+    return {"host": host, "kind": "choice", "result": {"services": {
+        name: {"release_id": release_id, "follows": follows, "reason": reasons[follows]}
+        for name, (release_id, follows) in services.items()}}}
+
+
+def test_an_overlay_change_leaves_a_nextn_host_unchanged_and_says_which_release_each_service_follows_and_why():
+    start = [{"host": "ct129", "kind": "start", "result": {"chat": {"release_id": BASE, "previous_release_id": None}}},
+             {"host": "ct200", "kind": "start", "result": {"coder": {"release_id": OLD, "previous_release_id": None},
+                                                           "pinned": {"release_id": PINNED, "previous_release_id": None}}}]
+    events = start + [
+        {"host": "ct129", "kind": "release", "result": {"release_id": NEW, "changed": True, "overlay": True}},
+        {"host": "ct129", "kind": "release", "result": {"release_id": BASE, "changed": False, "overlay": False}},
+        choice("ct129", chat=(BASE, "base")), link("ct129", "chat", BASE, BASE),
+        {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True, "overlay": True}},
+        choice("ct200", coder=(NEW, "candidate"), pinned=(PINNED, "pin")),
+        link("ct200", "coder", OLD, NEW), link("ct200", "pinned", PINNED, PINNED), gate("ct200", passed_gate("coder", NEW))]
+    report = build_report(events, ["ct200", "ct129"])
+    ct200, ct129 = report["hosts"]
+    assert ct129["status"] == "unchanged" and ct129["release"]["release_id"] == NEW and ct129["base_release"]["release_id"] == BASE
+    assert ct129["services"][0]["release_choice"]["follows"] == "base"
+    assert [service["release_choice"]["follows"] for service in ct200["services"]] == ["candidate", "pin"]
+    text = render_markdown(report)
+    assert "| ct129 | chat | `4b2e6f1a0c3d` | `4b2e6f1a0c3d` (base, no overlay) | unchanged | – |" in text
+    assert "| ct200 | pinned | `aa11bb22cc33` | `aa11bb22cc33` (pinned) | updated | – |" in text
+    assert ("ct129 chat: unchanged, release 4b2e6f1a0c3d -> 4b2e6f1a0c3d (NEXTN does not load the overlay: "
+            "the base release (the stack alone))", False) in summary_lines(report)
+    # a plan shows each service's own choice, not the host's candidate
+    plan = render_markdown(build_report(events[:5], ["ct129"], kind="plan"))
+    assert "| ct129 | chat | `4b2e6f1a0c3d` | `4b2e6f1a0c3d` (base, no overlay) |" in plan
