@@ -125,15 +125,15 @@ def main():
     # One process, torch imported once, a forked child per program (module_utils/forked_jobs.py). The
     # process itself runs without the release on its path; only the jobs that need it get it.
     quiet = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
-    with_release = {"path": [site], "env": {"PYTHONPATH": site}}
     jobs = [
         # Pristine: the predicates file run by path, so nothing of the release is importable or discoverable.
         dict(name="the pristine predicate matrix", script=os.path.join(site, "sglang_overlay", "predicates.py"),
              argv=["--json", "--no-plugins"]),
-        dict(with_release, name="the predicate matrix with the release", code=PREDICATES_WITH_PLUGINS, argv=["--json"]),
+        dict(name="the predicate matrix with the release", code=PREDICATES_WITH_PLUGINS, argv=["--json"],
+             path=[site], env={"PYTHONPATH": site}),
     ]
     if params["flags"]:
-        env = dict(with_release["env"], **{key: str(value) for key, value in params["environment"].items()})
+        env = dict({"PYTHONPATH": site}, **{key: str(value) for key, value in params["environment"].items()})
         jobs.append(dict(name="SGLang's parser on the service's flags", code=FLAGS_PROBE, argv=params["flags"],
                          path=[site], env=env))
     rc, stdout, stderr = module.run_command(runner_command(python, jobs, preload=PRELOAD), environ_update=dict(quiet, PYTHONPATH=""))
