@@ -142,12 +142,12 @@ def main():
     # One process, torch imported once, a forked child per program (module_utils/forked_jobs.py). The
     # process itself runs without the release on its path; only the jobs that need it get it.
     quiet = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
-    with_release = {"path": [site], "env": {"PYTHONPATH": site}}
     jobs = [
         # Pristine: the predicates file run by path, so nothing of the release is importable or discoverable.
         dict(name="the pristine predicate matrix", script=os.path.join(site, "sglang_overlay", "predicates.py"),
              argv=["--json", "--no-plugins"]),
-        dict(with_release, name="the predicate matrix with the release", code=PREDICATES_WITH_PLUGINS, argv=["--json"]),
+        dict(name="the predicate matrix with the release", code=PREDICATES_WITH_PLUGINS, argv=["--json"],
+             path=[site], env={"PYTHONPATH": site}),
     ]
     if params["flags"]:
         # The flags are parsed with the release the service runs (a pinned one, or a base release).

@@ -342,17 +342,22 @@ def test_an_acceptance_length_generate_cannot_give_is_none_and_says_why(clock, a
     assert not passed and result["failed_stage"] == "performance" and "(POST /generate: %s" % why in message
 
 
-def test_a_server_that_died_before_the_generate_request_fails_at_unit_watch(clock):
-    host = fresh(ScriptedHost(clock, journal=GOOD_START))
+def dies_at(host, died_path):
+    """The server is killed from outside as the request to died_path arrives: refused, its unit failed."""
     original = host.request
 
     def request(method, path, body=None, timeout=10.0, auth=False):
-        if path == "/generate":
+        if path == died_path:
             host.units = [FAILED_KILL]
             return {"status": None, "data": None, "text": "", "seconds": 0.0, "error": "ConnectionRefusedError: refused"}
         return original(method, path, body, timeout, auth)
 
     host.request = request
+    return host
+
+
+def test_a_server_that_died_before_the_generate_request_fails_at_unit_watch(clock):
+    host = dies_at(fresh(ScriptedHost(clock, journal=GOOD_START)), "/generate")
     passed, _message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
     assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "killed"
     assert result["died_during"]["stage"] == "performance" and result["died_during"]["request"] == "POST /generate"
@@ -461,16 +466,7 @@ def test_a_unit_restarted_behind_the_gates_back_fails_at_unit_watch(clock):
 
 def test_a_server_info_that_fails_because_the_server_died_fails_at_unit_watch(clock):
     # /server_info is the baseline stage's first request (the baseline key).
-    host = ScriptedHost(clock, journal=GOOD_START)
-    original = host.request
-
-    def request(method, path, body=None, timeout=10.0, auth=False):
-        if path == "/server_info":
-            host.units = [FAILED_KILL]
-            return {"status": None, "data": None, "text": "", "seconds": 0.0, "error": "ConnectionRefusedError: refused"}
-        return original(method, path, body, timeout, auth)
-
-    host.request = request
+    host = dies_at(ScriptedHost(clock, journal=GOOD_START), "/server_info")
     passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
     assert not passed and result["failed_stage"] == "unit_watch" and result["died_during"]["request"] == "GET /server_info"
 
