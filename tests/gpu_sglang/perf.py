@@ -5,7 +5,8 @@ All servers take scenario.py's flags (CUDA graphs on for every one); they differ
 and, for `ddtree-before`, the environment PERF_BEFORE_ENV names (default DDTREE_EAGER_TREE_STAGE=1: the
 tree stage runs eagerly every step, as before issue 19's second session; DDTREE_EAGER_TREE_VERIFY=1
 measures the tree verify outside the target's graphs, the first session's "before"; `none`: no
-`ddtree-before` server, three servers only).
+`ddtree-before` server, three servers only); PERF_AFTER_ENV likewise for `ddtree` (default none), for
+a change that is still an opt-in switch.
 PERF_TARGET picks the target (scenario.SHAPES): `tiny` (default; MODELS holds the tiny pair) or
 `qwen3-8b` (MODELS holds make_shaped.py's configs; random weights, random drafter: equal acceptance).
 PERF_STEP_TIMING=N sets DDTREE_STEP_TIMING=N on both DDTREE servers (host ms per part of the tree step,
@@ -60,7 +61,13 @@ def main():
         before.env[name] = value
         before.info["env"] = "%s=%s" % (name, value)
         servers.append(before)
-    servers.append(sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models, shape=shape))
+    after = sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models, shape=shape)
+    # PERF_AFTER_ENV: the change measured is an opt-in switch (e.g. DDTREE_IN_PLACE_TREE_MASK=1).
+    if os.environ.get("PERF_AFTER_ENV", "none") != "none":
+        name, value = os.environ["PERF_AFTER_ENV"].split("=", 1)
+        after.env[name] = value
+        after.info["env"] = "%s=%s" % (name, value)
+    servers.append(after)
     ddtree = [s for s in servers if s.algo == "DDTREE"]
     if os.environ.get("PERF_STEP_TIMING"):
         for s in ddtree:

@@ -47,9 +47,11 @@ def eager_tree_stage() -> bool:
     return os.environ.get(EAGER_STAGE_ENV, "") == "1"
 
 
-#: ``DDTREE_ALLOCATED_TREE_MASK=1``: build the FULL mask in a fresh tensor every step (as releases
-#: before it did) instead of writing it into the backend's verify-mask buffer. For A/B measurements.
-ALLOCATED_MASK_ENV = "DDTREE_ALLOCATED_TREE_MASK"
+#: ``DDTREE_IN_PLACE_TREE_MASK=1``: write the FULL mask into the backend's verify-mask buffer instead of
+#: building it in a fresh tensor every step. Opt-in until a GPU run has shown it lossless and faster on
+#: the real server (docs/evidence/gpu-sglang/README.md, "Run 4"): a kernel proven only on the CPU's
+#: interpreter does not go into production decoding by default.
+IN_PLACE_MASK_ENV = "DDTREE_IN_PLACE_TREE_MASK"
 #: Attention backends whose verify-mask buffer is known to hold SGLang's unpacked FULL layout, read
 #: by the target verify both eagerly (``spec_info.custom_mask``) and from graphs (the buffer). Others
 #: (FlashInfer packs bits; hybrid wrappers pick a backend per mode) keep the allocated mask.
@@ -59,12 +61,12 @@ FULL_LAYOUT_BACKENDS = ("TritonAttnBackend",)
 def backend_mask_buffer(attn_backend) -> Optional[torch.Tensor]:
     """The target attention backend's verify-mask buffer, where the tree stage may write the FULL mask.
 
-    None unless: ``DDTREE_ALLOCATED_TREE_MASK`` is not 1, the backend is one of
+    None unless: ``DDTREE_IN_PLACE_TREE_MASK`` is 1, the backend is one of
     ``FULL_LAYOUT_BACKENDS``, it has a ``verify_mask`` (SGLang's ``VerifyMask``: allocated with the
     target's CUDA graphs) in FULL_MASK mode that the verify reads, and its buffer is a flat contiguous
     bool/uint8 tensor. SGLang's own EAGLE tree build writes this buffer in place the same way.
     """
-    if os.environ.get(ALLOCATED_MASK_ENV, "") == "1":
+    if os.environ.get(IN_PLACE_MASK_ENV, "") != "1":
         return None
     if type(attn_backend).__name__ not in FULL_LAYOUT_BACKENDS:
         return None
