@@ -5,7 +5,8 @@
 #   sampled the T = 1 runs of tp1 again, one --random-seed per server -> results-sampled.json
 #   tp2     the TP=2 scenario (scenario.py tp2, kind nvidia-h200-x2) -> results-tp2.json
 #   topk    the fused draft top-k benchmark (sglang_overlay/benchmarks/draft_topk.py) -> results-topk.json
-#   perf    tokens/s of NONE, DFLASH, DDTREE before and after (perf.py) -> results-perf.json
+#   perf    tokens/s of NONE, DFLASH, DDTREE before and after (perf.py) -> results-perf.json;
+#           PERF_TARGET=qwen3-8b: on a Qwen3-8B-shaped random target (make_shaped.py writes its configs)
 #   stage   the graphed tree stage == the eager one, and its time (sglang_overlay/tests/adapter/
 #           gpu_stage_check.py) -> results-stage.json
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
@@ -41,7 +42,12 @@ for step in "$@"; do
     stage) TRITON_INTERPRET=0 timeout 150 python3 "$REPO/sglang_overlay/tests/adapter/gpu_stage_check.py" \
             > "$W/logs/results-stage.json" 2> "$W/logs/stage.log"; echo "stage rc $?"
            tail -25 "$W/logs/results-stage.json"; tail -5 "$W/logs/stage.log" ;;
-    perf) timeout "$(left)" python3 "$H/perf.py" "$W/logs" "$MODELS" "${PERF_ROUNDS:-3}" 2>&1 | tail -60 ;;
+    perf) perf_models=$MODELS
+          if [ "${PERF_TARGET:-tiny}" = qwen3-8b ]; then
+            python3 "$H/make_shaped.py" "$W/shaped" > "$W/logs/make-shaped.log" 2>&1 || { cat "$W/logs/make-shaped.log"; continue; }
+            perf_models=$W/shaped
+          fi
+          timeout "$(left)" python3 "$H/perf.py" "$W/logs" "$perf_models" "${PERF_ROUNDS:-3}" 2>&1 | tail -60 ;;
     checks) timeout "${CHECKS_LIMIT:-540}" python3 "$H/device_checks.py" "$W/logs" "$MODELS" 2>&1 | tail -20 ;;
     *) echo "unknown step $step" ;;
   esac

@@ -4,7 +4,11 @@ Usage (on the device, after device-setup.sh): python perf.py OUT MODELS [ROUNDS]
 All servers take scenario.py's flags (CUDA graphs on for every one); they differ only in the algorithm
 and, for `ddtree-before`, the environment PERF_BEFORE_ENV names (default DDTREE_EAGER_TREE_STAGE=1: the
 tree stage runs eagerly every step, as before issue 19's second session; DDTREE_EAGER_TREE_VERIFY=1
-measures the tree verify outside the target's graphs, the first session's "before").
+measures the tree verify outside the target's graphs, the first session's "before"; `none`: no
+`ddtree-before` server, three servers only); PERF_AFTER_ENV likewise for `ddtree` (default none), for
+a change that is still an opt-in switch.
+PERF_TARGET picks the target (scenario.SHAPES): `tiny` (default; MODELS holds the tiny pair) or
+`qwen3-8b` (MODELS holds make_shaped.py's configs; random weights, random drafter: equal acceptance).
 PERF_STEP_TIMING=N sets DDTREE_STEP_TIMING=N on both DDTREE servers (host ms per part of the tree step,
 logged every N steps; the last lines land in results-perf.json). NONE starts first (it
 fills the JIT cache), then the other three together; then the measurements run one server at a time
@@ -47,18 +51,29 @@ def main():
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     lang = sl.Language()
     prompts = sl.greedy_prompts(lang)
-    servers = [sc.Server("perf-none", "NONE", sc.RELEASE, 30100, out, models),
-               sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models),
-               sc.Server("perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models),
-               sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models)]
-    name, value = os.environ.get("PERF_BEFORE_ENV", "DDTREE_EAGER_TREE_STAGE=1").split("=", 1)
-    servers[2].env[name] = value
-    servers[2].info["env"] = "%s=%s" % (name, value)
+    shape = os.environ.get("PERF_TARGET", "tiny")
+    before_env = os.environ.get("PERF_BEFORE_ENV", "DDTREE_EAGER_TREE_STAGE=1")
+    servers = [sc.Server("perf-none", "NONE", sc.RELEASE, 30100, out, models, shape=shape),
+               sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models, shape=shape)]
+    if before_env != "none":
+        before = sc.Server("perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models, shape=shape)
+        name, value = before_env.split("=", 1)
+        before.env[name] = value
+        before.info["env"] = "%s=%s" % (name, value)
+        servers.append(before)
+    after = sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models, shape=shape)
+    # PERF_AFTER_ENV: the change measured is an opt-in switch (e.g. DDTREE_IN_PLACE_TREE_MASK=1).
+    if os.environ.get("PERF_AFTER_ENV", "none") != "none":
+        name, value = os.environ["PERF_AFTER_ENV"].split("=", 1)
+        after.env[name] = value
+        after.info["env"] = "%s=%s" % (name, value)
+    servers.append(after)
+    ddtree = [s for s in servers if s.algo == "DDTREE"]
     if os.environ.get("PERF_STEP_TIMING"):
-        for s in servers[2:]:
+        for s in ddtree:
             s.env["DDTREE_STEP_TIMING"] = os.environ["PERF_STEP_TIMING"]
     t0 = time.time()
-    doc = {"plan": "perf", "rounds": rounds, "requests": CONCURRENCY, "new_tokens": sc.GREEDY_NEW,
+    doc = {"plan": "perf", "target": shape, "rounds": rounds, "requests": CONCURRENCY, "new_tokens": sc.GREEDY_NEW,
            "repeat": int(os.environ.get("PERF_REPEAT", "1")),
            "servers": {s.name: s.info for s in servers}, "runs": [], "outputs": {}}
 
@@ -103,7 +118,7 @@ def main():
                 pass
         save()
     print_table(doc)
-    for s in servers[2:]:
+    for s in ddtree:
         print("[perf] %s: %s; %s" % (s.name, s.info.get("ddtree_graph_line"), s.info.get("env", "")))
         for line in s.info.get("step_timing") or []:
             print("[perf] %s %s" % (s.name, line))
@@ -127,20 +142,22 @@ def print_table(doc):
         cells = ["%s (%s)" % (med.get((name, c)), ", ".join(str(x) for x in by.get((name, c), []))) for c in CONCURRENCY]
         a = acc.get(name)
         print("| %s | %s | %s |" % (name, " | ".join(cells), ("%.2f" % (sum(a) / len(a))) if a else "-"))
-    for name in ("perf-ddtree-before", "perf-ddtree"):
+    for name in [n for n in ("perf-ddtree-before", "perf-ddtree") if n in doc["servers"]]:
         for c in CONCURRENCY:
             d, t = med.get(("perf-dflash", c)), med.get((name, c))
             if d and t:
                 runs = [round(x / y, 3) for x, y in zip(by[(name, c)], by[("perf-dflash", c)])]
                 print("%s / DFLASH at c%d: %.3f (per round %s)" % (name, c, t / d, runs))
+    # Greedy agreement against the DDTREE "before" server, else against DFLASH (three-server runs).
     outs = doc["outputs"]
+    ref_name = "perf-ddtree-before" if "perf-ddtree-before" in doc["servers"] else "perf-dflash"
     for c in (1, 16):
-        ref = outs.get("perf-ddtree-before/c%d" % c)
-        for name in ("perf-none", "perf-dflash", "perf-ddtree"):
+        ref = outs.get("%s/c%d" % (ref_name, c))
+        for name in [n for n in doc["servers"] if n != ref_name]:
             got = outs.get("%s/c%d" % (name, c))
             if ref is not None and got is not None:
                 same = sum(1 for a, b in zip(ref, got) if a == b)
-                print("greedy c%d: %s == ddtree-before on %d of %d prompts" % (c, name, same, len(ref)))
+                print("greedy c%d: %s == %s on %d of %d prompts" % (c, name, ref_name[5:], same, len(ref)))
 
 
 if __name__ == "__main__":

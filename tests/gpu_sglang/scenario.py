@@ -31,26 +31,41 @@ SAMPLED_NEW = 5
 T0 = [time.time()]
 
 
-def flags(models, port, tp=1, seed=1):
-    return ["--model-path", os.path.join(models, "tiny-qwen3"), "--host", "127.0.0.1", "--port", str(port),
+# Target shapes (PERF_TARGET in perf.py): the target and drafter directories under MODELS, flags for every
+# server, flags for a speculative one. "tiny": the trained tiny pair (train_models.py) or make_tiny's.
+# "qwen3-8b": make_shaped.py's configs, random weights (SGLang's dummy load format), a smaller KV pool so
+# that four servers share one H200 (each ~17 GB of weights; 32768 tokens of KV are 4.8 GB).
+SHAPES = {
+    "tiny": ("tiny-qwen3", "tiny-qwen3-dflash", ["--max-total-tokens", "131072"], []),
+    "qwen3-8b": ("qwen3-8b-shaped", "qwen3-8b-shaped-dflash",
+                 ["--load-format", "dummy", "--max-total-tokens", "32768"],
+                 ["--speculative-draft-load-format", "dummy"]),
+}
+
+
+def flags(models, port, tp=1, seed=1, shape="tiny"):
+    target, _draft, extra, _spec = SHAPES[shape]
+    return ["--model-path", os.path.join(models, target), "--host", "127.0.0.1", "--port", str(port),
             "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-            "--disable-radix-cache", "--mem-fraction-static", "0.85", "--max-total-tokens", "131072",
+            "--disable-radix-cache", "--mem-fraction-static", "0.85"] + extra + [
             "--max-running-requests", "48", "--random-seed", str(seed), "--tp-size", str(tp), "--log-level", "info"]
 
 
-def spec_flags(models, algo):
+def spec_flags(models, algo, shape="tiny"):
     if algo == "NONE":
         return []
-    out = ["--speculative-algorithm", algo, "--speculative-draft-model-path", os.path.join(models, "tiny-qwen3-dflash")]
+    _target, draft, _extra, spec = SHAPES[shape]
+    out = ["--speculative-algorithm", algo, "--speculative-draft-model-path", os.path.join(models, draft)] + spec
     if algo == "DDTREE":
         out += ["--speculative-ddtree-budget", "15", "--speculative-ddtree-top-k", "8"]
     return out
 
 
 class Server(object):
-    def __init__(self, name, algo, release, port, out, models, tp=1, seed=1):
+    def __init__(self, name, algo, release, port, out, models, tp=1, seed=1, shape="tiny"):
         self.name, self.algo, self.port, self.out = name, algo, port, out
-        self.args = [sys.executable, "-m", "sglang.launch_server"] + flags(models, port, tp, seed) + spec_flags(models, algo)
+        self.args = ([sys.executable, "-m", "sglang.launch_server"] + flags(models, port, tp, seed, shape)
+                     + spec_flags(models, algo, shape))
         self.env = dict(os.environ, PYTHONPATH=(release + ":" if release else "") + SITE)
         self.proc = None
         self.info = {"name": name, "algorithm": algo, "release": release, "tp": tp, "seed": seed, "flags": self.args[3:]}

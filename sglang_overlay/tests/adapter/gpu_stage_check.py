@@ -9,7 +9,10 @@ over new inputs each call (drafter hidden states, roots and prefix lengths all c
 Qwen3-8B-shaped LM head (hidden 4096, vocabulary 151936, bf16), budget 15, top-k 8, window 16. A replay
 that skipped the input copies (planted below) must be caught. Then wall time per call, eager vs graphed
 (50 calls, synchronized at the end: host launch work and GPU time together). Also the one-launch
-accepted path (``kernels.accept_path``) on CUDA == the torch ``accepted_step`` on CPU. Prints JSON.
+accepted path (``kernels.accept_path``) on CUDA == the torch ``accepted_step`` on CPU. And the stage
+writing the FULL mask into a Triton-backend-like uint8 buffer (``mask_out``, ``kernels.full_mask``),
+graphed, == the allocated mask at the same batch sizes, with the time of the mask part per step
+(allocated: fill + scatter + the backend's copy; written: a view). Prints JSON.
 """
 
 import json
@@ -24,7 +27,11 @@ sys.path[:0] = [os.path.join(_HERE, "..", "..", "src")]
 from sglang_overlay.adapter.settings import ResolvedDDTree  # noqa: E402
 from sglang_overlay.adapter.tree_stage import GraphedTreeStage, layout_rows  # noqa: E402
 from sglang_overlay.adapter.tree_step import tree_stage  # noqa: E402
-from sglang_overlay.adapter.tree_verify import accepted_step, dense_head_topk  # noqa: E402
+from sglang_overlay.adapter.tree_verify import (  # noqa: E402
+    accepted_step,
+    dense_head_topk,
+    verify_tensors_from_layout,
+)
 from sglang_overlay.kernels.accept_path import accept_path  # noqa: E402
 
 FIELDS = ("positions", "ancestors", "mask_index", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
@@ -86,6 +93,32 @@ def main():
         for a, b in zip(got, (want.out_tokens, want.accept_lens, want.bonus, want.path_rows, want.path_positions)):
             assert torch.equal(a.cpu(), b), ("accept_path differs", seed)
     out["accept_path_equal_cases"] = 20
+    # The FULL mask written by the graphed stage into a buffer shaped like the Triton backend's
+    # (uint8, max batch x W x (context + W)); the copy the backend makes at replay is onto itself.
+    buffer = torch.zeros(48 * 16 * (3000 + 16), dtype=torch.uint8, device=DEV)
+    head = lambda rows, k: dense_head_topk(rows, weight, k)  # noqa: E731
+    written = GraphedTreeStage(tree_stage(head, settings, mask_out=buffer), batch_sizes=SIZES)
+    out["mask_ms"] = []
+    with torch.inference_mode():
+        for bs in (1, 3, 16, 48):
+            for step in range(4):
+                hidden, roots, prefix = stage_inputs(bs, 500 * bs + step)
+                want = verify_tensors_from_layout(eager(hidden, roots, prefix), prefix, prefix.cpu()).custom_mask
+                got = verify_tensors_from_layout(written(hidden, roots, prefix), prefix, prefix.cpu()).custom_mask
+                assert got.data_ptr() == buffer.data_ptr() and torch.equal(got.bool(), want), ("mask differs", bs, step)
+            layout, layout_w = graphed(hidden, roots, prefix), written(hidden, roots, prefix)
+            cpu = prefix.cpu()
+
+            def allocated():
+                m = verify_tensors_from_layout(layout, prefix, cpu).custom_mask
+                buffer[: m.shape[0]] = m  # the backend's copy into its graph buffer
+
+            def in_place():
+                m = verify_tensors_from_layout(layout_w, prefix, cpu).custom_mask
+                buffer[: m.shape[0]] = m  # a copy onto itself: torch skips it
+
+            out["mask_ms"].append({"bs": bs, "allocated": wall(allocated, ()), "written": wall(in_place, ())})
+    out["mask_written_equal"] = {"batch_sizes": [1, 3, 16, 48], "calls_each": 4}
     print(json.dumps(out, indent=1))
 
 

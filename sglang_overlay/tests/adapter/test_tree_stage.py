@@ -7,11 +7,12 @@ with the eager stage bit for bit on the device.
 from __future__ import annotations
 
 from dataclasses import fields
+from types import SimpleNamespace
 
 import torch
 
 from sglang_overlay.adapter.settings import ResolvedDDTree
-from sglang_overlay.adapter.tree_stage import GraphedTreeStage
+from sglang_overlay.adapter.tree_stage import IN_PLACE_MASK_ENV, GraphedTreeStage, backend_mask_buffer
 from sglang_overlay.adapter.tree_step import tree_stage
 from sglang_overlay.adapter.tree_verify import (
     TreeLayout,
@@ -83,7 +84,8 @@ class StandInGraphs(GraphedTreeStage):
 
 def layout_tensors(layout):
     tree = [getattr(layout.tree, f.name) for f in fields(DDTreeBatch)]
-    return tree + [getattr(layout, f.name) for f in fields(TreeLayout) if f.name != "tree"]
+    rest = [getattr(layout, f.name) for f in fields(TreeLayout) if f.name != "tree"]
+    return tree + [t for t in rest if t is not None]
 
 
 def assert_same_layout(got, want):
@@ -126,3 +128,73 @@ def test_graphed_stage_runs_eagerly_where_it_cannot_capture():
         assert wrapper.captured_sizes == []
     assert calls == [3] * len(wrappers)
     assert not wrappers[-1].enabled
+
+
+# ---- the FULL mask written by the stage into the attention backend's buffer ------------------------
+
+
+def test_stage_writes_the_full_mask_and_the_verify_input_is_a_view_of_the_buffer():
+    hidden, weight, roots, prefix = inputs(3, seed=5)
+    want = verify_tensors_from_layout(tree_stage(head(weight), SETTINGS)(hidden, roots, prefix), prefix)
+    buffer = torch.full((4096,), 7, dtype=torch.uint8)  # the Triton backend's dtype
+    layout = tree_stage(head(weight), SETTINGS, mask_out=buffer)(hidden, roots, prefix)
+    assert layout.mask_buffer is buffer
+    got = verify_tensors_from_layout(layout, prefix, prefix.clone())
+    assert got.custom_mask.data_ptr() == buffer.data_ptr()  # no copy: the backend's copy is onto itself
+    assert torch.equal(got.custom_mask.bool(), want.custom_mask)
+    assert got.custom_mask.numel() == want.custom_mask.numel()
+
+
+def test_a_mask_larger_than_the_buffer_is_built_as_before():
+    hidden, weight, roots, prefix = inputs(3, seed=6)
+    want = verify_tensors_from_layout(tree_stage(head(weight), SETTINGS)(hidden, roots, prefix), prefix)
+    buffer = torch.zeros(want.custom_mask.numel() - 1, dtype=torch.uint8)
+    got = verify_tensors_from_layout(
+        tree_stage(head(weight), SETTINGS, mask_out=buffer)(hidden, roots, prefix), prefix, prefix.clone()
+    )
+    assert got.custom_mask.data_ptr() != buffer.data_ptr()
+    assert torch.equal(got.custom_mask, want.custom_mask)
+
+
+def test_graphed_stage_writes_the_mask_of_the_real_requests_at_every_padded_size():
+    _, weight, _, _ = inputs(1, seed=7)
+    graphed_buffer, eager_buffer = (torch.zeros(8192, dtype=torch.uint8) for _ in range(2))
+    graphed = StandInGraphs(tree_stage(head(weight), SETTINGS, mask_out=graphed_buffer), batch_sizes=[8, 2, 4])
+    eager = tree_stage(head(weight), SETTINGS, mask_out=eager_buffer)
+    for seed, bs in enumerate([3, 1, 8, 2, 5]):
+        hidden, _, roots, prefix = inputs(bs, seed=20 + seed)
+        got = verify_tensors_from_layout(graphed(hidden, roots, prefix), prefix, prefix.clone())
+        want = verify_tensors_from_layout(eager(hidden, roots, prefix), prefix, prefix.clone())
+        assert got.custom_mask.data_ptr() == graphed_buffer.data_ptr()
+        assert torch.equal(got.custom_mask, want.custom_mask)
+
+
+def triton_backend(buffer, mode="FULL_MASK", is_read=True, name="TritonAttnBackend"):
+    backend_type = type(name, (), {})
+    backend = backend_type()
+    backend.verify_mask = SimpleNamespace(buffer=buffer, mode=SimpleNamespace(name=mode), is_read=is_read)
+    return backend
+
+
+def test_backend_mask_buffer_only_for_a_full_layout_buffer_of_the_triton_backend(monkeypatch):
+    monkeypatch.setenv(IN_PLACE_MASK_ENV, "1")
+    buffer = torch.zeros(64, dtype=torch.uint8)
+    assert backend_mask_buffer(triton_backend(buffer)) is buffer
+    assert backend_mask_buffer(triton_backend(buffer.view(torch.bool))) is not None
+    refused = [
+        triton_backend(buffer, name="FlashInferAttnBackend"),  # packs the mask into bits
+        triton_backend(buffer, mode="QLEN_ONLY"),
+        triton_backend(buffer, is_read=False),
+        triton_backend(torch.zeros(64, dtype=torch.int32)),
+        triton_backend(torch.zeros(8, 8, dtype=torch.uint8)),
+        triton_backend(torch.zeros(128, dtype=torch.uint8)[::2]),
+        None,
+    ]
+    for backend in refused:
+        assert backend_mask_buffer(backend) is None
+    no_mask = triton_backend(buffer)
+    no_mask.verify_mask = None  # no target CUDA graphs: SGLang allocates none
+    assert backend_mask_buffer(no_mask) is None
+    # Off unless asked for (not yet proven on the GPU).
+    monkeypatch.delenv(IN_PLACE_MASK_ENV)
+    assert backend_mask_buffer(triton_backend(buffer)) is None

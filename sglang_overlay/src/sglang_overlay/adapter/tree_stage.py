@@ -3,11 +3,13 @@
 The stage is everything between the drafter's hidden states and the target's verify input whose
 shapes depend only on the batch size: the drafter rows through the target LM head, the fused draft
 top-k, the tree kernel, the padding to the verify window, SGLang's verify links, the positions,
-the ancestor masks and the scatter positions of the FULL mask's tree blocks
-(``tree_step.tree_stage`` -> ``tree_verify.TreeLayout``). Run eagerly that is about 60 kernel
-launches and their Python every step (1.7 ms of host time per step on the H200, against 0.06 ms
-replayed); on a small model the step is bound by that host work. What stays eager is what has a
-per-step size: the FULL mask (``prefix + W`` columns per row: a fill and one scatter).
+the ancestor masks, the scatter positions of the FULL mask's tree blocks and, where the target's
+attention backend has a verify-mask buffer that reads SGLang's FULL layout (``backend_mask_buffer``),
+the whole FULL mask written into that buffer (``tree_step.tree_stage`` -> ``tree_verify.TreeLayout``).
+Run eagerly that is about 60 kernel launches and their Python every step (1.7 ms of host time per
+step on the H200, against 0.06 ms replayed); on a small model the step is bound by that host work.
+Without such a buffer the FULL mask (``prefix + W`` columns per row) is built after the stage: an
+allocation, a fill and a scatter, then the backend's copy into its buffer.
 
 Batch sizes are padded up to the sizes the target's decode graphs were captured for (as SGLang pads
 its own), and every size is captured at the first call, so serving never stalls on a capture.
@@ -43,6 +45,42 @@ StageFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], TreeLayout]
 
 def eager_tree_stage() -> bool:
     return os.environ.get(EAGER_STAGE_ENV, "") == "1"
+
+
+#: ``DDTREE_IN_PLACE_TREE_MASK=1``: write the FULL mask into the backend's verify-mask buffer instead of
+#: building it in a fresh tensor every step. Opt-in until a GPU run has shown it lossless and faster on
+#: the real server (docs/evidence/gpu-sglang/README.md, "Run 4"): a kernel proven only on the CPU's
+#: interpreter does not go into production decoding by default.
+IN_PLACE_MASK_ENV = "DDTREE_IN_PLACE_TREE_MASK"
+#: Attention backends whose verify-mask buffer is known to hold SGLang's unpacked FULL layout, read
+#: by the target verify both eagerly (``spec_info.custom_mask``) and from graphs (the buffer). Others
+#: (FlashInfer packs bits; hybrid wrappers pick a backend per mode) keep the allocated mask.
+FULL_LAYOUT_BACKENDS = ("TritonAttnBackend",)
+
+
+def backend_mask_buffer(attn_backend) -> Optional[torch.Tensor]:
+    """The target attention backend's verify-mask buffer, where the tree stage may write the FULL mask.
+
+    None unless: ``DDTREE_IN_PLACE_TREE_MASK`` is 1, the backend is one of
+    ``FULL_LAYOUT_BACKENDS``, it has a ``verify_mask`` (SGLang's ``VerifyMask``: allocated with the
+    target's CUDA graphs) in FULL_MASK mode that the verify reads, and its buffer is a flat contiguous
+    bool/uint8 tensor. SGLang's own EAGLE tree build writes this buffer in place the same way.
+    """
+    if os.environ.get(IN_PLACE_MASK_ENV, "") != "1":
+        return None
+    if type(attn_backend).__name__ not in FULL_LAYOUT_BACKENDS:
+        return None
+    verify_mask = getattr(attn_backend, "verify_mask", None)
+    if verify_mask is None or not getattr(verify_mask, "is_read", False):
+        return None
+    if getattr(getattr(verify_mask, "mode", None), "name", None) != "FULL_MASK":
+        return None
+    buffer = getattr(verify_mask, "buffer", None)
+    if not isinstance(buffer, torch.Tensor) or buffer.dtype not in (torch.bool, torch.uint8):
+        return None
+    if buffer.dim() != 1 or not buffer.is_contiguous():
+        return None
+    return buffer
 
 
 def layout_rows(layout: TreeLayout, bs: int) -> TreeLayout:

@@ -10,8 +10,10 @@ Order of one step (``bs`` requests, verify window ``W``, drafter block ``L + 1 =
 2. ``head_topk``: rows 1..L through the target LM head -> per-position top-k log-probs.
 3. core: best-first tree per request under the budget, padded to ``W`` slots; SGLang's FULL
    custom mask, positions ``prefix + depth`` and EAGLE verify links (``tree_verify``).
-   Steps 2-3 but the FULL mask are the *tree stage* (``stage``): fixed shapes, no host sync; the
-   worker replays it from a CUDA graph per batch size (``tree_stage.GraphedTreeStage``).
+   Steps 2-3 are the *tree stage* (``stage``): fixed shapes, no host sync; the worker replays it
+   from a CUDA graph per batch size (``tree_stage.GraphedTreeStage``). The FULL mask is written by
+   the stage into the attention backend's verify-mask buffer where the worker has one
+   (``mask_out``), else built after the stage (its size is per-step data).
 4. ``verify``: the target's TARGET_VERIFY forward over the tree (eager, tree mask) ->
    logits per row and the target hidden states DFlash's drafter conditions on.
 5. ``accept``: SGLang's tree acceptance (``eagle_sample``: greedy or target-only sampling).
@@ -21,11 +23,12 @@ Order of one step (``bs`` requests, verify window ``W``, drafter block ``L + 1 =
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol
 
 import torch
 
+from ..kernels.full_mask import full_mask_available, write_full_mask, write_full_mask_torch
 from .settings import ResolvedDDTree
 from .tree_verify import (
     AcceptedStep,
@@ -76,16 +79,22 @@ def tree_stage(
     head_topk: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
     settings: ResolvedDDTree,
     builder: Optional[Callable[..., Any]] = None,
+    mask_out: Optional[torch.Tensor] = None,
 ) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], TreeLayout]:
     """Steps 2-3 as one function ``(hidden [bs, W, H], root_tokens [bs], prefix_lens [bs]) -> TreeLayout``.
 
     Fixed shapes and no host sync when ``head_topk`` and ``builder`` have none (the worker's dense
     head and the tree kernel), so it can be captured in a CUDA graph.
+
+    ``mask_out`` (flat bool/uint8, e.g. the attention backend's verify-mask buffer): the stage also
+    writes the whole FULL mask there (``kernels.full_mask``: one launch on CUDA, fixed grid, no sync;
+    entries past the buffer are dropped) and the layout says so (``mask_buffer``); the verify input
+    is then a view of it, with no per-step allocation, fill, scatter or copy.
     """
 
     def stage(hidden: torch.Tensor, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> TreeLayout:
         log_probs, token_ids = draft_topk_from_hidden(head_topk, hidden, settings.effective_top_k)
-        return tree_layout(
+        layout = tree_layout(
             log_probs,
             token_ids,
             root_tokens=root_tokens,
@@ -95,6 +104,13 @@ def tree_stage(
             window=settings.window,
             builder=builder,
         )
+        if mask_out is None:
+            return layout
+        if mask_out.is_cuda and full_mask_available():
+            write_full_mask(mask_out, layout.ancestors, prefix_lens)
+        else:
+            write_full_mask_torch(mask_out, layout.ancestors, prefix_lens)
+        return replace(layout, mask_buffer=mask_out)
 
     return stage
 

@@ -153,8 +153,9 @@ class TreeVerifyTensors:
         tree: the trees, padded to ``W`` slots.
         draft_token: ``[bs * W]`` int64 verify input ids (slot 0 = the root = last bonus token).
         positions: ``[bs * W]`` int64 ``prefix_len + depth``.
-        custom_mask: flat bool, SGLang's FULL_MASK layout: per request ``W`` rows of
-            ``prefix_len + W`` (prefix visible, then the node itself and its ancestors).
+        custom_mask: flat bool (or uint8: a view of the attention backend's own mask buffer),
+            SGLang's FULL_MASK layout: per request ``W`` rows of ``prefix_len + W`` (prefix
+            visible, then the node itself and its ancestors).
         retrieve_index, retrieve_next_token, retrieve_next_sibling: ``[bs, W]`` int64 links.
     """
 
@@ -182,6 +183,9 @@ class TreeLayout:
         mask_index: ``[bs * W * W]`` int64: where ``ancestors`` lands in the FULL flat mask (the
             tree block of each row; the prefix columns around it stay True).
         retrieve_index, retrieve_next_token, retrieve_next_sibling: ``[bs, W]`` int64 links.
+        mask_buffer: the flat buffer the stage wrote the whole FULL mask into (the attention
+            backend's verify-mask buffer, see ``tree_step.tree_stage``), or None (not written: the
+            mask is built from ``ancestors`` and ``mask_index``).
     """
 
     tree: DDTreeBatch
@@ -191,6 +195,7 @@ class TreeLayout:
     retrieve_index: torch.Tensor
     retrieve_next_token: torch.Tensor
     retrieve_next_sibling: torch.Tensor
+    mask_buffer: Optional[torch.Tensor] = None
 
 
 def full_mask_index(prefix_lens: torch.Tensor, window: int) -> torch.Tensor:
@@ -278,8 +283,17 @@ def tree_layout(
 def verify_tensors_from_layout(
     layout: TreeLayout, prefix_lens: torch.Tensor, prefix_lens_cpu: Optional[torch.Tensor] = None
 ) -> TreeVerifyTensors:
-    """The tree verify input from a ``TreeLayout``: adds the FULL mask (its size is per-step data)."""
-    mask = full_custom_mask(layout.ancestors, prefix_lens, prefix_lens_cpu, mask_index=layout.mask_index)
+    """The tree verify input from a ``TreeLayout``: adds the FULL mask (its size is per-step data).
+
+    Where the stage wrote the mask into ``layout.mask_buffer`` and all of it fits there, the mask is
+    that buffer's first ``full_mask_size`` entries (a view: no launch); else it is built here.
+    """
+    buffer = layout.mask_buffer
+    size = full_mask_size(prefix_lens, layout.tree.num_slots, prefix_lens_cpu) if buffer is not None else -1
+    if buffer is not None and size <= int(buffer.numel()):
+        mask = buffer[:size]
+    else:
+        mask = full_custom_mask(layout.ancestors, prefix_lens, prefix_lens_cpu, mask_index=layout.mask_index)
     return TreeVerifyTensors(
         tree=layout.tree,
         draft_token=layout.tree.tokens.reshape(-1),

@@ -65,7 +65,7 @@ from sglang.srt.speculative.spec_utils import (
 from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree
-from .tree_stage import GraphedTreeStage, eager_tree_stage
+from .tree_stage import GraphedTreeStage, backend_mask_buffer, eager_tree_stage
 from .tree_step import run_tree_step, tree_stage
 from .tree_verify import (
     AcceptedStep,
@@ -167,6 +167,7 @@ class DDTreeWorker(DFlashWorkerV2):
         install_graph_guard()
         self._graph_use_logged = False
         self._tree_stage: Optional[GraphedTreeStage] = None
+        self._tree_mask_buffer: Optional[torch.Tensor] = None
         self._step_timer = StepTimer.from_env()
         if get_parallel().tp_rank == 0:
             logger.info(
@@ -229,12 +230,15 @@ class DDTreeWorker(DFlashWorkerV2):
             runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
             logger.info(
                 "DDTREE tree verify: CUDA graph replay %s (target verify graphs %s the tree mask); "
-                "tree stage: %s.",
+                "tree stage: %s; FULL mask: %s.",
                 "on" if can_run_graph else "off for this batch",
                 "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
                 "CUDA graphs for batch sizes %s" % self._tree_stage.captured_sizes
                 if self._tree_stage.enabled
                 else "eager",
+                "written by the stage into the attention backend's buffer"
+                if self._tree_mask_buffer is not None
+                else "allocated per step",
             )
             self._graph_use_logged = True
         new_seq_lens = prefix_lens + step.accept_lens.to(prefix_lens.dtype)
@@ -264,13 +268,23 @@ class DDTreeWorker(DFlashWorkerV2):
         the batch sizes the target captured (``capture_bs``; batches are padded up to them, larger
         ones run eagerly). Eager with ``DDTREE_EAGER_TREE_STAGE=1``, without target graphs, and at
         TP > 1 (the vocab-parallel head all-gathers across ranks).
+
+        Where the target's attention backend has a FULL-layout verify-mask buffer
+        (``tree_stage.backend_mask_buffer``), the stage writes the step's FULL mask into it, graphed
+        or eager: the verify input is then a view of the buffer and the backend's replay copy a copy
+        onto itself. Each step's stage and verify are enqueued on one stream, so a step's write
+        never overtakes the previous step's verify reading the buffer.
         """
         if self._tree_stage is None:
-            runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
+            model_runner = self.target_worker.model_runner
+            runner = getattr(model_runner, "decode_cuda_graph_runner", None)
             sizes = [int(b) for b in (getattr(runner, "capture_bs", None) or [])]
             enabled = bool(sizes) and not eager_tree_stage() and int(get_parallel().tp_group.world_size) == 1
+            self._tree_mask_buffer = backend_mask_buffer(getattr(model_runner, "attn_backend", None))
             self._tree_stage = GraphedTreeStage(
-                tree_stage(self._head_topk, self.ddtree), batch_sizes=sizes, enabled=enabled
+                tree_stage(self._head_topk, self.ddtree, mask_out=self._tree_mask_buffer),
+                batch_sizes=sizes,
+                enabled=enabled,
             )
         return self._tree_stage
 

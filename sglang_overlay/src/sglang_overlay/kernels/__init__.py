@@ -6,6 +6,8 @@ Modules:
     draft_topk  fused_draft_topk (per-row top-k log-probs from one pass over the logits, Triton),
                 draft_topk_fast (the kernel on CUDA, core.tree.draft_topk elsewhere)
     accept_path accept_path (the accepted path of a tree verify in one launch, Triton)
+    full_mask   write_full_mask (SGLang's FULL tree-verify mask written in place, one launch, Triton),
+                write_full_mask_torch, request_starts
     warmup      ahead-of-time compilation of the kernel variants into a Triton cache + a JSON manifest
                 (``python -m sglang_overlay.kernels.warmup --arch sm_90 ...``)
 
@@ -24,6 +26,7 @@ _LAZY = {
     ),
     "draft_topk": ("MAX_FUSED_K", "fused_draft_topk", "draft_topk_fast", "fused_available"),
     "accept_path": ("accept_path", "accept_path_available"),
+    "full_mask": ("write_full_mask", "write_full_mask_torch", "request_starts", "full_mask_available"),
     "warmup": ("warmup_kernels", "WarmupError"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}

@@ -268,7 +268,10 @@ def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, t
     assert metrics["records"][0]["accept_length"] == 3.4
 
     # Second run: the baseline matches and the previous numbers are compared.
-    code, result = run_module(sglang_health, args(host, tmp_path, min_accept_length=2.0, record_baseline=False), capsys)
+    # The fake server's tokens/s is wall-clock: on a loaded machine it halves between two runs (CI saw 41.9
+    # -> 20.2), so the speed floor is opened here; the rule itself is test_health_output.py's.
+    code, result = run_module(sglang_health, args(host, tmp_path, min_accept_length=2.0, record_baseline=False,
+                                                  max_regression=0.99), capsys)
     assert code == 0, result["msg"]
     assert result["changed"] is False and result["baseline"]["status"] == "passed"
     assert {r["status"] for r in result["baseline"]["results"]} == {"match"}
