@@ -148,6 +148,10 @@ def test_exactly_min_gain_is_enough_and_ties_go_to_the_smaller_tree():
     speeds = {**ALL_SLOWER, (8, 4): (103.0, 1030.0), (4, 4): (103.0, 1030.0)}
     choice = autotune.choose(TUNING, measured(speeds))
     assert (choice["algorithm"], choice["budget"], choice["top_k"]) == ("DDTREE", 4, 4)
+    # 115 / 100 - 1 is 0.1499999999999999 in floating point: still a gain of 15%.
+    fifteen = dict(TUNING, min_gain=0.15)
+    choice = autotune.choose(fifteen, measured({**ALL_SLOWER, (8, 8): (115.0, 1150.0)}))
+    assert (choice["algorithm"], choice["budget"], choice["top_k"]) == ("DDTREE", 8, 8)
 
 
 def test_a_setting_that_failed_or_was_not_measured_everywhere_is_never_chosen():
