@@ -15,7 +15,8 @@ description:
   - Checks the rules that need several fields or the host - unique names and ports, GPU indices that
     exist on the host and are not shared between services, C(tp_size) dividing the GPU count, a known
     speculative algorithm, a draft model for the algorithms that need one, DDTree budget and top-k
-    at least 1 - and fails listing every broken rule, each naming the service, the field and the value.
+    at least 1, a valid C(speculative.autotune) (DDTREE only, no fixed budget or top-k beside it) - and
+    fails listing every broken rule, each naming the service, the field and the value.
   - Refuses a shadow (C(shadow_of)) of an unknown service, of itself or of another shadow, one without
     spare GPUs (naming the GPUs that are free), one whose algorithm is not C(DDTREE), and a pinned one.
   - Refuses a release pin on a service whose algorithm does not load the overlay, and a pin that is
@@ -49,7 +50,8 @@ options:
       speculative:
         description:
           - Speculative decoding - C(algorithm) and its parameters (C(budget), C(top_k),
-            C(allow_hybrid_unsafe), C(num_steps), C(eagle_topk), C(num_draft_tokens)).
+            C(allow_hybrid_unsafe), C(num_steps), C(eagle_topk), C(num_draft_tokens)), and C(autotune)
+            (DDTREE only - C(budgets), C(top_k), C(concurrency), C(min_gain); see O(tuned) and docs/autotune.md).
         type: dict
         default: {algorithm: NONE}
       api_key: {description: API key (from Ansible Vault); never returned, type: str}

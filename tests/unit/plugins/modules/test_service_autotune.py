@@ -103,3 +103,9 @@ def test_the_plan_refuses_a_service_that_declares_autotune_but_was_not_tuned(cap
     assert code == 1 and result["problems"] == [
         "ct200: sglang_services[0] (coder): speculative.autotune is declared but no tuned choice was given in tuned; run "
         "ddtree.sglang.service_autotune for the candidate release first (docs/autotune.md)"]
+
+
+def test_the_documentation_says_what_the_argument_spec_does():
+    from test_schemas import differences, documented, shape
+
+    assert differences("ARGUMENT_SPEC", shape(service_autotune.ARGUMENT_SPEC), "DOCUMENTATION", shape(documented(service_autotune))) == []
