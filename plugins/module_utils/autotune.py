@@ -214,8 +214,8 @@ def measurement_problems(tuning: dict, measurements: list) -> list:
         identity = _identity(measurement)
         label = "measurements[%d] (%s at concurrency %s)" % (position, setting_name(measurement), measurement.get("concurrency"))
         if measurement.get("algorithm") not in MEASURED_ALGORITHMS:
-            problems.append("measurements[%d]: algorithm %r is not one of %s" % (position, measurement.get("algorithm"),
-                                                                                ", ".join(MEASURED_ALGORITHMS)))
+            problems.append("measurements[%d]: algorithm %r is not one of %s"
+                            % (position, measurement.get("algorithm"), ", ".join(MEASURED_ALGORITHMS)))
             continue
         if identity in seen:
             problems.append("%s: measured twice; supply one measurement per setting and concurrency" % label)

@@ -65,7 +65,10 @@ options:
       concurrency: {description: Requests in flight at a time, type: int, required: true}
       tokens_per_second: {description: Completion tokens per second of all requests together, type: float}
       accept_length: {description: Mean acceptance length (speculative algorithms), type: float}
-      error: {description: Why the measurement failed (the server did not start, a request failed), type: str}
+      error: {description: "Why the measurement failed (the server did not start, a request failed)", type: str}
+      requests: {description: Requests sent (evidence; not used by the choice), type: int}
+      completion_tokens: {description: Completion tokens of all requests (evidence), type: int}
+      seconds: {description: Wall seconds of the measurement (evidence), type: float}
   workload:
     description:
       - What the measuring step sent (prompt set, C(max_tokens), requests per concurrency); part of the tuning
@@ -204,6 +207,9 @@ ARGUMENT_SPEC = dict(
         tokens_per_second=dict(type="float", no_log=False),
         accept_length=dict(type="float"),
         error=dict(type="str"),
+        requests=dict(type="int"),
+        completion_tokens=dict(type="int", no_log=False),
+        seconds=dict(type="float"),
     )),
     workload=dict(type="dict", default={}),
     floor_margin=dict(type="float", default=DEFAULT_FLOOR_MARGIN),

@@ -228,7 +228,6 @@ def main():
     module.exit_json(changed=False, services=plan)
 
 
-
 def _with_tuned_choices(services, tuned, host):
     """[(the service as it runs, its tuned choice's summary or None)], and the problems: a service that
     declares autotune but has no (usable) tuned choice."""

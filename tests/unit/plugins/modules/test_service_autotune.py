@@ -14,7 +14,9 @@ CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/m
 def measure(dflash=(100.0, 1000.0), b4=(110.0, 1100.0), b8=(125.0, 1050.0)):
     rows = []
     for concurrency, index in ((1, 0), (16, 1)):
-        rows.append({"algorithm": "DFLASH", "concurrency": concurrency, "tokens_per_second": dflash[index]})
+        # With the evidence autotune_measure.measure_setting adds (requests, completion_tokens, seconds).
+        rows.append({"algorithm": "DFLASH", "concurrency": concurrency, "tokens_per_second": dflash[index],
+                     "requests": 8, "completion_tokens": 2048, "seconds": 2048 / dflash[index]})
         rows.append({"algorithm": "DDTREE", "budget": 4, "top_k": 4, "concurrency": concurrency, "tokens_per_second": b4[index]})
         rows.append({"algorithm": "DDTREE", "budget": 8, "top_k": 4, "concurrency": concurrency, "tokens_per_second": b8[index]})
     return rows
@@ -38,6 +40,7 @@ def test_first_it_says_what_to_measure_then_it_decides_and_records(tmp_path, cap
     assert (choice["algorithm"], choice["budget"], choice["top_k"], choice["speed_floor"]) == ("DDTREE", 4, 4, 88.0)
     recorded = json.loads(state.read_text())
     assert recorded["current"]["choice"] == choice and len(recorded["current"]["measurements"]) == 6
+    assert recorded["current"]["measurements"][0]["requests"] == 8
     assert recorded["current"]["key"] == result["key"] and recorded["current"]["release_id"] == "r1"
     # The choice is what the plan runs, with the tuned floor for the gate.
     code, plan = run_module(service_plan, {"services": [CODER], "gpu_indices": [0], "tuned": {"coder": choice}}, capsys)
