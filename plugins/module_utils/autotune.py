@@ -27,7 +27,7 @@ DEFAULTS = {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1], "min_gai
 # Each DDTREE setting is a server start plus a measurement (minutes on a GPU host): a grid larger than
 # this is more likely a typo than a plan.
 MAX_SETTINGS = 16
-# The fields of a measurement.
+# The algorithms a measurement may be of; NONE only for the report (the gain over no speculation).
 MEASURED_ALGORITHMS = ("DFLASH", "DDTREE", "NONE")
 # Bump when the way settings are measured or compared changes: every service is tuned again.
 KEY_FORMAT = 1
@@ -70,28 +70,28 @@ def autotune_problems(spec: dict) -> list:
     caller, services._speculative_problems, puts it in front). [] when it is absent or right."""
     if spec.get("autotune") is None:
         return []
-    declared = spec["autotune"]
+    own = spec["autotune"]
     algorithm = spec.get("algorithm", "NONE")
     if algorithm != "DDTREE":
         return ["speculative.autotune is set, but algorithm is %s; autotune chooses DDTREE's budget and top_k "
                 "(falling back to DFLASH by itself): set algorithm DDTREE or remove autotune" % algorithm]
-    if not isinstance(declared, dict):
+    if not isinstance(own, dict):
         return ["speculative.autotune is %r; it must be a mapping of %s (write autotune: {} for the defaults)"
-                % (declared, ", ".join(DEFAULTS))]
+                % (own, ", ".join(DEFAULTS))]
     problems = []
-    unknown = sorted(set(declared) - set(DEFAULTS))
+    unknown = sorted(set(own) - set(DEFAULTS))
     if unknown:
         problems.append("speculative.autotune has unknown field(s) %s; its fields are %s"
                         % (", ".join(repr(name) for name in unknown), ", ".join(DEFAULTS)))
     for field, what, example in (("budgets", "tree nodes besides the root", "[4, 8, 15]"),
                                  ("top_k", "candidates per draft position", "[4, 8]"),
                                  ("concurrency", "requests at a time to measure with", "[1, 16]")):
-        if field in declared:
-            problem = _positive_int_list_problem(field, declared[field], what, example)
+        if field in own:
+            problem = _positive_int_list_problem(field, own[field], what, example)
             if problem:
                 problems.append(problem)
-    if "min_gain" in declared:
-        gain = declared["min_gain"]
+    if "min_gain" in own:
+        gain = own["min_gain"]
         if not isinstance(gain, (int, float)) or isinstance(gain, bool) or not 0 <= gain < 1:
             problems.append("speculative.autotune.min_gain is %r; it must be a number from 0 up to, not including, 1 "
                             "(0.03: DDTREE must be at least 3%% faster than DFLASH at every declared concurrency)" % (gain,))
