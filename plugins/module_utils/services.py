@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import autotune_problems
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
     CANDIDATE,
     OVERLAY_ALGORITHMS,
@@ -149,15 +150,20 @@ def _speculative_problems(label, service):
         value = spec.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             problems.append("%s: speculative.%s is %r; it must be an integer >= 1" % (label, key, value))
+    problems.extend("%s: %s" % (label, problem) for problem in autotune_problems(spec))
     return problems
 
 
 def service_flags(service):
     """The launch_server flags of a service, which end up in its argv: never the API key (the unit hands
     it to the server on standard input; roles/sglang_service/files/sglang_launch.py)."""
+    spec = service.get("speculative") or {}
+    if spec.get("autotune") is not None:
+        # Its budget and top_k, even its algorithm, are the tuning's: autotune.tuned_service resolves them.
+        raise ValueError("service %s declares speculative.autotune: its flags come from its tuned choice "
+                         "(autotune.tuned_service), not from the declaration" % service.get("name"))
     flags = ["--model-path", service["model_path"], "--served-model-name", service.get("served_model_name") or service["name"],
              "--host", service.get("host", "127.0.0.1"), "--port", str(service["port"]), "--tp-size", str(service.get("tp_size", 1))]
-    spec = service.get("speculative") or {}
     algorithm = spec.get("algorithm", "NONE")
     if algorithm != "NONE":
         flags += ["--speculative-algorithm", algorithm]

@@ -15,7 +15,8 @@ description:
   - Checks the rules that need several fields or the host - unique names and ports, GPU indices that
     exist on the host and are not shared between services, C(tp_size) dividing the GPU count, a known
     speculative algorithm, a draft model for the algorithms that need one, DDTree budget and top-k
-    at least 1 - and fails listing every broken rule, each naming the service, the field and the value.
+    at least 1, a valid C(speculative.autotune) (DDTREE only, no fixed budget or top-k beside it) - and
+    fails listing every broken rule, each naming the service, the field and the value.
   - Refuses a shadow (C(shadow_of)) of an unknown service, of itself or of another shadow, one without
     spare GPUs (naming the GPUs that are free), one whose algorithm is not C(DDTREE), and a pinned one.
   - Refuses a release pin on a service whose algorithm does not load the overlay, and a pin that is
@@ -24,6 +25,10 @@ description:
     server's command line, readable by every local user; C(api_key) is the way.
   - Returns, per service, its systemd unit name, its C(launch_server) flags and its environment, never
     the API key (only whether there is one, C(has_api_key)).
+  - A service that declares C(speculative.autotune) runs the setting its tuning chose
+    (M(ddtree.sglang.service_autotune)), given in O(tuned) - DDTREE with the tuned budget and top-k, or
+    DFLASH - with the tuned speed floor for its gate unless it sets C(health.min_tokens_per_second); without
+    a tuned choice the plan fails, so an unmeasured setting never runs.
   - Changes nothing; run it before anything changes on a host.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
@@ -45,7 +50,8 @@ options:
       speculative:
         description:
           - Speculative decoding - C(algorithm) and its parameters (C(budget), C(top_k),
-            C(allow_hybrid_unsafe), C(num_steps), C(eagle_topk), C(num_draft_tokens)).
+            C(allow_hybrid_unsafe), C(num_steps), C(eagle_topk), C(num_draft_tokens)), and C(autotune)
+            (DDTREE only - C(budgets), C(top_k), C(concurrency), C(min_gain); see O(tuned) and docs/autotune.md).
         type: dict
         default: {algorithm: NONE}
       api_key: {description: API key (from Ansible Vault); never returned, type: str}
@@ -88,6 +94,12 @@ options:
         C(start_timeout) and C(no_progress_timeout)).
     type: dict
     default: {}
+  tuned:
+    description:
+      - Per service name, the choice of its tuning (the C(choice) M(ddtree.sglang.service_autotune) returns),
+        for the services that declare C(speculative.autotune). Ignored for the others.
+    type: dict
+    default: {}
   host:
     description: The host's name, for messages.
     type: str
@@ -128,12 +140,14 @@ services:
       has_api_key: true
       served_model_name: coder
       gate: {start_timeout: 1800, no_progress_timeout: 120}
+      tuned: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree, speed_floor: 112.4}
 """
 
 import copy
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import declared, tuned_service
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import CANDIDATE, loads_overlay
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
     gate_settings,
@@ -176,6 +190,7 @@ def main():
             services=dict(type="list", elements="dict", required=True, options=copy.deepcopy(SERVICE_OPTIONS)),
             gpu_indices=dict(type="list", elements="int", required=True),
             gate_defaults=dict(type="dict", default={}),
+            tuned=dict(type="dict", default={}),
             host=dict(type="str", default="host"),
         ),
         supports_check_mode=True,
@@ -184,8 +199,12 @@ def main():
     problems = service_problems(services, module.params["gpu_indices"], host)
     if problems:
         module.fail_json(msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)), problems=problems)
+    services, problems = _with_tuned_choices(services, module.params["tuned"], host)
+    if problems:
+        module.fail_json(msg="%d service(s) without a tuned setting, nothing was changed: %s" % (len(problems), " | ".join(problems)),
+                         problems=problems)
     plan = []
-    for service in services:
+    for service, tuning in services:
         flags = service_flags(service)
         algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
         plan.append({
@@ -204,8 +223,31 @@ def main():
             "has_api_key": bool(service.get("api_key")),
             "served_model_name": service.get("served_model_name") or service["name"],
             "gate": gate_settings(service, module.params["gate_defaults"]),
+            "tuned": tuning,
         })
     module.exit_json(changed=False, services=plan)
+
+
+def _with_tuned_choices(services, tuned, host):
+    """[(the service as it runs, its tuned choice's summary or None)], and the problems: a service that
+    declares autotune but has no (usable) tuned choice."""
+    result, problems = [], []
+    for position, service in enumerate(services):
+        if not declared(service):
+            result.append((service, None))
+            continue
+        label = "%s: sglang_services[%d] (%s)" % (host, position, service["name"])
+        choice = (tuned or {}).get(service["name"])
+        if not choice:
+            problems.append("%s: speculative.autotune is declared but no tuned choice was given in tuned; run "
+                            "ddtree.sglang.service_autotune for the candidate release first (docs/autotune.md)" % label)
+            continue
+        try:
+            result.append((tuned_service(service, choice),
+                           {key: choice.get(key) for key in ("algorithm", "budget", "top_k", "status", "speed_floor")}))
+        except ValueError as exc:
+            problems.append("%s: %s" % (label, exc))
+    return result, problems
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""Measuring one server setting under the declared load, for the autotune choice (docs/autotune.md).
+
+A sketch of the measuring step's client: it talks to a running server through the health gate's own
+HTTP client (health_gate.ServiceIO.request: ansible.module_utils.urls, the API key, nothing to install
+on the host) and returns measurements in the shape ddtree.sglang.service_autotune takes. Starting a
+server per setting is the role's part and is not built yet.
+
+Requests are SGLang's native /generate, greedy: its meta_info has each request's completion tokens and
+verify steps, so the acceptance length is measured on the same requests as the speed (the OpenAI routes
+do not report it, and /server_info's average spans the server's whole life).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import describe
+
+# Each level sends at least this many requests per slot, so every slot is refilled at least once and
+# the server sees a steady load, not one burst that drains.
+ROUNDS = 2
+
+
+def generate_once(request, prompt: str, max_tokens: int, timeout: float) -> dict:
+    """One greedy /generate -> {"completion_tokens", "verify_steps", "seconds", "error"}."""
+    body = {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0}}
+    answer = request("POST", "/generate", body, timeout=timeout, auth=True)
+    meta = answer["data"].get("meta_info") if answer["status"] == 200 and isinstance(answer["data"], dict) else None
+    if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
+        problem = describe(answer) if answer["error"] or answer["status"] != 200 else (
+            "an answer without meta_info.completion_tokens: %s" % answer["text"][:200])
+        return {"completion_tokens": None, "verify_steps": None, "seconds": answer["seconds"], "error": problem}
+    steps = meta.get("spec_verify_ct")
+    return {"completion_tokens": meta["completion_tokens"], "verify_steps": steps if isinstance(steps, int) else None,
+            "seconds": answer["seconds"], "error": None}
+
+
+def level_prompts(prompts: list, concurrency: int, rounds: int = ROUNDS) -> list:
+    """The requests of one concurrency level: every prompt at least once, and at least rounds x
+    concurrency requests, cycling through the prompts in order (the same list for every setting)."""
+    count = max(len(prompts), rounds * concurrency)
+    return [prompts[index % len(prompts)] for index in range(count)]
+
+
+def measure_load(request, prompts: list, concurrency: int, max_tokens: int, timeout: float, clock=time.monotonic) -> dict:
+    """Send level_prompts(prompts, concurrency) with `concurrency` requests in flight at a time.
+
+    -> {"concurrency", "tokens_per_second": all completion tokens / wall seconds of the level, or None,
+        "accept_length": completion tokens / verify steps, or None (no speculative decoding), "requests",
+        "completion_tokens", "seconds", "error": the first failed request's, or None}.
+    A level with any failed request has no tokens/s: it failed, and its setting is not chosen.
+    """
+    batch = level_prompts(prompts, concurrency)
+    started = clock()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        answers = list(pool.map(lambda prompt: generate_once(request, prompt, max_tokens, timeout), batch))
+    seconds = clock() - started
+    failed = [answer["error"] for answer in answers if answer["error"]]
+    tokens = sum(answer["completion_tokens"] or 0 for answer in answers)
+    steps = [answer["verify_steps"] for answer in answers]
+    result = {"concurrency": concurrency, "requests": len(answers), "completion_tokens": tokens, "seconds": round(seconds, 3),
+              "tokens_per_second": None, "accept_length": None, "error": None}
+    if failed:
+        result["error"] = "%d of %d requests failed, the first: %s" % (len(failed), len(answers), failed[0])
+    elif tokens <= 0 or seconds <= 0:
+        result["error"] = "no completion tokens were generated"
+    else:
+        result["tokens_per_second"] = round(tokens / seconds, 3)
+        if all(isinstance(step, int) and step > 0 for step in steps):
+            result["accept_length"] = round(tokens / sum(steps), 3)
+    return result
+
+
+def measure_setting(request, setting: dict, concurrencies: list, prompts: list, max_tokens: int = 256,
+                    timeout: float = 300.0, warmup: int = 1, clock=time.monotonic) -> list:
+    """One running setting ({"algorithm", "budget", "top_k"}) at every declared concurrency, lowest first
+    -> service_autotune's measurements. `warmup` requests go first, unmeasured (a fresh server's first
+    requests pay for lazy initialisation). A failed warm-up fails every level without sending it."""
+    for prompt in prompts[:warmup]:
+        answer = generate_once(request, prompt, max_tokens, timeout)
+        if answer["error"]:
+            return [dict(setting, concurrency=concurrency, tokens_per_second=None, accept_length=None,
+                         error="the warm-up request failed: %s" % answer["error"]) for concurrency in sorted(concurrencies)]
+    measurements = []
+    for concurrency in sorted(concurrencies):
+        level = measure_load(request, prompts, concurrency, max_tokens, timeout, clock)
+        measurements.append(dict(setting, concurrency=concurrency, tokens_per_second=level["tokens_per_second"],
+                                 accept_length=level["accept_length"], error=level["error"],
+                                 requests=level["requests"], completion_tokens=level["completion_tokens"],
+                                 seconds=level["seconds"]))
+    return measurements

@@ -1,0 +1,277 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: service_autotune
+short_description: Choose an SGLang service's DDTREE budget and top-k from measurements, or fall back to DFLASH
+version_added: 0.1.0
+description:
+  - For a service that declares C(speculative.autotune), decides which setting it runs with a candidate
+    release - the DDTREE (budget, top_k) of its grid that beats DFLASH by C(min_gain) at every declared
+    concurrency and is the fastest of those (best worst-case gain), else DFLASH - and records every
+    measurement, the choice and the tuning key in the service's state file.
+  - Tunes only when the tuning key changed - the model, the drafter, the release, the tensor-parallel
+    size or GPU count, the grid and declared load, the measuring workload, or the server's other settings -
+    or when O(force) is set. Otherwise it returns the recorded choice and changes nothing, whatever
+    O(measurements) holds.
+  - Without O(measurements) it only says whether tuning is needed (RV(needs_tuning)) and what to measure
+    (RV(grid)); the caller measures and calls it again with the measurements.
+  - Never chooses a setting that was not measured at every declared concurrency, or whose measurement
+    failed. Fails, leaving the state file as it was, when DFLASH was not measured (or failed) at a declared
+    concurrency, or when a measurement is outside the declared grid or given twice.
+  - The measuring itself (servers for each setting, under the declared load) is not part of this module;
+    docs/autotune.md says what is built and what is not.
+author:
+  - ddtree.sglang maintainers (@ddtree-sglang)
+options:
+  service:
+    description:
+      - The service, as declared in C(sglang_services) (see the sglang_service role). Read are its
+        C(name), C(model_path), C(draft_model_path), C(tp_size), C(gpus), C(speculative) (with C(autotune)),
+        C(extra_args) and C(environment).
+    type: dict
+    required: true
+  release_id:
+    description: The candidate release the measurements were taken with (part of the tuning key).
+    type: str
+    required: true
+  state_file:
+    description: The service's tuning state, written whole and atomically (e.g. C(/var/lib/sglang/<service>/autotune.json)).
+    type: path
+    required: true
+  measurements:
+    description:
+      - One per setting and concurrency, taken with the candidate release under the declared load. C(tokens_per_second)
+        counts every request's completion tokens over the wall time of the whole measurement.
+      - A measurement with C(error) set, or without C(tokens_per_second), failed; its setting is never chosen.
+      - C(NONE) measurements are optional; when given, the result reports the choice's gain over them.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      algorithm:
+        description: The measured algorithm.
+        type: str
+        required: true
+        choices: [DFLASH, DDTREE, NONE]
+      budget: {description: DDTREE's budget (DDTREE only), type: int}
+      top_k: {description: DDTREE's top-k (DDTREE only), type: int}
+      concurrency: {description: Requests in flight at a time, type: int, required: true}
+      tokens_per_second: {description: Completion tokens per second of all requests together, type: float}
+      accept_length: {description: Mean acceptance length (speculative algorithms), type: float}
+      error: {description: "Why the measurement failed (the server did not start, a request failed)", type: str}
+      requests: {description: Requests sent (evidence; not used by the choice), type: int}
+      completion_tokens: {description: Completion tokens of all requests (evidence), type: int}
+      seconds: {description: Wall seconds of the measurement (evidence), type: float}
+  workload:
+    description:
+      - What the measuring step sent (prompt set, C(max_tokens), requests per concurrency); part of the tuning
+        key, so a different workload tunes again.
+    type: dict
+    default: {}
+  floor_margin:
+    description:
+      - The health gate's speed floor is the chosen setting's tokens/s at concurrency 1 less this share
+        (the gate sends one request at a time, with prompts of its own). No floor without concurrency 1.
+    type: float
+    default: 0.2
+  force:
+    description: Tune from O(measurements) even when the tuning key did not change.
+    type: bool
+    default: false
+attributes:
+  check_mode:
+    support: full
+    description: Decides and returns the choice, but writes no state file.
+  diff_mode:
+    support: full
+    description: The state file before and after.
+seealso:
+  - module: ddtree.sglang.service_plan
+  - module: ddtree.sglang.sglang_health
+"""
+
+EXAMPLES = r"""
+- name: Does coder need tuning for this release?
+  ddtree.sglang.service_autotune:
+    service: "{{ sglang_services | selectattr('name', 'eq', 'coder') | first }}"
+    release_id: "{{ release_id }}"
+    state_file: /var/lib/sglang/coder/autotune.json
+  register: coder_tuning
+
+- name: Decide from the measurements (taken for every entry of coder_tuning.grid)
+  ddtree.sglang.service_autotune:
+    service: "{{ sglang_services | selectattr('name', 'eq', 'coder') | first }}"
+    release_id: "{{ release_id }}"
+    state_file: /var/lib/sglang/coder/autotune.json
+    measurements:
+      - {algorithm: DFLASH, concurrency: 1, tokens_per_second: 140.2, accept_length: 5.1}
+      - {algorithm: DDTREE, budget: 8, top_k: 4, concurrency: 1, tokens_per_second: 161.0, accept_length: 6.3}
+      - {algorithm: DDTREE, budget: 15, top_k: 4, concurrency: 1, error: "server did not start: CUDA out of memory"}
+  when: coder_tuning.needs_tuning
+  register: coder_tuned
+"""
+
+RETURN = r"""
+needs_tuning:
+  description: Whether the recorded tuning (if any) is not valid for this key (or O(force) is set).
+  returned: always
+  type: bool
+  sample: true
+tuned:
+  description: Whether this call decided from O(measurements) (and wrote the state file unless in check mode).
+  returned: always
+  type: bool
+  sample: true
+choice:
+  description:
+    - The setting the service runs - the recorded one when nothing changed, the new one when it tuned; null
+      when tuning is needed and no measurements were given.
+    - C(status) is C(ddtree) or C(fallback); C(tokens_per_second), C(gain_over_dflash) and C(gain_over_none)
+      are per concurrency (keys are strings); C(settings) has every DDTREE setting's verdict (C(qualifies),
+      C(too_slow), C(failed), C(unmeasured)) and reasons; C(speed_floor) is the gate's tokens/s floor.
+  returned: always
+  type: dict
+  sample:
+    algorithm: DDTREE
+    budget: 8
+    top_k: 4
+    status: ddtree
+    reason: DDTREE budget 8 top_k 4 is the fastest setting that beats DFLASH by min_gain +3.0% at every declared concurrency (+14.8% at concurrency 1)
+    tokens_per_second: {"1": 161.0}
+    gain_over_dflash: {"1": 0.1484}
+    gain_over_none: {}
+    speed_floor: 128.8
+    floor_margin: 0.2
+key:
+  description: The tuning key - C(digest) and the C(parts) it is computed from.
+  returned: always
+  type: dict
+  sample: {digest: 3f2a9c0d11e4b7a2, parts: {model: /models/coder, drafter: /models/coder-dflash, release_id: 4c1d2e3f4a5b}}
+key_changes:
+  description: The key's parts that differ from the recorded tuning's (all of them when there was none).
+  returned: always
+  type: list
+  elements: str
+  sample: [release_id]
+grid:
+  description: What to measure - every candidate setting (DFLASH first) at every declared concurrency.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{algorithm: DFLASH, budget: null, top_k: null, concurrency: 1}, {algorithm: DDTREE, budget: 4, top_k: 4, concurrency: 1}]
+problems:
+  description: Why the measurements could not decide (on failure).
+  returned: failure
+  type: list
+  elements: str
+  sample: ["DFLASH was not measured at concurrency 16; every DDTREE setting is compared with it"]
+"""
+
+import json
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
+    DEFAULT_FLOOR_MARGIN,
+    IncompleteMeasurements,
+    autotune_problems,
+    choose,
+    declaration,
+    declared,
+    key_changes,
+    measurement_plan,
+    recorded_choice,
+    state_document,
+    tuning_key,
+    tuning_record,
+)
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
+
+ARGUMENT_SPEC = dict(
+    service=dict(type="dict", required=True),
+    release_id=dict(type="str", required=True),
+    state_file=dict(type="path", required=True),
+    measurements=dict(type="list", elements="dict", default=[], options=dict(
+        algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
+        budget=dict(type="int"),
+        top_k=dict(type="int"),
+        concurrency=dict(type="int", required=True),
+        tokens_per_second=dict(type="float", no_log=False),
+        accept_length=dict(type="float"),
+        error=dict(type="str"),
+        requests=dict(type="int"),
+        completion_tokens=dict(type="int", no_log=False),
+        seconds=dict(type="float"),
+    )),
+    workload=dict(type="dict", default={}),
+    floor_margin=dict(type="float", default=DEFAULT_FLOOR_MARGIN),
+    force=dict(type="bool", default=False),
+)
+
+
+def _text(document):
+    return "" if document is None else json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    service, path = params["service"], params["state_file"]
+    name = service.get("name", "service")
+    if not declared(service):
+        module.fail_json(msg="%s: speculative.autotune is not declared; only a DDTREE service with autotune is tuned" % name)
+    problems = autotune_problems(service.get("speculative") or {})
+    if problems:
+        module.fail_json(msg="%s: %s" % (name, " | ".join(problems)), problems=problems)
+    if not 0 <= params["floor_margin"] < 1:
+        module.fail_json(msg="floor_margin is %s; it must be from 0 up to, not including, 1" % params["floor_margin"])
+
+    tuning = declaration(service["speculative"])
+    key = tuning_key(service, params["release_id"], params["workload"])
+    try:
+        document = read_json(path)
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg="%s: cannot read the tuning state %s (%s); move it aside to tune anew" % (name, path, exc))
+    recorded = recorded_choice(document, key)
+    result = dict(changed=False, tuned=False, needs_tuning=recorded is None or params["force"], choice=recorded,
+                  key=key, key_changes=key_changes(((document or {}).get("current") or {}).get("key"), key),
+                  grid=measurement_plan(tuning))
+    if not result["needs_tuning"]:
+        if params["measurements"]:
+            module.warn("%s: the tuning key %s did not change since %s: the measurements were not used (force: true "
+                        "tunes from them)" % (name, key["digest"], document["current"].get("tuned_at")))
+        module.exit_json(**result)
+    if not params["measurements"]:
+        result["choice"] = None
+        module.exit_json(**result)
+
+    try:
+        choice = choose(tuning, params["measurements"])
+    except IncompleteMeasurements as exc:
+        module.fail_json(msg="%s: the measurements cannot decide, the state file was left as it was: %s" % (name, exc),
+                         problems=exc.problems, **result)
+    record = tuning_record(key, params["release_id"], tuning, params["measurements"], choice,
+                           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), params["floor_margin"])
+    after = state_document(document, record)
+    result.update(changed=True, tuned=True, choice=record["choice"])
+    if module._diff:
+        result["diff"] = {"before": _text(document), "after": _text(after),
+                          "before_header": "%s (before)" % path, "after_header": "%s (after)" % path}
+    if not module.check_mode:
+        try:
+            write_json(path, after, module.atomic_move)
+        except OSError as exc:
+            module.fail_json(msg="%s: cannot write the tuning state %s: %s" % (name, path, exc), **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

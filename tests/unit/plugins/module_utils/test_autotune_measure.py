@@ -1,0 +1,122 @@
+"""The measuring client against a fake SGLang /generate over real HTTP, through the gate's own client."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from ansible_collections.ddtree.sglang.plugins.module_utils import autotune, autotune_measure
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
+
+DDTREE_8_4 = {"algorithm": "DDTREE", "budget": 8, "top_k": 4}
+
+
+class FakeGenerate(ThreadingHTTPServer):
+    """/generate that answers max_new_tokens tokens in `verify_steps` verify steps, fails the requests
+    whose number is in `fail`, and records the most requests it held at once. With `gather` set, it holds
+    each request until the `gather` requests of its group (numbers 1-4, 5-8, ...) have all arrived, or
+    GATHER_TIMEOUT passed: a client that does not keep them in flight together is slow and seen."""
+
+    daemon_threads = True
+
+    def __init__(self):
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.verify_steps, self.fail, self.gather = 4, set(), 1
+        self.arrived = threading.Condition()
+        self.in_flight = self.most_in_flight = self.count = 0
+        self.bodies, self.authorizations = [], []
+
+
+GATHER_TIMEOUT = 2.0
+
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        server = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with server.arrived:
+            server.count += 1
+            number = server.count
+            server.in_flight += 1
+            server.most_in_flight = max(server.most_in_flight, server.in_flight)
+            server.bodies.append(body)
+            server.authorizations.append(self.headers.get("Authorization"))
+            server.arrived.notify_all()
+            group_end = ((number - 1) // server.gather + 1) * server.gather
+            server.arrived.wait_for(lambda: server.count >= group_end, timeout=GATHER_TIMEOUT)
+            server.in_flight -= 1
+        if number in server.fail:
+            payload, status = {"object": "error", "message": "scheduler died"}, 500
+        else:
+            tokens = body["sampling_params"]["max_new_tokens"]
+            meta = {"completion_tokens": tokens}
+            if server.verify_steps:
+                meta["spec_verify_ct"] = server.verify_steps
+            payload, status = {"text": "x" * tokens, "meta_info": meta}, 200
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def server():
+    fake = FakeGenerate()
+    threading.Thread(target=fake.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield fake
+    fake.shutdown()
+    fake.server_close()
+
+
+def client(server, api_key="s3cret"):
+    return ServiceIO(None, "systemctl", "journalctl", "sglang-coder.service", "127.0.0.1", server.server_address[1], api_key).request
+
+
+def test_a_level_keeps_its_concurrency_in_flight_and_counts_every_token(server):
+    server.gather = 4
+    level = autotune_measure.measure_load(client(server), ["a", "b", "c"], 4, 32, timeout=30)
+    # max(3 prompts, 2 rounds x 4) = 8 requests, in two groups of four held together by the server.
+    assert (level["requests"], server.count, server.most_in_flight) == (8, 8, 4)
+    assert level["seconds"] < GATHER_TIMEOUT  # no group waited for a request that came late
+    assert level["completion_tokens"] == 8 * 32 and level["tokens_per_second"] == pytest.approx(256 / level["seconds"], rel=0.01)
+    assert level["accept_length"] == 8.0 and level["error"] is None  # 32 tokens in 4 verify steps
+
+
+def test_a_setting_is_measured_at_each_concurrency_lowest_first_after_a_warm_up(server):
+    measurements = autotune_measure.measure_setting(client(server), DDTREE_8_4, [2, 1], ["a", "b", "c"], max_tokens=32)
+    assert [(m["algorithm"], m["budget"], m["top_k"], m["concurrency"], m["requests"]) for m in measurements] == [
+        ("DDTREE", 8, 4, 1, 3), ("DDTREE", 8, 4, 2, 4)]
+    assert server.count == 1 + 3 + 4  # the warm-up, unmeasured, then each level
+    assert server.bodies[0] == {"text": "a", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
+    assert set(server.authorizations) == {"Bearer s3cret"}  # through the gate's client, with the key
+
+
+def test_a_failed_request_fails_its_level_and_its_setting_is_not_chosen(server):
+    server.fail = {3}  # the second request of concurrency 1 (after the warm-up)
+    measurements = autotune_measure.measure_setting(client(server), DDTREE_8_4, [1], ["a", "b"], max_tokens=8)
+    assert measurements[0]["tokens_per_second"] is None
+    assert measurements[0]["error"] == '1 of 2 requests failed, the first: HTTP 500: {"object": "error", "message": "scheduler died"}'
+    tuning = {"budgets": [8], "top_k": [4], "concurrency": [1], "min_gain": 0.03}
+    dflash = {"algorithm": "DFLASH", "budget": None, "top_k": None, "concurrency": 1, "tokens_per_second": 1.0}
+    choice = autotune.choose(tuning, [dflash] + measurements)
+    assert choice["algorithm"] == "DFLASH" and choice["settings"][0]["status"] == "failed"
+
+
+def test_a_failed_warm_up_fails_every_level_without_sending_them(server):
+    server.fail = {1}
+    measurements = autotune_measure.measure_setting(client(server), DDTREE_8_4, [1, 16], ["a"], max_tokens=8)
+    assert server.count == 1
+    assert [m["error"].startswith("the warm-up request failed: HTTP 500") for m in measurements] == [True, True]
+
+
+def test_no_acceptance_length_without_verify_steps(server):
+    server.verify_steps = None  # NONE: no speculative decoding
+    (measurement,) = autotune_measure.measure_setting(client(server), {"algorithm": "NONE", "budget": None, "top_k": None},
+                                                      [1], ["a"], max_tokens=8, warmup=0)
+    assert measurement["accept_length"] is None and measurement["tokens_per_second"] > 0
