@@ -9,9 +9,10 @@ The tests run in order and share one lab and one fleet repository (a copy of thi
   2. commit B (an overlay whose tree walk is broken: not lossless) fails the health gate on the canary,
      which is rolled back (also at -vvv); ct129 is never touched; the report says so; then the key is
      searched for everywhere on the controller and ct200 (secret_checks.py): only its own file holds it;
-  3. the same through the pull-based timer's command (ansible-pull, as the rollout_pull role renders it):
-     commit C (good) rolls out, commit D (broken) is rolled back on the canary, and a run with no new
-     commit does nothing;
+  3. the same through the pull-based timer's unit (its guard, ansible-pull and the guard again, as the
+     rollout_pull role renders them): commit C (good) rolls out, a run with no new commit does nothing,
+     and commit D (broken) meets issue 14's incident: the run is SIGKILLed as the canary's gate begins,
+     the broken release current and running; the next tick rolls it back and the report says why;
   4. two triggers at once (commit E, C's tree again: no change to roll out): one refuses (lock timeout 0),
      one waits for the first to finish, nothing breaks.
 Run by `scripts/test gitops`. Needs the lab (podman) and the controller venv on PATH.
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 
 import secret_checks
-from conftest import ARTIFACTS, REPO, copy_checkout, on_lab_host, run
+from conftest import ARTIFACTS, PULL_GUARD, REPO, copy_checkout, killed_at_task, on_lab_host, run
 
 WALK = "sglang_overlay/src/sglang_overlay/core/walk.py"
 GOOD_MATCH = "(tree.tokens == want[:, None])"
@@ -193,59 +194,99 @@ def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_o
         [STATE["reports_a"], reports])
 
 
-def pull_command(lab, fleet):
-    """The command the pull timer runs: rendered by the rollout_pull role on a lab host, run here (the
-    rollout node), where the lab's hosts are reachable."""
+def pull_unit(lab, fleet):
+    """The pull timer's unit, rendered by the rollout_pull role on a lab host; its commands are run here
+    (the rollout node), where the lab's hosts are reachable."""
     env = lab["env"]
     home = lab["base"] / "pull-node"
     home.mkdir(exist_ok=True)
     run(["ansible-playbook", "-i", "inventories/lab/hosts.yml", "tests/gitops/pull-node.yml", "-l", "ct129",
          "-e", json.dumps({"rollout_pull_repo_url": str(fleet["bare"]), "rollout_pull_home": str(home)})], env)
-    unit = on_host(lab, "ct129", "systemctl", "cat", "ddtree-rollout-pull.service")
-    line = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    argv = shlex.split(line[len("ExecStart="):])
+    unit = on_host(lab, "ct129", "systemctl", "cat", "ddtree-rollout-pull.service").splitlines()
+
+    def command(key):
+        return shlex.split(next(line for line in unit if line.startswith(key + "="))[len(key) + 1:])
+
+    argv = command("ExecStart")
     assert argv[1:] == ["--url", str(fleet["bare"]), "--checkout", "main", "--directory", str(home / "checkout"),
                         "--only-if-changed", "--inventory", "inventories/lab/hosts.yml", "--limit", "all", "site.yml"]
+    guard_start, guard_stop = command("ExecStartPre"), command("ExecStopPost")
+    assert guard_start[1] == "start" and guard_stop[1] == "stop" and guard_start[2:] == guard_stop[2:]
     environment = dict(item.strip('"').split("=", 1) for item in
-                       (line[len("Environment="):] for line in unit.splitlines() if line.startswith("Environment=")))
+                       (line[len("Environment="):] for line in unit if line.startswith("Environment=")))
     assert environment["DDTREE_ROLLOUT_TRIGGER"] == "pull timer"
     # The timer is installed, enabled and scheduled on the node.
     assert on_host(lab, "ct129", "systemctl", "is-enabled", "ddtree-rollout-pull.timer") == "enabled"
     assert on_host(lab, "ct129", "systemctl", "is-active", "ddtree-rollout-pull.timer") == "active"
     assert environment["DDTREE_LOCK_DIR"] == env["DDTREE_LOCK_DIR"]
-    return [shutil.which("ansible-pull")] + argv[1:], dict(env, **{key: value for key, value in environment.items() if key != "HOME"}), home
+    return {"command": [shutil.which("ansible-pull")] + argv[1:], "guard_args": guard_start[2:], "home": home,
+            "env": dict(env, **{key: value for key, value in environment.items() if key != "HOME"})}
+
+
+def tick(pull, kill_at=None):
+    """One run of the pull unit as systemd runs it: ExecStartPre (the guard), ExecStart (ansible-pull),
+    ExecStopPost (the guard, told how ExecStart ended). kill_at: the task at whose start the run is
+    SIGKILLed with its whole process group. Returns ansible-pull's process and what the guard said first."""
+    env, home = pull["env"], pull["home"]
+    said = run([str(PULL_GUARD), "start", *pull["guard_args"]], env, cwd=home).stdout
+    marker = home / "killed"
+    proc = run(pull["command"], killed_at_task(env, kill_at, marker) if kill_at else env, cwd=home, check=False,
+               new_session=kill_at is not None)
+    if kill_at:
+        assert proc.returncode == -9 and marker.exists(), "the run was not killed at %r (rc %d)\n%s" % (kill_at, proc.returncode, proc.stdout[-4000:])
+        marker.unlink()
+    ended = {0: ("success", "0")}.get(proc.returncode, ("signal", "KILL") if proc.returncode < 0 else ("exit-code", str(proc.returncode)))
+    run([str(PULL_GUARD), "stop", *pull["guard_args"]], dict(env, SERVICE_RESULT=ended[0], EXIT_STATUS=ended[1]), cwd=home)
+    return proc, said
+
+
+def verdict(lab, release):
+    text = on_host(lab, "ct200", "cat", "/var/lib/sglang/coder/verdicts.json")
+    return (json.loads(text)["verdicts"].get(release) or {}).get("verdict")
 
 
 def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken_one(lab, fleet):
-    command, env, home = pull_command(lab, fleet)
-    reports = Path(env["DDTREE_ROLLOUT_REPORT_DIR"])
+    pull = pull_unit(lab, fleet)
+    reports = Path(pull["env"]["DDTREE_ROLLOUT_REPORT_DIR"])
     commit_c = fleet["commit"]("C: the tree walk mended", mend_walk("mended in C"))
     walk_c = (fleet["work"] / WALK).read_text()
-    run(command, env, cwd=home)
+    proc, _ = tick(pull)
+    assert proc.returncode == 0, proc.stdout[-4000:]
     report = load(reports / "rollout.json")
     assert report["verdict"] == "succeeded" and report["revision"] == commit_c and report["trigger"] == "pull timer"
     rows = services(report)
     release_c = rows[("ct200", "coder")]["after_release_id"]
-    # A DDTree-only change: ct200's DDTREE service is updated, ct129's NEXTN service is left as it was.
-    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["after_release_id"] == STATE["base"]
-    assert {key: row["status"] for key, row in rows.items()} == {("ct200", "coder"): "updated", ("ct129", "chat"): "unchanged"}
+    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["after_release_id"] == release_c
+    assert {row["status"] for row in rows.values()} == {"updated"}
     assert len(list((reports / "history").glob("*-rollout.json"))) == 1
 
     # No new commit: ansible-pull does not run the playbook at all.
-    proc = run(command, env, cwd=home)
-    assert "Repository has not changed" in proc.stdout + proc.stderr
+    proc, _ = tick(pull)
+    assert proc.returncode == 0 and "Repository has not changed" in proc.stdout + proc.stderr
     assert len(list((reports / "history").glob("*-rollout.json"))) == 1
 
+    # Issue 14's incident: the controller dies as the canary's gate begins. ct200 is left current on D's
+    # broken release, restarted and running, with no verdict: only a gate may settle it.
     commit_d = fleet["commit"]("D: broken again", break_walk)
-    proc = run(command, env, cwd=home, check=False)
-    assert proc.returncode != 0
+    tick(pull, kill_at="Gate the service on its release")
+    release_d = current_release(lab, "ct200", "coder")
+    assert release_d != release_c and verdict(lab, release_d) is None
+    assert on_host(lab, "ct200", "systemctl", "is-active", "sglang-coder.service") == "active"
+    # The next tick: the guard saw the dead run and made the checkout fresh, so the playbook runs; the gate
+    # fails the release it finds current, and the canary is rolled back.
+    proc, said = tick(pull)
+    assert "did not finish" in said and "Repository has not changed" not in proc.stdout + proc.stderr
+    assert proc.returncode == 2, proc.stdout[-4000:]
     report = load(reports / "rollout.json")
     keep(reports / "rollout.md", "failed-pull-rollout.md")
     assert report["verdict"] == "failed" and report["revision"] == commit_d
     rows = services(report)
-    assert rows[("ct200", "coder")]["status"] == "rolled back" and rows[("ct200", "coder")]["after_release_id"] == release_c
+    coder = rows[("ct200", "coder")]
+    assert coder["status"] == "rolled back" and coder["after_release_id"] == release_c
+    assert coder["rollback"]["failed_release_id"] == release_d and "interrupted rollout" in coder["recovery"]["note"]
     assert rows[("ct129", "chat")]["status"] == "not reached"
-    assert current_release(lab, "ct200", "coder") == release_c and current_release(lab, "ct129", "chat") == STATE["base"]
+    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_c
+    assert verdict(lab, release_d) == "failed" and verdict(lab, release_c) == "passed"
     STATE["release_c"] = release_c
     # E puts back C's exact tree: its release is C's (the release id is the content's), which the hosts
     # already run, so the next test's rollouts are no-ops and its subject, the lock, is all they exercise.

@@ -15,11 +15,10 @@ import os
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import ARTIFACTS, REPO, copy_checkout, run
+from conftest import ARTIFACTS, PULL_GUARD, REPO, copy_checkout, killed_at_task, run
 
 WALK = "sglang_overlay/src/sglang_overlay/core/walk.py"
 GOOD_MATCH = "(tree.tokens == want[:, None])"
@@ -89,9 +88,7 @@ def playbook(bed, playbook_path, report, kill_at=None, kill_after=0, limit="ct20
     if marker.exists():
         marker.unlink()
     if kill_at:
-        env.update(ANSIBLE_CALLBACK_PLUGINS=str(Path(__file__).parent / "callback_plugins"),
-                   ANSIBLE_CALLBACKS_ENABLED="ddtree.sglang.rollout_summary,kill_at_task",
-                   DDTREE_KILL_AT_TASK=kill_at, DDTREE_KILL_AFTER_S=str(kill_after), DDTREE_KILL_MARKER=str(marker))
+        env = killed_at_task(env, kill_at, marker, kill_after)
     proc = run(["ansible-playbook", "-i", "inventories/lab/hosts.yml", playbook_path, "-l", limit], env, bed["work"],
                check=False, new_session=True)
     if kill_at:
@@ -202,9 +199,6 @@ def test_killed_rollout_converges_on_the_next_run(bed, point, lossy):
         assert coder["recovery"]["action"] == "gate", row
 
 
-GUARD = REPO / "roles" / "rollout_pull" / "files" / "ddtree-rollout-pull-guard"
-
-
 @pytest.mark.parametrize("lossy", [True, False], ids=["pull-timer-lossy", "pull-timer-healthy"])
 def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, lossy):
     """The pull timer's run, as its unit runs it: the guard, ansible-pull --only-if-changed, the guard."""
@@ -227,11 +221,9 @@ def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, loss
             "--inventory", "inventories/lab/hosts.yml", "--limit", "ct200", "site.yml"]
     reports = bed["base"] / ("reports-%s" % name)
     pull_env = dict(env, DDTREE_ROLLOUT_REPORT_DIR=str(reports), DDTREE_ROLLOUT_TRIGGER="pull timer")
-    kill_env = dict(pull_env, ANSIBLE_CALLBACK_PLUGINS=str(Path(__file__).parent / "callback_plugins"),
-                    ANSIBLE_CALLBACKS_ENABLED="ddtree.sglang.rollout_summary,kill_at_task",
-                    DDTREE_KILL_AT_TASK=KILL_POINTS["restarted"][0], DDTREE_KILL_MARKER=str(bed["base"] / "killed"))
+    kill_env = killed_at_task(pull_env, KILL_POINTS["restarted"][0], bed["base"] / "killed")
     with Answering(bed) as ct129:
-        run([str(GUARD), "start", str(checkout), str(marker)], env, home)
+        run([str(PULL_GUARD), "start", str(checkout), str(marker)], env, home)
         killed_run = run(pull, kill_env, home, check=False, new_session=True)
         assert killed_run.returncode == -9, killed_run.stdout[-3000:]
         killed = host_state(bed)
@@ -239,11 +231,11 @@ def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, loss
         skipped = run(pull, pull_env, home, check=False)
         assert "Repository has not changed" in skipped.stdout + skipped.stderr
         # systemd's ExecStopPost after the kill, then the next tick's ExecStartPre and ExecStart.
-        run([str(GUARD), "stop", str(checkout), str(marker)], dict(env, SERVICE_RESULT="signal", EXIT_STATUS="KILL"), home)
-        assert "did not finish" in run([str(GUARD), "start", str(checkout), str(marker)], env, home).stdout
+        run([str(PULL_GUARD), "stop", str(checkout), str(marker)], dict(env, SERVICE_RESULT="signal", EXIT_STATUS="KILL"), home)
+        assert "did not finish" in run([str(PULL_GUARD), "start", str(checkout), str(marker)], env, home).stdout
         proc = run(pull, pull_env, home, check=False)
         ended = dict(env, SERVICE_RESULT="success" if proc.returncode == 0 else "exit-code", EXIT_STATUS=str(proc.returncode))
-        run([str(GUARD), "stop", str(checkout), str(marker)], ended, home)
+        run([str(PULL_GUARD), "stop", str(checkout), str(marker)], ended, home)
         state = host_state(bed)
     assert "Repository has not changed" not in proc.stdout + proc.stderr and not marker.exists()
     report = json.loads((reports / "rollout.json").read_text())
