@@ -256,8 +256,9 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     assert report["verdict"] == "succeeded" and report["revision"] == commit_c and report["trigger"] == "pull timer"
     rows = services(report)
     release_c = rows[("ct200", "coder")]["after_release_id"]
-    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["after_release_id"] == release_c
-    assert {row["status"] for row in rows.values()} == {"updated"}
+    # A DDTree-only change: ct200's DDTREE service is updated, ct129's NEXTN service is left as it was.
+    assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["after_release_id"] == STATE["base"]
+    assert {key: row["status"] for key, row in rows.items()} == {("ct200", "coder"): "updated", ("ct129", "chat"): "unchanged"}
     assert len(list((reports / "history").glob("*-rollout.json"))) == 1
 
     # No new commit: ansible-pull does not run the playbook at all.
@@ -285,7 +286,7 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     assert coder["status"] == "rolled back" and coder["after_release_id"] == release_c
     assert coder["rollback"]["failed_release_id"] == release_d and "interrupted rollout" in coder["recovery"]["note"]
     assert rows[("ct129", "chat")]["status"] == "not reached"
-    assert current_release(lab, "ct200", "coder") == current_release(lab, "ct129", "chat") == release_c
+    assert current_release(lab, "ct200", "coder") == release_c and current_release(lab, "ct129", "chat") == STATE["base"]
     assert verdict(lab, release_d) == "failed" and verdict(lab, release_c) == "passed"
     STATE["release_c"] = release_c
     # E puts back C's exact tree: its release is C's (the release id is the content's), which the hosts
