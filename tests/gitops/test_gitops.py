@@ -250,7 +250,7 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     reports = Path(pull["env"]["DDTREE_ROLLOUT_REPORT_DIR"])
     commit_c = fleet["commit"]("C: the tree walk mended", mend_walk("mended in C"))
     walk_c = (fleet["work"] / WALK).read_text()
-    proc, _ = tick(pull)
+    proc = tick(pull)[0]
     assert proc.returncode == 0, proc.stdout[-4000:]
     report = load(reports / "rollout.json")
     assert report["verdict"] == "succeeded" and report["revision"] == commit_c and report["trigger"] == "pull timer"
@@ -262,7 +262,7 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     assert len(list((reports / "history").glob("*-rollout.json"))) == 1
 
     # No new commit: ansible-pull does not run the playbook at all.
-    proc, _ = tick(pull)
+    proc = tick(pull)[0]
     assert proc.returncode == 0 and "Repository has not changed" in proc.stdout + proc.stderr
     assert len(list((reports / "history").glob("*-rollout.json"))) == 1
 

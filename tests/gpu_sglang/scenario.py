@@ -45,10 +45,11 @@ SHAPES = {
 
 def flags(models, port, tp=1, seed=1, shape="tiny"):
     target, _draft, extra, _spec = SHAPES[shape]
-    return ["--model-path", os.path.join(models, target), "--host", "127.0.0.1", "--port", str(port),
-            "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-            "--disable-radix-cache", "--mem-fraction-static", "0.85"] + extra + [
-            "--max-running-requests", "48", "--random-seed", str(seed), "--tp-size", str(tp), "--log-level", "info"]
+    common = ["--model-path", os.path.join(models, target), "--host", "127.0.0.1", "--port", str(port),
+              "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
+              "--disable-radix-cache", "--mem-fraction-static", "0.85"]
+    return common + extra + ["--max-running-requests", "48", "--random-seed", str(seed), "--tp-size", str(tp),
+                             "--log-level", "info"]
 
 
 def spec_flags(models, algo, shape="tiny"):
