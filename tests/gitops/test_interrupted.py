@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import ARTIFACTS, PULL_GUARD, REPO, copy_checkout, killed_at_task, run
+from conftest import ARTIFACTS, PULL_GUARD, REPO, copy_checkout, killed_at_task, on_lab_host, run
 
 WALK = "sglang_overlay/src/sglang_overlay/core/walk.py"
 GOOD_MATCH = "(tree.tokens == want[:, None])"
@@ -59,7 +59,7 @@ def bed(tmp_path_factory):
 
 
 def on_host(bed, host, *command, check=True):
-    return run(["podman", "exec", "%s-%s" % (bed["env"]["DDTREE_LAB_ID"], host), *command], bed["env"], REPO, check=check).stdout.strip()
+    return on_lab_host(bed["env"], host, *command, check=check)
 
 
 def overlay(bed, lossy, note):
