@@ -9,6 +9,8 @@
 #           PERF_TARGET=qwen3-8b: on a Qwen3-8B-shaped random target (make_shaped.py writes its configs)
 #   stage   the graphed tree stage == the eager one, and its time (sglang_overlay/tests/adapter/
 #           gpu_stage_check.py) -> results-stage.json
+#   profile GPU time per decode step, DFLASH against DDTREE, kernel by kernel (profile_step.py, SGLang's
+#           torch profiler; PERF_TARGET as for perf, default qwen3-8b) -> results-profile.json
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
 # Models: from `train` in the same call, else .cache/gpu-sglang/models, else /tmp/gs/models (an earlier
 # call on this warm machine), else docs/evidence/gpu-sglang/models.tgz.
@@ -42,18 +44,23 @@ for step in "$@"; do
     stage) TRITON_INTERPRET=0 timeout 150 python3 "$REPO/sglang_overlay/tests/adapter/gpu_stage_check.py" \
             > "$W/logs/results-stage.json" 2> "$W/logs/stage.log"; echo "stage rc $?"
            tail -25 "$W/logs/results-stage.json"; tail -5 "$W/logs/stage.log" ;;
-    perf) perf_models=$MODELS
+    perf|profile) perf_models=$MODELS
+          [ "$step" = profile ] && export PERF_TARGET=${PERF_TARGET:-qwen3-8b}
           if [ "${PERF_TARGET:-tiny}" = qwen3-8b ]; then
             python3 "$H/make_shaped.py" "$W/shaped" > "$W/logs/make-shaped.log" 2>&1 || { cat "$W/logs/make-shaped.log"; continue; }
             perf_models=$W/shaped
           fi
-          timeout "$(left)" python3 "$H/perf.py" "$W/logs" "$perf_models" "${PERF_ROUNDS:-3}" 2>&1 | tail -60 ;;
+          if [ "$step" = profile ]; then
+            timeout "$(left)" python3 "$H/profile_step.py" "$W/logs" "$perf_models" 2>&1 | tail -80
+          else
+            timeout "$(left)" python3 "$H/perf.py" "$W/logs" "$perf_models" "${PERF_ROUNDS:-3}" 2>&1 | tail -60
+          fi ;;
     checks) timeout "${CHECKS_LIMIT:-540}" python3 "$H/device_checks.py" "$W/logs" "$MODELS" 2>&1 | tail -20 ;;
     *) echo "unknown step $step" ;;
   esac
 done
 stamp "packing"
 cp "$W"/logs/results-*.json "$W/logs/checks.json" "$OUT/" 2>/dev/null
-tar czf "$OUT/logs.tgz" -C "$W" logs
+tar czf "$OUT/logs.tgz" --exclude logs/prof -C "$W" logs  # traces stay: results-profile.json sums them
 python3 "$H/analyze.py" --device-summary "$W/logs" 2>&1 | tail -40
 stamp "done"; ls -la "$OUT"

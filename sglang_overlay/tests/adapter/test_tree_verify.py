@@ -13,7 +13,9 @@ from sglang_overlay.adapter.tree_verify import (
     merge_shard_topk,
     pad_tree,
     shard_topk_partial,
+    vocab_parallel_head_topk,
 )
+from sglang_overlay.adapter import tree_verify
 from sglang_overlay.core.tree import build_tree_batched, draft_topk
 from sglang_overlay.core.verify import ancestor_mask, sglang_tree_mask
 from sglang_overlay.core.walk import walk_tree
@@ -190,6 +192,40 @@ def test_vocab_parallel_merge_equals_the_full_top_k(bounds):
     ref_lp, ref_ids = draft_topk(logits, k)
     assert torch.equal(got_ids, ref_ids)
     assert got_ids[0, :2].tolist() == [5, 40]  # ties: smaller id first, like the core
+    assert torch.allclose(lp, ref_lp, atol=1e-5)
+
+
+def test_vocab_parallel_head_at_tp1_takes_the_dense_path(monkeypatch):
+    # SGLang's ParallelLMHead has shard_indices at TP 1 too: the whole vocabulary is one shard, so no
+    # separate logsumexp + torch.topk (the partial path) runs, only dense_head_topk (the fused kernel on CUDA).
+    def partial_path(*_a, **_k):
+        raise AssertionError("the shard partial ran at TP 1")
+
+    monkeypatch.setattr(tree_verify, "shard_topk_partial", partial_path)
+    g = torch.Generator().manual_seed(9)
+    hidden = torch.randn(7, 16, generator=g)
+    weight = torch.randn(70, 16, generator=g)  # 64 real rows + 6 padding rows
+    lp, ids = vocab_parallel_head_topk(hidden, weight, 5, num_org=64, vocab_start=0, world_size=1)
+    ref_lp, ref_ids = draft_topk(hidden @ weight[:64].T, 5)
+    assert torch.equal(ids, ref_ids)
+    assert torch.allclose(lp, ref_lp, atol=1e-5)
+
+
+def test_vocab_parallel_head_across_two_ranks_merges_to_the_full_top_k():
+    g = torch.Generator().manual_seed(10)
+    hidden = torch.randn(5, 16, generator=g)
+    weight = torch.randn(64, 16, generator=g)
+    k = 4
+    other = shard_topk_partial(hidden @ weight[32:].T, k, 32)  # what rank 1 contributes
+    pending = list(other)
+
+    def all_gather(t):  # rank 0's [1, ...] tensor stacked with rank 1's, as tp_group.all_gather(dim=0)
+        return torch.cat([t, pending.pop(0)[None]], dim=0)
+
+    lp, ids = vocab_parallel_head_topk(hidden, weight[:32], k, num_org=32, vocab_start=0, world_size=2,
+                                       all_gather=all_gather)
+    ref_lp, ref_ids = draft_topk(hidden @ weight.T, k)
+    assert torch.equal(ids, ref_ids)
     assert torch.allclose(lp, ref_lp, atol=1e-5)
 
 

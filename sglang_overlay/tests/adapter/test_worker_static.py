@@ -200,3 +200,21 @@ def test_every_hook_target_exists_in_the_sources():
     speculative = module_source("sglang.srt.arg_groups.speculative_hook").read_text(encoding="utf-8")
     body = speculative[speculative.index(f"def {resolution.SPECULATIVE_STEP}("):]
     assert "algo.handle_server_args(server_args)" in body
+
+
+def test_the_path_kv_move_reads_what_sglangs_pool_holds():
+    # path_kv_pool checks these attributes of MHATokenToKVPool and hands data_ptrs, data_strides and
+    # _kv_copy_config to kernels.kv_move: a rename in SGLang would silently keep SGLang's move (or break
+    # the commit), so it fails here instead.
+    source = module_source("sglang.srt.mem_cache.memory_pool").read_text(encoding="utf-8")
+    for attr in ("data_ptrs", "data_strides", "_kv_copy_config", "use_hnd", "use_native_move_kv_cache",
+                 "native_k_scale_buffer", "layer_num"):
+        assert f"self.{attr} =" in source, attr
+    for key in ("bytes_per_tile", "byte_tiles", "num_warps"):
+        assert f'"{key}"' in source, key
+    # SGLang's own move takes its targets from the front of each request's window and its sources
+    # from out_cache_loc[accept_index]: what kernels.kv_move does per request.
+    spec = module_source("sglang.srt.speculative.spec_utils").read_text(encoding="utf-8")
+    body = spec[spec.index("def move_accept_tokens_to_target_kvcache("):]
+    body = body[: body.index("\ndef ")]
+    assert "fill_front_out_cache_loc_func(" in body and "fill_accept_out_cache_loc_func(" in body

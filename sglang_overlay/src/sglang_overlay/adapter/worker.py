@@ -27,6 +27,7 @@ reservation, buffer and shape the scheduler sizes for DFLASH holds for DDTREE.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -38,6 +39,7 @@ from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.scheduler import GenerationBatchResult
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import (
     CaptureHiddenMode,
     ForwardBatch,
@@ -62,6 +64,7 @@ from sglang.srt.speculative.spec_utils import (
     prepare_mamba_track_for_verify,
 )
 
+from ..kernels.kv_move import kv_move_available, move_path_kv
 from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree
@@ -71,11 +74,41 @@ from .tree_verify import (
     AcceptedStep,
     TreeVerifyTensors,
     dense_head_topk,
-    merge_shard_topk,
-    shard_topk_partial,
+    vocab_parallel_head_topk,
 )
 
 logger = logging.getLogger(__name__)
+
+#: ``DDTREE_MASKED_KV_MOVE=1``: the commit moves each accepted path's KV with ``kernels.kv_move`` (one
+#: program per request, none when the path is in place already) instead of SGLang's move, which copies
+#: all ``bs * W`` entries in every layer. Opt-in until a GPU run on the real server has shown it
+#: lossless and faster (docs/evidence/gpu-sglang/README.md, run 5), as for every kernel proven only in
+#: the interpreter.
+MASKED_KV_MOVE_ENV = "DDTREE_MASKED_KV_MOVE"
+
+
+def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
+    """The KV pool ``kernels.kv_move`` may move the accepted path in, or None (SGLang's move then).
+
+    Only ``MHATokenToKVPool`` itself (no subclass: FP4/MXFP8/paged/unified pools move differently), on
+    CUDA, with its Triton copy configured, token-major, without scale buffers; and only with
+    ``DDTREE_MASKED_KV_MOVE=1`` for now (``MASKED_KV_MOVE_ENV``).
+    """
+    if os.environ.get(MASKED_KV_MOVE_ENV, "") != "1" or not kv_move_available():
+        return None
+    pool = allocator.get_kvcache()
+    plain = (
+        type(pool) is MHATokenToKVPool
+        and getattr(pool, "_kv_copy_config", None) is not None
+        and not getattr(pool, "use_hnd", False)
+        and not getattr(pool, "use_native_move_kv_cache", False)
+        and getattr(pool, "native_k_scale_buffer", None) is None
+        and getattr(pool, "k_scale_buffer", None) is None
+        and int(getattr(pool, "layer_num", 0)) > 0
+        and getattr(pool, "data_ptrs", None) is not None
+        and pool.data_ptrs.is_cuda
+    )
+    return pool if plain else None
 
 
 class DDTreeVerifyInput(NgramVerifyInput):
@@ -169,6 +202,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._tree_stage: Optional[GraphedTreeStage] = None
         self._tree_mask_buffer: Optional[torch.Tensor] = None
         self._step_timer = StepTimer.from_env()
+        self._path_kv_pool = None  # path_kv_pool's answer (False: SGLang's move), at the first commit
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget=%d, top_k=%d, window=%d.",
@@ -230,7 +264,7 @@ class DDTreeWorker(DFlashWorkerV2):
             runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
             logger.info(
                 "DDTREE tree verify: CUDA graph replay %s (target verify graphs %s the tree mask); "
-                "tree stage: %s; FULL mask: %s.",
+                "tree stage: %s; FULL mask: %s; KV move: %s.",
                 "on" if can_run_graph else "off for this batch",
                 "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
                 "CUDA graphs for batch sizes %s" % self._tree_stage.captured_sizes
@@ -239,6 +273,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 "written by the stage into the attention backend's buffer"
                 if self._tree_mask_buffer is not None
                 else "allocated per step",
+                "the path only, per request" if self._path_kv_pool else "SGLang's",
             )
             self._graph_use_logged = True
         new_seq_lens = prefix_lens + step.accept_lens.to(prefix_lens.dtype)
@@ -396,15 +431,15 @@ class DDTreeWorker(DFlashWorkerV2):
                 shard = lm_head.shard_indices
                 if int(shard.num_added_elements) != 0:
                     raise RuntimeError("DDTREE does not support an lm_head with added vocabulary")
-                num_org = int(shard.num_org_elements)
-                logits = torch.matmul(hidden_rows.to(weight.dtype), weight[:num_org].T)
-                values, ids, lse = shard_topk_partial(logits, k, int(shard.org_vocab_start_index))
-                if int(tp_group.world_size) == 1:
-                    return merge_shard_topk(values[None], ids[None], lse[None], k)
-                gathered_v = tp_group.all_gather(values[None].contiguous(), dim=0)
-                gathered_i = tp_group.all_gather(ids[None].contiguous(), dim=0)
-                gathered_l = tp_group.all_gather(lse[None].contiguous(), dim=0)
-                return merge_shard_topk(gathered_v, gathered_i, gathered_l, k)
+                return vocab_parallel_head_topk(
+                    hidden_rows,
+                    weight,
+                    k,
+                    num_org=int(shard.num_org_elements),
+                    vocab_start=int(shard.org_vocab_start_index),
+                    world_size=int(tp_group.world_size),
+                    all_gather=lambda t: tp_group.all_gather(t, dim=0),
+                )
             # Quantized head: its own kernel, as DFlash does for greedy (TP 1 only).
             if int(tp_group.world_size) != 1:
                 raise RuntimeError("DDTREE with a quantized lm_head is only supported at tp=1")
@@ -478,12 +513,18 @@ class DDTreeWorker(DFlashWorkerV2):
                 self.target_worker, batch, step.accept_lens, accept_index, tensors.window
             )
         # Target KV of the root and accepted nodes -> the front of the window, in path order.
-        move_accept_tokens_to_target_kvcache(
-            batch,
-            accept_index,
-            step.accept_lens - 1,
-            self.model_runner.token_to_kv_pool_allocator,
-        )
+        if self._path_kv_pool is None:
+            self._path_kv_pool = path_kv_pool(self.model_runner.token_to_kv_pool_allocator) or False
+        pool = self._path_kv_pool
+        if pool and batch.out_cache_loc.numel() == accept_index.numel():
+            move_path_kv(
+                pool.data_ptrs, pool.data_strides, batch.out_cache_loc, accept_index, step.accept_lens,
+                pool._kv_copy_config,
+            )
+        else:
+            move_accept_tokens_to_target_kvcache(
+                batch, accept_index, step.accept_lens - 1, self.model_runner.token_to_kv_pool_allocator
+            )
         if batch.return_logprob:
             compute_spec_logprobs(
                 batch, verified.logits_output, verified.predict, accept_index=accept_index

@@ -1,0 +1,130 @@
+"""Where a decode step's GPU time goes: DFLASH against DDTREE, from SGLang's own torch profiler.
+
+Usage (on the device, after device-setup.sh): python profile_step.py OUT MODELS
+PERF_TARGET picks the target as in perf.py (default qwen3-8b here). Starts a DFLASH and a DDTREE server
+(scenario.py's flags, CUDA graphs on), and for 1 and 16 concurrent greedy requests: one warm-up wave,
+then `/start_profile` with num_steps=PROFILE_STEPS (default 40, GPU activity: CUDA kernels and copies,
+also those replayed from CUDA graphs) while a wave of requests runs. The traces stay on the device;
+OUT/results-profile.json gets, per server and concurrency: the profiled span per step, GPU busy time per
+step (kernels + copies, overlaps merged), idle time per step, and the kernels with the most time
+(ms per step, launches per step), so two algorithms' steps compare kernel by kernel.
+"""
+import concurrent.futures as cf
+import glob
+import gzip
+import json
+import os
+import sys
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import scenario as sc  # noqa: E402
+import synth_lang as sl  # noqa: E402
+
+STEPS = int(os.environ.get("PROFILE_STEPS", "40"))
+TOP = 25
+
+
+def wave(server, prompts, conc):
+    params = {"temperature": 0, "max_new_tokens": sc.GREEDY_NEW, "ignore_eos": True}
+    with cf.ThreadPoolExecutor(conc) as ex:
+        return list(ex.map(lambda p: server.generate(p, params), prompts[:conc]))
+
+
+def start_profile(server, body):
+    """POST /start_profile: SGLang answers with plain text, not JSON (Server.post parses JSON)."""
+    req = urllib.request.Request("http://127.0.0.1:%d/start_profile" % server.port, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return r.read().decode(errors="replace")
+
+
+def busy_union(intervals):
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+def summarize(trace_path, steps):
+    with gzip.open(trace_path, "rt") as fh:
+        events = json.load(fh).get("traceEvents", [])
+    gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    if not gpu:
+        return {"error": "no GPU events in %s" % os.path.basename(trace_path)}
+    start = min(e["ts"] for e in gpu)
+    end = max(e["ts"] + e["dur"] for e in gpu)
+    busy = busy_union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    by_name = {}
+    for e in gpu:
+        name = e.get("name", "?")[:120]
+        t, n = by_name.get(name, (0.0, 0))
+        by_name[name] = (t + e["dur"], n + 1)
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP]
+    ms = 1000.0 * steps
+    return {"steps": steps, "span_ms_per_step": round((end - start) / ms, 3),
+            "busy_ms_per_step": round(busy / ms, 3), "idle_ms_per_step": round((end - start - busy) / ms, 3),
+            "kernel_ms_per_step": round(sum(e["dur"] for e in gpu) / ms, 3),
+            "launches_per_step": round(len(gpu) / steps, 1),
+            "top": [{"name": k, "ms_per_step": round(t / ms, 4), "per_step": round(n / steps, 2)}
+                    for k, (t, n) in top]}
+
+
+def main():
+    out, models = sys.argv[1], sys.argv[2]
+    shape = os.environ.get("PERF_TARGET", "qwen3-8b")
+    prompts = sl.greedy_prompts(sl.Language())
+    prompts = (prompts * (64 // len(prompts) + 1))[:64]
+    servers = [sc.Server("prof-dflash", "DFLASH", sc.RELEASE, 30111, out, models, shape=shape),
+               sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape)]
+    doc = {"plan": "profile", "target": shape, "steps": STEPS, "results": {}}
+    t0 = time.time()
+    try:
+        for s in servers:
+            s.start()
+        for s in servers:
+            s.wait_ready()
+        print("[profile] ready after %.0f s: %s" % (time.time() - t0, [s.info.get("ready_s") for s in servers]),
+              flush=True)
+        for s in servers:
+            for conc in (1, 16):
+                wave(s, prompts, conc)  # warm-up at this batch size
+                pdir = os.path.join(out, "prof", "%s-c%d" % (s.name, conc))
+                os.makedirs(pdir, exist_ok=True)
+                start_profile(s, {"output_dir": pdir, "num_steps": STEPS, "activities": ["GPU"],
+                                  "profile_id": "%s-c%d" % (s.name, conc)})
+                outs = wave(s, prompts, conc)
+                deadline = time.time() + 60
+                files = []
+                while time.time() < deadline and not files:
+                    time.sleep(1)
+                    files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
+                time.sleep(2)  # the exporter may still be writing
+                key = "%s/c%d" % (s.name, conc)
+                doc["results"][key] = summarize(files[0], STEPS) if files else {"error": "no trace in %s" % pdir}
+                doc["results"][key]["mean_accept"] = sum(o["accept"] or 0 for o in outs) / len(outs)
+                print("[profile] %s %s" % (key, {k: v for k, v in doc["results"][key].items() if k != "top"}),
+                      flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+        doc["seconds"] = round(time.time() - t0, 1)
+        doc["servers"] = {s.name: s.info for s in servers}
+        with open(os.path.join(out, "results-profile.json"), "w") as fh:
+            json.dump(doc, fh, indent=1)
+    for key, r in doc["results"].items():
+        print("[profile] %s: span %s ms/step, busy %s, idle %s, %s launches/step" % (
+            key, r.get("span_ms_per_step"), r.get("busy_ms_per_step"), r.get("idle_ms_per_step"),
+            r.get("launches_per_step")))
+        for k in (r.get("top") or [])[:12]:
+            print("[profile]    %8.4f ms x%-6s %s" % (k["ms_per_step"], k["per_step"], k["name"][:90]))
+
+
+if __name__ == "__main__":
+    main()
