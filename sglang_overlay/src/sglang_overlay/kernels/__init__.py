@@ -8,6 +8,8 @@ Modules:
     accept_path accept_path (the accepted path of a tree verify in one launch, Triton)
     full_mask   write_full_mask (SGLang's FULL tree-verify mask written in place, one launch, Triton),
                 write_full_mask_torch, request_starts
+    kv_move     move_path_kv (each request's accepted path moved to its window's front in every KV
+                buffer, nothing when it is in place, Triton), move_path_kv_torch
     warmup      ahead-of-time compilation of the kernel variants into a Triton cache + a JSON manifest
                 (``python -m sglang_overlay.kernels.warmup --arch sm_90 ...``)
 
@@ -27,6 +29,7 @@ _LAZY = {
     "draft_topk": ("MAX_FUSED_K", "fused_draft_topk", "draft_topk_fast", "fused_available"),
     "accept_path": ("accept_path", "accept_path_available"),
     "full_mask": ("write_full_mask", "write_full_mask_torch", "request_starts", "full_mask_available"),
+    "kv_move": ("move_path_kv", "move_path_kv_torch", "kv_move_available"),
     "warmup": ("warmup_kernels", "WarmupError"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
