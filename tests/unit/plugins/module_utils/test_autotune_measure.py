@@ -1,10 +1,10 @@
 """The measuring client against a fake SGLang /generate over real HTTP, through the gate's own client."""
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from fake_http import JSONHandler, serving
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import autotune, autotune_measure
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
@@ -18,8 +18,6 @@ class FakeGenerate(ThreadingHTTPServer):
     each request until the `gather` requests of its group (numbers 1-4, 5-8, ...) have all arrived, or
     GATHER_TIMEOUT passed: a client that does not keep them in flight together is slow and seen."""
 
-    daemon_threads = True
-
     def __init__(self):
         super().__init__(("127.0.0.1", 0), Handler)
         self.verify_steps, self.fail, self.gather = 4, set(), 1
@@ -31,13 +29,10 @@ class FakeGenerate(ThreadingHTTPServer):
 GATHER_TIMEOUT = 2.0
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
+class Handler(JSONHandler):
     def do_POST(self):
         server = self.server
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.json_body()
         with server.arrived:
             server.count += 1
             number = server.count
@@ -57,21 +52,13 @@ class Handler(BaseHTTPRequestHandler):
             if server.verify_steps:
                 meta["spec_verify_ct"] = server.verify_steps
             payload, status = {"text": "x" * tokens, "meta_info": meta}, 200
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        self.reply(status, payload)
 
 
 @pytest.fixture
 def server():
-    fake = FakeGenerate()
-    threading.Thread(target=fake.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-    yield fake
-    fake.shutdown()
-    fake.server_close()
+    with serving(FakeGenerate()) as fake:
+        yield fake
 
 
 def client(server, api_key="s3cret"):

@@ -1,24 +1,19 @@
 """ServiceIO.request against real sockets: what the gate's rules read from a request that failed (the
 error's words) or answered (status, parsed JSON), and that the key is sent only when asked for."""
 
-import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
+from fake_http import JSONHandler, serving
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
+class Handler(JSONHandler):
     def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length) or b"null")
+        body = self.json_body()
         self.server.seen.append((self.path, self.headers.get("Authorization"), body))
         if self.path == "/slow":
             time.sleep(1.0)
@@ -26,25 +21,15 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             self.connection.shutdown(socket.SHUT_RDWR)
             return
-        status = 401 if self.path == "/secret" else 200
-        payload = json.dumps({"echo": body, "key": "sk-abc"}).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
+        self.reply(401 if self.path == "/secret" else 200, {"echo": body, "key": "sk-abc"})
 
 
 @pytest.fixture
 def server():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
     httpd.seen = []
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(httpd):
+        yield httpd
 
 
 def io(port):

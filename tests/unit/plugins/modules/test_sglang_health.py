@@ -6,10 +6,11 @@ import os
 import stat
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 from conftest import run_module
+from fake_http import JSONHandler, start
 
 from ansible_collections.ddtree.sglang.plugins.modules import sglang_health
 
@@ -48,8 +49,6 @@ FAILED_KILL = dict(RUNNING, ActiveState="failed", SubState="failed", Result="sig
 class FakeSGLang(ThreadingHTTPServer):
     """SGLang's HTTP surface as the gate uses it. Bound at once, listening only after listen()."""
 
-    daemon_threads = True
-
     def __init__(self):
         super().__init__(("127.0.0.1", 0), Handler, bind_and_activate=False)
         self.allow_reuse_address = True
@@ -68,21 +67,10 @@ class FakeSGLang(ThreadingHTTPServer):
 
     def listen(self):
         self.server_activate()
-        threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        start(self)
 
 
-class Handler(BaseHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-    def reply(self, status, payload=None):
-        body = json.dumps(payload).encode() if payload is not None else b""
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
+class Handler(JSONHandler):
     def authorized(self):
         if self.headers.get("Authorization") == "Bearer %s" % API_KEY:
             return True
@@ -111,7 +99,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         server = self.server
         server.requests.append(("POST", self.path, self.headers.get("Authorization")))
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        body = self.json_body()
         if self.path == "/generate":
             if not self.authorized():
                 return None
