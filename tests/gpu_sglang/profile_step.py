@@ -7,13 +7,17 @@ then `/start_profile` with num_steps=PROFILE_STEPS (default 40, GPU activity: CU
 also those replayed from CUDA graphs) while a wave of requests runs. The traces stay on the device;
 OUT/results-profile.json gets, per server and concurrency: the profiled span per step, GPU busy time per
 step (kernels + copies, overlaps merged), idle time per step, and the kernels with the most time
-(ms per step, launches per step), so two algorithms' steps compare kernel by kernel.
+(ms per step, launches per step), so two algorithms' steps compare kernel by kernel, and the CUDA
+runtime calls that make the host wait (synchronizations, blocking copies) per step.
+PROFILE_DDTREE_ENV=NAME=VALUE sets one variable on the DDTREE server only (e.g. DDTREE_SYNC_DEBUG=20:
+its log then names the places in the tree step that synchronize).
 """
 import concurrent.futures as cf
 import glob
 import gzip
 import json
 import os
+import re
 import sys
 import time
 import urllib.request
@@ -67,11 +71,21 @@ def summarize(trace_path, steps):
         t, n = by_name.get(name, (0.0, 0))
         by_name[name] = (t + e["dur"], n + 1)
     top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP]
+    # Host waits: CUDA runtime calls that block the host until the GPU catches up.
+    waits = {}
+    for e in events:
+        name = e.get("name", "")
+        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and (
+                "Synchronize" in name or name in ("cudaMemcpy", "cuMemcpyDtoH_v2", "cudaMemcpyDtoH")):
+            t, n = waits.get(name, (0.0, 0))
+            waits[name] = (t + e["dur"], n + 1)
     ms = 1000.0 * steps
     return {"steps": steps, "span_ms_per_step": round((end - start) / ms, 3),
             "busy_ms_per_step": round(busy / ms, 3), "idle_ms_per_step": round((end - start - busy) / ms, 3),
             "kernel_ms_per_step": round(sum(e["dur"] for e in gpu) / ms, 3),
             "launches_per_step": round(len(gpu) / steps, 1),
+            "host_waits": {k: {"ms_per_step": round(t / ms, 3), "per_step": round(n / steps, 2)}
+                           for k, (t, n) in sorted(waits.items(), key=lambda kv: -kv[1][0])},
             "top": [{"name": k, "ms_per_step": round(t / ms, 4), "per_step": round(n / steps, 2)}
                     for k, (t, n) in top]}
 
@@ -83,6 +97,10 @@ def main():
     prompts = (prompts * (64 // len(prompts) + 1))[:64]
     servers = [sc.Server("prof-dflash", "DFLASH", sc.RELEASE, 30111, out, models, shape=shape),
                sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape)]
+    if os.environ.get("PROFILE_DDTREE_ENV"):
+        name, value = os.environ["PROFILE_DDTREE_ENV"].split("=", 1)
+        servers[1].env[name] = value
+        servers[1].info["env"] = "%s=%s" % (name, value)
     doc = {"plan": "profile", "target": shape, "steps": STEPS, "results": {}}
     t0 = time.time()
     try:
@@ -115,13 +133,19 @@ def main():
         for s in servers:
             s.stop()
         doc["seconds"] = round(time.time() - t0, 1)
+        for s in servers:
+            try:
+                log = open(os.path.join(out, "server-%s.log" % s.name)).read()
+                s.info["sync_lines"] = re.findall(r"DDTREE host syncs[^\n]*", log)[-4:]
+            except OSError:
+                pass
         doc["servers"] = {s.name: s.info for s in servers}
         with open(os.path.join(out, "results-profile.json"), "w") as fh:
             json.dump(doc, fh, indent=1)
     for key, r in doc["results"].items():
-        print("[profile] %s: span %s ms/step, busy %s, idle %s, %s launches/step" % (
+        print("[profile] %s: span %s ms/step, busy %s, idle %s, %s launches/step, host waits %s" % (
             key, r.get("span_ms_per_step"), r.get("busy_ms_per_step"), r.get("idle_ms_per_step"),
-            r.get("launches_per_step")))
+            r.get("launches_per_step"), r.get("host_waits")))
         for k in (r.get("top") or [])[:12]:
             print("[profile]    %8.4f ms x%-6s %s" % (k["ms_per_step"], k["per_step"], k["name"][:90]))
 

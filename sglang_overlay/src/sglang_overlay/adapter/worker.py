@@ -26,6 +26,7 @@ reservation, buffer and shape the scheduler sizes for DFLASH holds for DDTREE.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ from sglang.srt.speculative.spec_utils import (
 )
 
 from ..kernels.kv_move import kv_move_available, move_path_kv
+from .diagnostics import SyncWatch
 from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree
@@ -202,6 +204,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._tree_stage: Optional[GraphedTreeStage] = None
         self._tree_mask_buffer: Optional[torch.Tensor] = None
         self._step_timer = StepTimer.from_env()
+        self._sync_watch = SyncWatch.from_env(log=get_parallel().tp_rank == 0)
         self._path_kv_pool = None  # path_kv_pool's answer (False: SGLang's move), at the first commit
         if get_parallel().tp_rank == 0:
             logger.info(
@@ -247,14 +250,15 @@ class DDTreeWorker(DFlashWorkerV2):
         timer = self._step_timer
         if timer is not None:
             ports = timer.wrap(ports)
-        result = run_tree_step(
-            ports,
-            self.ddtree,
-            root_tokens=draft_input.bonus_tokens.view(-1),
-            prefix_lens=prefix_lens,
-            prefix_lens_cpu=batch.seq_lens_cpu,
-            stage=self._graphed_tree_stage() if timer is None else timer.wrap_stage(self._graphed_tree_stage()),
-        )
+        with self._sync_watch.step() if self._sync_watch is not None else contextlib.nullcontext():
+            result = run_tree_step(
+                ports,
+                self.ddtree,
+                root_tokens=draft_input.bonus_tokens.view(-1),
+                prefix_lens=prefix_lens,
+                prefix_lens_cpu=batch.seq_lens_cpu,
+                stage=self._graphed_tree_stage() if timer is None else timer.wrap_stage(self._graphed_tree_stage()),
+            )
         if timer is not None:
             timer.end_step(len(batch.seq_lens))
         step = result.step
