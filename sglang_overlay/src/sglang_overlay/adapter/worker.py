@@ -81,12 +81,12 @@ from .tree_verify import (
 
 logger = logging.getLogger(__name__)
 
-#: ``DDTREE_MASKED_KV_MOVE=1``: the commit moves each accepted path's KV with ``kernels.kv_move`` (one
+#: ``DDTREE_PATH_KV_MOVE=1``: the commit moves each accepted path's KV with ``kernels.kv_move`` (one
 #: program per request, none when the path is in place already) instead of SGLang's move, which copies
 #: all ``bs * W`` entries in every layer. Opt-in until a GPU run on the real server has shown it
 #: lossless and faster (docs/evidence/gpu-sglang/README.md, run 5), as for every kernel proven only in
 #: the interpreter.
-MASKED_KV_MOVE_ENV = "DDTREE_MASKED_KV_MOVE"
+PATH_KV_MOVE_ENV = "DDTREE_PATH_KV_MOVE"
 
 
 def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
@@ -94,9 +94,9 @@ def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
 
     Only ``MHATokenToKVPool`` itself (no subclass: FP4/MXFP8/paged/unified pools move differently), on
     CUDA, with its Triton copy configured, token-major, without scale buffers; and only with
-    ``DDTREE_MASKED_KV_MOVE=1`` for now (``MASKED_KV_MOVE_ENV``).
+    ``DDTREE_PATH_KV_MOVE=1`` for now (``PATH_KV_MOVE_ENV``).
     """
-    if os.environ.get(MASKED_KV_MOVE_ENV, "") != "1" or not kv_move_available():
+    if os.environ.get(PATH_KV_MOVE_ENV, "") != "1" or not kv_move_available():
         return None
     pool = allocator.get_kvcache()
     plain = (
