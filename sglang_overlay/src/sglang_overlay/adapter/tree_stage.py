@@ -48,9 +48,8 @@ def eager_tree_stage() -> bool:
 
 
 #: ``DDTREE_IN_PLACE_TREE_MASK=1``: write the FULL mask into the backend's verify-mask buffer instead of
-#: building it in a fresh tensor every step. Opt-in until a GPU run has shown it lossless and faster on
-#: the real server (docs/evidence/gpu-sglang/README.md, "Run 4"): a kernel proven only on the CPU's
-#: interpreter does not go into production decoding by default.
+#: building it in a fresh tensor every step. Opt-in: run 4 on the H200 (docs/evidence/gpu-sglang/README.md)
+#: found it bit-for-bit equal and greedy-lossless but no faster at the server, so the default path stays.
 IN_PLACE_MASK_ENV = "DDTREE_IN_PLACE_TREE_MASK"
 #: Attention backends whose verify-mask buffer is known to hold SGLang's unpacked FULL layout, read
 #: by the target verify both eagerly (``spec_info.custom_mask``) and from graphs (the buffer). Others
