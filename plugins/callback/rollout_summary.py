@@ -79,8 +79,9 @@ ACTIONS = {
 }
 START_FACT = "ddtree_rollout_release_ids_at_start"
 # A task may say what it is to the report with the task variable ddtree_rollout_event: "bake" (a bake's
-# re-check, not a deploy's gate), "measure" (a production service measured for its shadow: not its gate), "stop" or "pause" (a run_once fail that stops or pauses the whole rollout,
-# not a failure of the host it ran on). docs/rollout-policy.md.
+# re-check, not a deploy's gate), "measure" (a production service measured for its shadow: not its gate),
+# "stop" or "pause" (a run_once fail that stops or pauses the whole rollout, not a failure of the host it
+# ran on). docs/rollout-policy.md, docs/services.md.
 EVENT_VAR = "ddtree_rollout_event"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 

@@ -182,8 +182,9 @@ def test_a_bakes_recheck_is_the_same_gate_call_with_the_quick_stages_only(role_v
 
 def test_a_shadow_is_gated_without_a_baseline_of_its_own_and_its_production_service_measured_on_the_same_request(role_variables, capsys):
     shadow = dict(SLOW, name="coder-shadow", gpus=[2, 3], port=30010, shadow_of="coder")
-    code, result = run_module(service_plan, {"services": [SLOW, shadow], "gpu_indices": list(range(8)), "host": "ct200",
-                                               "gate_defaults": {"start_timeout": 900, "no_progress_timeout": 120}}, capsys)
+    arguments = {"services": [SLOW, shadow], "gpu_indices": list(range(8)), "host": "ct200",
+                 "gate_defaults": {"start_timeout": 900, "no_progress_timeout": 120}}
+    code, result = run_module(service_plan, arguments, capsys)
     assert code == 0
     coder, shadow_entry = result["services"]
     variables = dict(role_variables, sglang_services=[SLOW, shadow], sglang_service_plan={"services": [coder, shadow_entry]},
