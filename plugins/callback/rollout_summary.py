@@ -65,7 +65,7 @@ from ansible import context
 from ansible.plugins.callback import CallbackBase
 
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report import (
-    build_report, render_markdown, summary_lines)
+    build_report, gate_kind, render_markdown, summary_lines)
 
 # Module results that tell the report what happened, by the task's resolved action.
 ACTIONS = {
@@ -152,10 +152,8 @@ class CallbackModule(CallbackBase):
             self.active = True
             self.events.append({"host": host, "kind": "start", "result": data["ansible_facts"][START_FACT]})
         kind = ACTIONS.get(getattr(task, "resolved_action", None) or task.action)
-        if kind == "gate" and _event(task) == "bake":
-            kind = "bake"
-        if kind == "gate" and _event(task) == "measure":
-            kind = None  # a production service measured for its shadow: the comparison's result carries its numbers
+        if kind == "gate":
+            kind = gate_kind(_event(task))
         if kind and "results" not in data:
             self.active = True
             self.events.append({"host": host, "kind": kind, "task": task.get_name(), "service": data.get("service"),

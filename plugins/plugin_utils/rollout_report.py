@@ -48,6 +48,17 @@ DIFF_CHARS = 4000
 PLAN_DIFF_BUDGET = 40000
 
 
+# What a health gate's result is to the report, by its task's ddtree_rollout_event: a bake's re-check, or a
+# production service measured for its shadow's comparison (nothing: the comparison carries its numbers);
+# without one, the deploy's (or a rollback's) gate.
+GATE_EVENTS = {"bake": "bake", "measure": None}
+
+
+def gate_kind(event):
+    """The event kind of an sglang_health result whose task says ddtree_rollout_event `event` (None: not recorded)."""
+    return GATE_EVENTS.get(event, "gate")
+
+
 def _short(release):
     return release[:12] if release else release
 

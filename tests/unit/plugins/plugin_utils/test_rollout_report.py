@@ -3,7 +3,7 @@
 import json
 
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report import (
-    build_report, gate_summary, render_markdown, summary_lines)
+    build_report, gate_kind, gate_summary, render_markdown, summary_lines)
 
 OLD, NEW = "0b7e3f2a9c1d5e6f", "9c1d0b7e3f2a4b5c"
 JOURNAL = ["[2026-11-30 10:00:02] Load weight begin.", "Traceback (most recent call last):",
@@ -370,3 +370,9 @@ def test_a_held_candidate_leaves_production_on_its_release_and_the_shadows_rollb
     failed = shadowed_start()[:-1] + [gate("ct200", failed_gate("coder-shadow", NEW)), shadow("held", ["the shadow failed its gate"], False)]
     rolled = build_report(failed, ["ct200"])["hosts"][0]["services"][1]
     assert rolled["rollback"]["evidence"]["stage"] == "unit_watch"
+
+
+def test_a_production_service_measured_for_its_shadow_is_not_recorded_as_its_gate():
+    # The rollout_summary callback asks gate_kind for every sglang_health result.
+    assert gate_kind("measure") is None
+    assert (gate_kind(None), gate_kind("bake"), gate_kind("stop")) == ("gate", "bake", "gate")
