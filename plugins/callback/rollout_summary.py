@@ -65,7 +65,7 @@ from ansible import context
 from ansible.plugins.callback import CallbackBase
 
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report import (
-    build_report, render_markdown, summary_lines)
+    build_report, gate_kind, render_markdown, summary_lines)
 
 # Module results that tell the report what happened, by the task's resolved action.
 ACTIONS = {
@@ -75,11 +75,13 @@ ACTIONS = {
     "ddtree.sglang.sglang_health": "gate",
     "ddtree.sglang.service_gate_status": "verdicts",
     "ddtree.sglang.service_release_choice": "choice",
+    "ddtree.sglang.service_shadow_compare": "shadow",
 }
 START_FACT = "ddtree_rollout_release_ids_at_start"
 # A task may say what it is to the report with the task variable ddtree_rollout_event: "bake" (a bake's
-# re-check, not a deploy's gate), "stop" or "pause" (a run_once fail that stops or pauses the whole rollout,
-# not a failure of the host it ran on). docs/rollout-policy.md.
+# re-check, not a deploy's gate), "measure" (a production service measured for its shadow: not its gate),
+# "stop" or "pause" (a run_once fail that stops or pauses the whole rollout, not a failure of the host it
+# ran on). docs/rollout-policy.md, docs/services.md.
 EVENT_VAR = "ddtree_rollout_event"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -150,8 +152,8 @@ class CallbackModule(CallbackBase):
             self.active = True
             self.events.append({"host": host, "kind": "start", "result": data["ansible_facts"][START_FACT]})
         kind = ACTIONS.get(getattr(task, "resolved_action", None) or task.action)
-        if kind == "gate" and _event(task) == "bake":
-            kind = "bake"
+        if kind == "gate":
+            kind = gate_kind(_event(task))
         if kind and "results" not in data:
             self.active = True
             self.events.append({"host": host, "kind": kind, "task": task.get_name(), "service": data.get("service"),

@@ -530,10 +530,13 @@ class HealthGate:
         info = self.io.request("GET", "/server_info", timeout=params["request_timeout"], auth=True)
         if info["status"] != 200:
             self.check_unit("GET /server_info", describe(info))
-        try:
-            current["accept_length"] = info["data"]["internal_states"][0].get("avg_spec_accept_length")
-        except (TypeError, KeyError, IndexError, AttributeError):
-            current["server_info_error"] = info["error"] or "HTTP %s" % info["status"]
+        if params.get("accept_length_from", "server_info") == "server_info":
+            try:
+                current["accept_length"] = info["data"]["internal_states"][0].get("avg_spec_accept_length")
+            except (TypeError, KeyError, IndexError, AttributeError):
+                current["server_info_error"] = info["error"] or "HTTP %s" % info["status"]
+        # accept_length_from generate: the server's average depends on all it served since it started, so two
+        # servers (a shadow and its production service) are compared on one request each, the same one.
         source = "server_info" if current["accept_length"] is not None else None
         accept_detail = {}
         if source is None and self.decoding_key()["family"] != "NONE" and params["prompts"]:

@@ -98,6 +98,7 @@ def shadow_problems(services, host="host"):
     with every service's GPUs and ports)."""
     problems = []
     by_name = {service.get("name"): service for service in services}
+    shadows_of = {}
     for position, service in enumerate(services):
         target = service.get("shadow_of")
         if not target:
@@ -117,6 +118,20 @@ def shadow_problems(services, host="host"):
                             % (label, " or ".join(OVERLAY_ALGORITHMS), algorithm))
         if (service.get("release") or CANDIDATE) != CANDIDATE:
             problems.append("%s: a shadow follows the candidate; remove release %r" % (label, service["release"]))
+        if target in shadows_of and target != service.get("name"):
+            problems.append("%s: %s has a shadow already, %s; give a production service one shadow (it decides its promotion)"
+                            % (label, target, shadows_of[target]))
+        shadows_of.setdefault(target, service.get("name"))
+    for position, service in enumerate(services):
+        slowdown = service.get("shadow_max_slowdown")
+        if slowdown is None:
+            continue
+        label = "%s: sglang_services[%d] (%s)" % (host, position, service.get("name"))
+        if not service.get("shadow_of"):
+            problems.append("%s: shadow_max_slowdown is set, but the service is no shadow; set shadow_of or remove it" % label)
+        elif isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 1:
+            problems.append("%s: shadow_max_slowdown is %r; it is a share of production's tokens/s, at least 0 and below 1 (0.1: 90%%)"
+                            % (label, slowdown))
     return problems
 
 

@@ -61,6 +61,11 @@ options:
             it on spare GPUs and a port of its own, without production traffic. A shadow's algorithm is
             C(DDTREE) and it follows the candidate.
         type: str
+      shadow_max_slowdown:
+        description:
+          - A shadow's tolerance - the largest share of its production service's tokens/s it may lose and
+            still be promoted (C(0.1) - at least 90%). Unset, the role's C(sglang_service_shadow_max_slowdown).
+        type: float
       release:
         description:
           - C(candidate) (follow the rollout's candidate release), or a release id or source revision
@@ -134,6 +139,7 @@ services:
       loads_overlay: true
       release: candidate
       shadow_of: null
+      shadow_max_slowdown: null
       gpus: [0, 1]
       port: 30000
       host: 127.0.0.1
@@ -170,6 +176,7 @@ SERVICE_OPTIONS = dict(
     api_key=dict(type="str", no_log=True),
     release=dict(type="str", default="candidate"),
     shadow_of=dict(type="str"),
+    shadow_max_slowdown=dict(type="float"),
     extra_args=dict(type="list", elements="str", default=[]),
     environment=dict(type="dict", default={}),
     health=dict(type="dict", default={}, options=dict(
@@ -217,6 +224,7 @@ def main():
             "loads_overlay": loads_overlay(algorithm),
             "release": service.get("release") or CANDIDATE,
             "shadow_of": service.get("shadow_of"),
+            "shadow_max_slowdown": service.get("shadow_max_slowdown"),
             "gpus": service["gpus"],
             "port": service["port"],
             "host": service.get("host") or "127.0.0.1",

@@ -19,6 +19,11 @@ description:
     which holds nothing of the overlay, so an overlay change neither restarts it nor changes what it runs.
   - Reads the manifests under O(releases_root) to resolve pins, and fails naming every pin that names no
     release on the host (or several), with the releases that are there.
+  - A production service that has a shadow (a service with C(shadow_of) naming it) and runs another
+    overlay release than the candidate stays on the release it runs (C(follows=shadow)) - the shadow
+    takes the candidate first, and the role promotes it only after M(ddtree.sglang.service_shadow_compare)
+    says so (docs/services.md, "Shadow services"). Which release it runs is read from its C(current) link
+    under O(services_root).
   - Changes nothing; M(ddtree.sglang.service_link) then points each service at its choice.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
@@ -44,6 +49,10 @@ options:
     description: Where releases live.
     type: path
     default: /opt/sglang/releases
+  services_root:
+    description: Where each service's C(current) link is (the release a production service with a shadow stays on).
+    type: path
+    default: /opt/sglang/services
   host:
     description: The host's name, for messages.
     type: str
@@ -68,7 +77,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 services:
-  description: Per service, the release it runs, what it follows (C(candidate), C(pin) or C(base)) and why.
+  description:
+    - Per service, the release it runs, what it follows (C(candidate), C(pin), C(base), or C(shadow) - a
+      production service that waits for its shadow; then also C(candidate_id) and C(shadow)) and why.
   returned: success
   type: dict
   sample:
@@ -76,6 +87,9 @@ services:
             overlay: true, reason: "follows the rollout's candidate"}
     chat: {release_id: 4b2e6f1a0c3d, release_dir: /opt/sglang/releases/4b2e6f1a0c3d, follows: base, overlay: false,
            reason: "NEXTN does not load the overlay: the base release (the stack alone)"}
+    writer: {release_id: 0b7e3f2a9c1d, release_dir: /opt/sglang/releases/0b7e3f2a9c1d, follows: shadow, overlay: true,
+             candidate_id: 9c1d0b7e3f2a, shadow: writer-shadow,
+             reason: "stays on 0b7e3f2a9c1d until its shadow writer-shadow has run the candidate 9c1d0b7e3f2a and was not worse"}
 keep:
   description: Every release a service runs after this choice (what pruning must keep).
   returned: success
@@ -91,6 +105,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.ddtree.sglang.plugins.module_utils.layout import directories
 from ansible_collections.ddtree.sglang.plugins.module_utils.release import MANIFEST
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import choose_releases, loads_overlay
+from ansible_collections.ddtree.sglang.plugins.module_utils.shadows import hold_for_shadows
 
 
 def read_manifests(root):
@@ -106,6 +121,17 @@ def read_manifests(root):
     return releases
 
 
+def current_releases(services_root, names):
+    """{service: the release id its current link names, or None}."""
+    current = {}
+    for name in names:
+        try:
+            current[name] = os.path.basename(os.readlink(os.path.join(services_root, name, "current")))
+        except OSError:
+            current[name] = None
+    return current
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -114,6 +140,7 @@ def main():
             base_id=dict(type="str"),
             stack_id=dict(type="str"),
             releases_root=dict(type="path", default="/opt/sglang/releases"),
+            services_root=dict(type="path", default="/opt/sglang/services"),
             host=dict(type="str", default="host"),
         ),
         supports_check_mode=True,
@@ -122,8 +149,13 @@ def main():
     needs_base = [service["name"] for service in params["services"] if not loads_overlay(service.get("algorithm", "NONE"))]
     if needs_base and not params["base_id"]:
         module.fail_json(msg="services %s do not load the overlay and need the base release: give base_id" % ", ".join(needs_base))
+    releases = read_manifests(params["releases_root"])
     choices, problems = choose_releases(params["services"], params["candidate_id"], params["base_id"],
-                                        read_manifests(params["releases_root"]), params["stack_id"], params["host"])
+                                        releases, params["stack_id"], params["host"])
+    productions = [service["shadow_of"] for service in params["services"] if service.get("shadow_of")]
+    if productions and not problems:
+        choices = hold_for_shadows(choices, params["services"], current_releases(params["services_root"], productions),
+                                   releases, params["candidate_id"])
     if problems:
         module.fail_json(msg="%d release pin(s) cannot be met, nothing was changed: %s" % (len(problems), " | ".join(problems)),
                          problems=problems)

@@ -156,6 +156,15 @@ options:
       - Floor for the average acceptance length SGLang reports (C(/server_info), or the C(meta_info) of
         one C(/generate) request on a server that has no average yet); failing when none is reported.
     type: float
+  accept_length_from:
+    description:
+      - C(server_info) - the acceptance length is C(/server_info)'s average since the server started, or
+        when it has none, one C(POST /generate) request's C(meta_info) (see the C(performance) stage).
+      - C(generate) - always the C(POST /generate) request's, so that two servers are compared on the same
+        request (a shadow and its production service, docs/services.md).
+    type: str
+    choices: [server_info, generate]
+    default: server_info
   previous:
     description:
       - The previous release's numbers, C(tokens_per_second) and C(accept_length). Takes precedence
@@ -406,6 +415,7 @@ ARGUMENT_SPEC = dict(
     baseline_tolerance=dict(type="float", default=0),
     min_tokens_per_second=dict(type="float", no_log=False),
     min_accept_length=dict(type="float"),
+    accept_length_from=dict(type="str", choices=["server_info", "generate"], default="server_info"),
     previous=dict(type="dict"),
     metrics_file=dict(type="path"),
     max_regression=dict(type="float", default=0.5),

@@ -18,6 +18,8 @@ Event: {"host", "kind", "task", "service", "result"} with kind one of
               gate of the release it went back to)
   choice      ddtree.sglang.service_release_choice's result: per service the release it runs and why
               (the candidate, a pin, or the base release of a service that does not load the overlay)
+  shadow      ddtree.sglang.service_shadow_compare's result: a shadow's candidate against its production service,
+              promoted (the production service then switches) or held (the shadow is rolled back)
   verdicts    ddtree.sglang.service_gate_status's result: per service, whether its current release
               passed its gate and what the run does about it (a release an interrupted rollout left
               without a passed gate is gated, or rolled back)
@@ -44,6 +46,17 @@ JOURNAL_LINES = 25
 DIFF_CHARS = 4000
 # Diffs in a plan's Markdown stop here (a GitHub comment holds 65536 characters); plan.json has them all.
 PLAN_DIFF_BUDGET = 40000
+
+
+# What a health gate's result is to the report, by its task's ddtree_rollout_event: a bake's re-check, or a
+# production service measured for its shadow's comparison (nothing: the comparison carries its numbers);
+# without one, the deploy's (or a rollback's) gate.
+GATE_EVENTS = {"bake": "bake", "measure": None}
+
+
+def gate_kind(event):
+    """The event kind of an sglang_health result whose task says ddtree_rollout_event `event` (None: not recorded)."""
+    return GATE_EVENTS.get(event, "gate")
 
 
 def _short(release):
@@ -118,17 +131,48 @@ def recovery_note(recovery):
 def _service(record, name):
     return record["services"].setdefault(name, {
         "name": name, "before_release_id": None, "after_release_id": None, "switched": False, "gate": None,
-        "rollback": None, "recovery": None, "release_choice": None})
+        "rollback": None, "recovery": None, "release_choice": None, "shadow": None})
 
 
 # How a service's release was chosen, for the table, where it is not the default (the candidate: a
 # rolled-back service runs an older release than the candidate it followed, so it is not marked).
-CHOICE_WORDS = {"pin": "pinned", "base": "base, no overlay"}
+CHOICE_WORDS = {"pin": "pinned", "base": "base, no overlay", "shadow": "after its shadow",
+                "promoted": "promoted by its shadow", "held": "held by its shadow"}
 
 
 def _choice_word(service):
     choice = service.get("release_choice") or {}
     return CHOICE_WORDS.get(choice.get("follows"))
+
+
+def _shadow_event(record, event, result):
+    """A shadow's comparison: on the production service, the verdict and the numbers; its release choice
+    says promoted or held; a held candidate whose gate passed is the shadow's rollback evidence."""
+    production = _service(record, result.get("service") or event.get("service"))
+    shadow_name = result.get("shadow_service")
+    shadow = result.get("shadow") or {}
+    production["shadow"] = {key: result.get(key) for key in (
+        "shadow_service", "verdict", "problems", "shadow", "production", "outputs_compared", "max_slowdown")}
+    choice = production.get("release_choice") or {}
+    if result.get("promote"):
+        production["release_choice"] = dict(choice, release_id=shadow.get("release_id"), follows="promoted",
+                                            reason="promoted: its shadow %s passed and was not worse" % shadow_name)
+        return
+    production["release_choice"] = dict(choice, follows="held", reason="held on its release: its shadow %s %s" % (
+        shadow_name, "was worse" if shadow.get("passed") else "failed its gate"))
+    if shadow.get("passed"):
+        rolled = _service(record, shadow_name)
+        rolled["rollback"] = dict(rolled["rollback"] or {}, evidence={
+            "passed": False, "release_id": shadow.get("release_id"), "stage": "shadow", "failure_kind": "shadow_worse",
+            "during": "shadow", "msg": "worse than %s: %s" % (production["name"], "; ".join(result.get("problems") or []))})
+
+
+def shadow_numbers(comparison):
+    """'tokens/s S vs P, acceptance S vs P' of a shadow's comparison (shadow first)."""
+    shadow, production = comparison.get("shadow") or {}, comparison.get("production") or {}
+    return "tokens/s %s vs %s, acceptance %s vs %s" % (
+        _number(shadow.get("tokens_per_second")), _number(production.get("tokens_per_second")),
+        _number(shadow.get("accept_length"), digits=2), _number(production.get("accept_length"), digits=2))
 
 
 def _host_status(record, kind):
@@ -198,6 +242,8 @@ def build_report(events, targeted, kind="rollout", meta=None):
         elif kind_ == "choice":
             for name, choice in sorted((result.get("services") or {}).items()):
                 _service(record, name)["release_choice"] = {key: (choice or {}).get(key) for key in ("release_id", "follows", "reason")}
+        elif kind_ == "shadow":
+            _shadow_event(record, event, result)
         elif kind_ == "link":
             service = _service(record, event["service"])
             before = (result.get("before") or {}).get("release_id")
@@ -387,7 +433,8 @@ def render_markdown(report):
                 message = message.split(": ", 1)[1]
             out.append("Release %s failed %s at **%s** (%s): %s" % (
                 _code(rollback.get("failed_release_id") or evidence.get("release_id")),
-                "the bake's re-check" if evidence.get("during") == "bake" else "the health gate", evidence.get("stage"),
+                {"bake": "the bake's re-check", "shadow": "the comparison with its production service"}.get(
+                    evidence.get("during"), "the health gate"), evidence.get("stage"),
                 evidence.get("failure_kind") or "?", message))
             out.append("")
             if rollback.get("rolled_back_to_release_id"):
@@ -423,6 +470,15 @@ def render_markdown(report):
         for host, name, bake in bakes:
             why = bake["reason"] if bake["verdict"] != "passed" else ""
             out.append("| %s | %s | %s | %s | %s |" % (_cell(host), _cell(name), _cell(bake["verdict"]), _cell(bake["stage"]), _cell(why)))
+        out.append("")
+    shadows = [(row["host"], service["name"], service["shadow"]) for row in report["hosts"] for service in row["services"] if service.get("shadow")]
+    if shadows:
+        out += ["### Shadows", "", "| Host | Service | Shadow | Candidate | Result | Shadow vs production | Outputs compared | Why |",
+                "|---|---|---|---|---|---|---|---|"]
+        for host, name, comparison in shadows:
+            out.append("| %s |" % " | ".join(_cell(value) for value in (
+                host, name, comparison["shadow_service"], _short((comparison["shadow"] or {}).get("release_id")), comparison["verdict"],
+                shadow_numbers(comparison), comparison["outputs_compared"], "; ".join(comparison["problems"] or []))))
         out.append("")
     not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
     if not_reached:
@@ -488,6 +544,10 @@ def summary_lines(report):
                 text += " (%s)" % service["release_choice"]["reason"]
             if service["gate"]:
                 text += ", gate " + _gate_cell(service["gate"])
+            if service.get("shadow"):
+                comparison = service["shadow"]
+                text += ", shadow %s: %s (%s)%s" % (comparison["shadow_service"], comparison["verdict"], shadow_numbers(comparison),
+                                                    ": " + "; ".join(comparison["problems"]) if comparison["problems"] else "")
             if service["rollback"] and service["rollback"].get("rolled_back_to_release_id"):
                 text += ", rolled back to %s" % _short(service["rollback"]["rolled_back_to_release_id"])
             if service.get("recovery") and report["kind"] != "plan":

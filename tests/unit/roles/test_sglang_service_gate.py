@@ -84,7 +84,7 @@ def role_variables(capsys):
         sglang_service_since={"stdout": "2026-11-30 10:00:00"},
         sglang_service_release={"release_id": "candidate"},
         # The gate names each service's own release (its pin, the candidate, or the base release).
-        sglang_service_releases={"services": {entry["name"]: {"release_id": "new"}}},
+        sglang_service_releases={"services": {entry["name"]: {"release_id": "new", "follows": "candidate"}}},
         sglang_service_rollback_since={"stdout": "2026-11-30 10:05:00"},
         sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
         sglang_service_failed={"item": entry, "passed": False, "msg": "failed"},
@@ -178,3 +178,28 @@ def test_a_bakes_recheck_is_the_same_gate_call_with_the_quick_stages_only(role_v
     # The service's own settings, and the journal since the deploy's restart.
     assert float(arguments["start_timeout"]) == 1800 == float(deploy["start_timeout"])
     assert (arguments["since"], arguments["release_id"], arguments["port"]) == (check["since"], "new", deploy["port"])
+
+
+def test_a_shadow_is_gated_without_a_baseline_of_its_own_and_its_production_service_measured_on_the_same_request(role_variables, capsys):
+    shadow = dict(SLOW, name="coder-shadow", gpus=[2, 3], port=30010, shadow_of="coder")
+    arguments = {"services": [SLOW, shadow], "gpu_indices": list(range(8)), "host": "ct200",
+                 "gate_defaults": {"start_timeout": 900, "no_progress_timeout": 120}}
+    code, result = run_module(service_plan, arguments, capsys)
+    assert code == 0
+    coder, shadow_entry = result["services"]
+    variables = dict(role_variables, sglang_services=[SLOW, shadow], sglang_service_plan={"services": [coder, shadow_entry]},
+                     sglang_service_restarted={"results": [{"changed": True, "item": shadow_entry["unit"]}]},
+                     sglang_service_releases={"services": {
+                         "coder": {"release_id": "old", "follows": "shadow", "shadow": "coder-shadow"},
+                         "coder-shadow": {"release_id": "new", "follows": "candidate"}}},
+                     sglang_service_gate_result={})
+    calls = gate_calls("gate.yml", variables)
+    assert [(arguments["name"], arguments["release_id"]) for _name, arguments in calls] == [("coder-shadow", "new"), ("coder", "old")]
+    shadow_gate, measure = calls[0][1], calls[1][1]
+    # The shadow's reference is its production service, live: a baseline of its own would keep a held candidate's outputs.
+    assert "baseline_file" not in shadow_gate and measure["baseline_file"] == "/var/lib/sglang/coder/baseline.json"
+    # Acceptance from the same /generate request on both, not from averages over whatever each served.
+    assert shadow_gate["accept_length_from"] == measure["accept_length_from"] == "generate"
+    assert measure["record_metrics"] is False and "metrics_file" not in measure
+    # A service without a shadow keeps the server's average.
+    assert gate_calls("gate.yml", role_variables)[0][1]["accept_length_from"] == "server_info"

@@ -316,6 +316,19 @@ def test_a_fresh_speculative_server_gives_its_acceptance_length_through_generate
     assert written[METRICS]["records"][-1]["accept_length_source"] == "generate meta_info"
 
 
+def test_accept_length_from_generate_asks_generate_though_the_server_has_an_average(clock):
+    # A shadow and its production service: their averages cover whatever each served since it started,
+    # so both are asked on the same request.
+    host = ScriptedHost(clock, journal=GOOD_START)
+    assert host.server_info["internal_states"][0]["avg_spec_accept_length"] == 3.4
+    passed, message, result, _written, _warnings = run(host, clock, accept_length_from="generate")
+    assert passed, message
+    assert result["performance"]["accept_length"] == 12.0 and result["performance"]["accept_length_source"] == "generate meta_info"
+    assert host.requests[-1] == ("POST", "/generate")
+    _passed, _message, result, _written, _warnings = run(ScriptedHost(clock, journal=GOOD_START), clock)
+    assert result["performance"]["accept_length"] == 3.4 and result["performance"]["accept_length_source"] == "server_info"
+
+
 def test_a_server_without_speculative_decoding_is_not_asked_for_an_acceptance_length(clock):
     host = fresh(ScriptedHost(clock, journal=GOOD_START))
     host.server_info = dict(host.server_info, speculative_algorithm=None)

@@ -128,3 +128,16 @@ def test_a_shadow_on_a_host_without_spare_gpus_says_so_and_a_shadow_of_a_shadow_
     second = with_changes(SHADOW, name="second", gpus=[6], tp_size=1, port=30101, shadow_of="coder-shadow")
     assert services.service_problems([CODER, SHADOW, second], EIGHT, "ct200") == [
         "ct200: sglang_services[2] (second): shadow_of 'coder-shadow' names a shadow; name the production service 'coder' it shadows"]
+
+
+def test_a_production_service_has_one_shadow_and_only_a_shadow_has_a_tolerance_below_one():
+    second = with_changes(SHADOW, name="second", gpus=[6], tp_size=1, port=30101)
+    assert services.service_problems([CODER, SHADOW, second], EIGHT, "ct200") == [
+        "ct200: sglang_services[2] (second): coder has a shadow already, coder-shadow; give a production service one shadow "
+        "(it decides its promotion)"]
+    assert services.service_problems([CODER, with_changes(SHADOW, shadow_max_slowdown=0.25)], EIGHT, "ct200") == []
+    assert services.service_problems([CODER, with_changes(SHADOW, shadow_max_slowdown=1.0)], EIGHT, "ct200") == [
+        "ct200: sglang_services[1] (coder-shadow): shadow_max_slowdown is 1.0; it is a share of production's tokens/s, "
+        "at least 0 and below 1 (0.1: 90%)"]
+    assert services.service_problems([with_changes(CODER, shadow_max_slowdown=0.2)], EIGHT, "ct200") == [
+        "ct200: sglang_services[0] (coder): shadow_max_slowdown is set, but the service is no shadow; set shadow_of or remove it"]

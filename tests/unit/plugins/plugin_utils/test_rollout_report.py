@@ -3,7 +3,7 @@
 import json
 
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report import (
-    build_report, gate_summary, render_markdown, summary_lines)
+    build_report, gate_kind, gate_summary, render_markdown, summary_lines)
 
 OLD, NEW = "0b7e3f2a9c1d5e6f", "9c1d0b7e3f2a4b5c"
 JOURNAL = ["[2026-11-30 10:00:02] Load weight begin.", "Traceback (most recent call last):",
@@ -314,3 +314,65 @@ def test_an_overlay_change_leaves_a_nextn_host_unchanged_and_says_which_release_
     # a plan shows each service's own choice, not the host's candidate
     plan = render_markdown(build_report(events[:5], ["ct129"], kind="plan"))
     assert "| ct129 | chat | `4b2e6f1a0c3d` | `4b2e6f1a0c3d` (base, no overlay) |" in plan
+
+
+def shadow(verdict, problems=(), shadow_passed=True):
+    return {"host": "ct200", "kind": "shadow", "service": "coder", "result": {
+        "service": "coder", "shadow_service": "coder-shadow", "verdict": verdict, "promote": verdict == "promoted",
+        "problems": list(problems), "outputs_compared": 3, "max_slowdown": 0.1,
+        "shadow": {"release_id": NEW, "passed": shadow_passed, "tokens_per_second": 95.0, "accept_length": 4.0},
+        "production": {"release_id": OLD, "passed": True, "tokens_per_second": 100.0, "accept_length": 4.0}}}
+
+
+def shadowed_start():
+    return [{"host": "ct200", "kind": "start", "result": {"coder": {"release_id": OLD, "previous_release_id": None},
+                                                          "coder-shadow": {"release_id": OLD, "previous_release_id": None}}},
+            {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True, "overlay": True}},
+            {"host": "ct200", "kind": "choice", "result": {"services": {
+                "coder": {"release_id": OLD, "follows": "shadow", "reason": "stays on %s until its shadow ..." % OLD},
+                "coder-shadow": {"release_id": NEW, "follows": "candidate", "reason": "follows the rollout's candidate"}}}},
+            link("ct200", "coder", OLD, OLD), link("ct200", "coder-shadow", OLD, NEW), gate("ct200", passed_gate("coder-shadow", NEW))]
+
+
+def test_a_promoted_shadow_moves_its_production_service_and_the_report_says_so_with_the_numbers():
+    events = shadowed_start() + [shadow("promoted"), link("ct200", "coder", OLD, NEW), gate("ct200", passed_gate("coder", NEW))]
+    report = build_report(events, ["ct200"])
+    coder = report["hosts"][0]["services"][0]
+    assert report["hosts"][0]["status"] == "updated" and coder["after_release_id"] == NEW
+    assert coder["release_choice"]["follows"] == "promoted" and coder["shadow"]["verdict"] == "promoted"
+    text = render_markdown(report)
+    assert "| ct200 | coder | `0b7e3f2a9c1d` | `9c1d0b7e3f2a` (promoted by its shadow) | updated |" in text
+    assert "| ct200 | coder | coder-shadow | 9c1d0b7e3f2a | promoted | tokens/s 95.0 vs 100.0, acceptance 4.00 vs 4.00 | 3 | – |" in text
+    assert any(line.startswith("ct200 coder: updated, release 0b7e3f2a9c1d -> 9c1d0b7e3f2a (promoted: its shadow coder-shadow "
+                               "passed and was not worse)") and "shadow coder-shadow: promoted (tokens/s 95.0 vs 100.0" in line
+               for line, _bad in summary_lines(report))
+
+
+def test_a_held_candidate_leaves_production_on_its_release_and_the_shadows_rollback_carries_the_reason():
+    why = "the greedy output for prompt 'Write fib(n).' differs from production's after character 5"
+    events = shadowed_start() + [shadow("held", [why]), link("ct200", "coder-shadow", NEW, OLD, state="previous"),
+                                 gate("ct200", passed_gate("coder-shadow", OLD)),
+                                 {"host": "ct200", "kind": "failed", "task": "Fail the host after a rollback",
+                                  "result": {"msg": "ct200: the health gate failed for coder-shadow"}}]
+    report = build_report(events, ["ct200"])
+    coder, rolled = report["hosts"][0]["services"]
+    assert report["hosts"][0]["status"] == "rolled back"
+    assert (coder["before_release_id"], coder["after_release_id"], coder["rollback"]) == (OLD, OLD, None)
+    assert coder["release_choice"]["follows"] == "held" and coder["release_choice"]["reason"] == (
+        "held on its release: its shadow coder-shadow was worse")
+    assert rolled["rollback"]["evidence"]["stage"] == "shadow" and rolled["rollback"]["rolled_back_to_release_id"] == OLD
+    text = render_markdown(report)
+    assert "| ct200 | coder | `0b7e3f2a9c1d` | `0b7e3f2a9c1d` (held by its shadow) | rolled back |" in text
+    assert ("Release `9c1d0b7e3f2a` failed the comparison with its production service at **shadow** (shadow_worse): "
+            "worse than coder: " + why) in text
+    assert "| ct200 | coder | coder-shadow | 9c1d0b7e3f2a | held |" in text
+    # A shadow whose own gate failed carries that gate's evidence, not the comparison's.
+    failed = shadowed_start()[:-1] + [gate("ct200", failed_gate("coder-shadow", NEW)), shadow("held", ["the shadow failed its gate"], False)]
+    rolled = build_report(failed, ["ct200"])["hosts"][0]["services"][1]
+    assert rolled["rollback"]["evidence"]["stage"] == "unit_watch"
+
+
+def test_a_production_service_measured_for_its_shadow_is_not_recorded_as_its_gate():
+    # The rollout_summary callback asks gate_kind for every sglang_health result.
+    assert gate_kind("measure") is None
+    assert (gate_kind(None), gate_kind("bake"), gate_kind("stop")) == ("gate", "bake", "gate")
