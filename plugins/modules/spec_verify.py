@@ -33,7 +33,7 @@ description:
     written whole) and, on a later run with the same key, returns the recorded result without starting
     the stack's Python (RV(recorded) true). The key is a digest of every option, the module's code and
     fingerprints of the stack (completion marker, site-packages listing, each distribution's C(RECORD),
-    the interpreter) and of both releases (manifest, size and mtime of every file under C(site/)): a
+    the interpreter) and of both releases (manifest, size and mtime of every file under C(site/)); a
     changed or tampered file is a new key and is checked again. A failed check, a stack without its
     marker or a release without its manifest records nothing; check mode reads records but writes none.
 author:
@@ -124,7 +124,7 @@ recorded_at:
 record:
   description: The record's path on the host (read, or written by this pass).
   returned: when O(state_root) is set and the stack and releases are complete
-  type: path
+  type: str
 """
 
 import os

@@ -26,7 +26,7 @@ description:
     written whole) and, on a later run with the same key, returns the recorded facts without starting
     the stack's Python (RV(recorded) true). The key is a digest of every option, the module's code and
     a fingerprint of the stack (completion marker, site-packages listing, each distribution's
-    C(RECORD), the interpreter): a package installed, upgraded or removed in the stack, a new host
+    C(RECORD), the interpreter); a package installed, upgraded or removed in the stack, a new host
     Python, other GPUs or another driver CUDA version are a new key and are checked again. A failed
     check or a stack without its completion marker records nothing; check mode reads records but
     writes none.
@@ -116,7 +116,7 @@ recorded_at:
 record:
   description: The record's path on the host (read, or written by this pass).
   returned: when the stack was proven, O(state_root) is set and the stack is complete
-  type: path
+  type: str
 """
 
 import json

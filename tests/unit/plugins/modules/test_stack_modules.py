@@ -64,12 +64,15 @@ def test_stack_verify_records_a_pass_and_does_not_probe_again(tmp_path, monkeypa
     assert code == 1 and third["contradictions"][0].startswith("torch does not import")
 
 
-def test_stack_verify_records_no_failure_nor_in_check_mode(tmp_path, monkeypatch, capsys):
+def test_stack_verify_records_no_failure_no_unfinished_stack_nor_in_check_mode(tmp_path, monkeypatch, capsys):
     args = proven_stack(tmp_path, monkeypatch)
     code, result = run_module(stack_verify, dict(args, expected=dict(args["expected"], torch="2.10.0")), capsys)
     assert code == 1 and not (tmp_path / "state").exists()
     code, result = run_module(stack_verify, dict(args, _ansible_check_mode=True), capsys)
     assert code == 0 and result["recorded"] is False and not (tmp_path / "state").exists()
+    os.unlink(tmp_path / "stack" / ".ddtree-stack-complete")  # an interrupted build: proven, never recorded
+    code, result = run_module(stack_verify, args, capsys)
+    assert code == 0 and "record" not in result and not (tmp_path / "state").exists()
 
 
 def test_stack_prune_check_mode_and_diff(tmp_path, capsys):
