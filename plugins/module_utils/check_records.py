@@ -15,7 +15,7 @@ A later run with the same key returns the recorded result instead of checking ag
 check's options, the module's own code (a new collection checks again) and fingerprints of what the check
 reads from disk: a stack's completion marker, its site-packages listing and each distribution's RECORD
 (size, mtime), the interpreter it runs; a release's manifest and every file under its site/ (size,
-mtime). A changed file there is a new key, so tampering still gets checked (and the release module
+mtime in whole seconds). A changed file there is a new key, so tampering still gets checked (and the release module
 hashes every file of a release on each run anyway). docs/host-layout.md ("Recorded checks") has the
 decision. A failed check records nothing; neither does check mode.
 """
@@ -59,16 +59,21 @@ def file_digest(path):
 
 
 def stat_entry(path):
-    """[size, mtime in ns] of a path (not followed), or None when it is missing."""
+    """[size, mtime in whole seconds] of a path (not followed), or None when it is missing.
+
+    Whole seconds: a stack committed into a container image (the lab's) or copied by tar keeps no finer
+    mtime, and its recorded pass must still be its own. An edit changes the size or the second, and the
+    release module hashes every file of a release anyway.
+    """
     try:
         info = os.lstat(path)
     except OSError:
         return None
-    return [info.st_size, info.st_mtime_ns]
+    return [info.st_size, int(info.st_mtime)]
 
 
 def tree_stats(root):
-    """[[relative path, size, mtime ns] or [relative path, link target]] for every file and link under root."""
+    """[[relative path, size, mtime s] or [relative path, link target]] for every file and link under root."""
     entries = []
     for directory, subdirs, names in os.walk(root):
         subdirs.sort()

@@ -65,6 +65,17 @@ def test_a_package_changed_in_the_stack_is_a_new_fingerprint(tmp_path):
     assert check_records.stack_fingerprint(stack)["marker"] is None
 
 
+def test_a_stack_keeps_its_fingerprint_when_an_image_layer_cuts_its_mtimes_to_whole_seconds(tmp_path):
+    stack = make_stack(tmp_path)
+    record = tmp_path / "stack" / "lib" / "python3.11" / "site-packages" / "torch-2.9.0.dist-info" / "RECORD"
+    os.utime(record, ns=(1_700_000_000_123_456_789, 1_700_000_000_123_456_789))
+    built = check_records.stack_fingerprint(stack)
+    os.utime(record, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))  # podman commit, tar
+    assert check_records.stack_fingerprint(stack) == built
+    os.utime(record, ns=(1_700_000_001_000_000_000, 1_700_000_001_000_000_000))  # rewritten a second later
+    assert check_records.stack_fingerprint(stack) != built
+
+
 def test_code_version_reads_the_source_and_gives_up_on_unknown_code():
     version = check_records.code_version(CODE)
     assert version and version == check_records.code_version(CODE)
