@@ -29,6 +29,13 @@ description:
   - Runs the three checks in one process of the stack's Python that imports torch once and forks a
     child per check, each with its own environment and path as separate processes would have; about
     half the CPU time of three processes.
+  - With O(state_root), records a pass on the host (C(<state_root>/_checks/spec_verify/<key>.json),
+    written whole) and, on a later run with the same key, returns the recorded result without starting
+    the stack's Python (RV(recorded) true). The key is a digest of every option, the module's code and
+    fingerprints of the stack (completion marker, site-packages listing, each distribution's C(RECORD),
+    the interpreter) and of both releases (manifest, size and mtime of every file under C(site/)); a
+    changed or tampered file is a new key and is checked again. A failed check, a stack without its
+    marker or a release without its manifest records nothing; check mode reads records but writes none.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
@@ -62,6 +69,11 @@ options:
         check when a plugin from the overlay's package is discoverable with O(flags_release).
     type: bool
     default: true
+  state_root:
+    description:
+      - Where passes are recorded (C(<state_root>/_checks/spec_verify/)), for example the services' state
+        root C(/var/lib/sglang). Unset, nothing is recorded and every run checks.
+    type: path
 extends_documentation_fragment:
   - ddtree.sglang.attributes.read_only
 """
@@ -72,6 +84,7 @@ EXAMPLES = r"""
     stack: /opt/sglang/stacks/3f2a9c1d0b7e
     release: /opt/sglang/releases/9c1d0b7e3f2a
     flags: [--model-path, /models/coder, --speculative-algorithm, DDTREE, --speculative-draft-model-path, /models/coder-dflash]
+    state_root: /var/lib/sglang
 """
 
 RETURN = r"""
@@ -100,12 +113,25 @@ parsed:
       C(plugins), the SGLang plugins discoverable there (C(name), C(value)).
   returned: when I(flags) were given and parsed
   type: dict
+recorded:
+  description: Whether the result is a recorded pass (nothing was run); false when the check ran.
+  returned: always
+  type: bool
+recorded_at:
+  description: When the recorded pass was checked (UTC).
+  returned: when RV(recorded) is true
+  type: str
+record:
+  description: The record's path on the host (read, or written by this pass).
+  returned: when O(state_root) is set and the stack and releases are complete
+  type: str
 """
 
 import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils import check_records
 from ansible_collections.ddtree.sglang.plugins.module_utils.forked_jobs import (
     job_results,
     json_output,
@@ -122,6 +148,25 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.spec_matrix import (
     overlay_plugins,
 )
 
+CHECK = "spec_verify"
+# The code a recorded pass was checked with: this module and what it runs in the stack.
+CODE = (
+    "ansible_collections.ddtree.sglang.plugins.modules.spec_verify",
+    "ansible_collections.ddtree.sglang.plugins.module_utils.spec_matrix",
+    "ansible_collections.ddtree.sglang.plugins.module_utils.forked_jobs",
+    "ansible_collections.ddtree.sglang.plugins.module_utils.check_records",
+)
+
+
+def record_slot(params):
+    """Where a pass with these options, stack and releases is recorded (check_records.find_record)."""
+    options = {name: value for name, value in params.items() if name != "state_root"}
+    releases = sorted({params["release"], params["flags_release"] or params["release"]})
+    fingerprints = {"stack": check_records.stack_fingerprint(params["stack"]),
+                    "releases": {release: check_records.release_fingerprint(release) for release in releases}}
+    complete = bool(fingerprints["stack"]["marker"]) and all(print_["manifest"] for print_ in fingerprints["releases"].values())
+    return check_records.find_record(params["state_root"], CHECK, CODE, dict(options, fingerprints=fingerprints), complete)
+
 
 def main():
     module = AnsibleModule(
@@ -133,10 +178,14 @@ def main():
             environment=dict(type="dict", default={}),
             flags_release=dict(type="path"),
             flags_overlay=dict(type="bool", default=True),
+            state_root=dict(type="path"),
         ),
         supports_check_mode=True,
     )
     params = module.params
+    slot = record_slot(params)
+    if slot and slot["record"]:
+        module.exit_json(**check_records.recorded_result(slot))
     python = os.path.join(params["stack"], "bin", "python")
     site = os.path.join(params["release"], "site")
     # One process, torch imported once, a forked child per program (module_utils/forked_jobs.py). The
@@ -192,7 +241,11 @@ def main():
                              % (params["flags_release"] or params["release"], ", ".join(leaked)), **result)
         if parsed.get("error"):
             module.fail_json(msg="--speculative-algorithm %s does not resolve with the release: %s" % (parsed["algorithm"], parsed["error"]), **result)
-    module.exit_json(**result)
+    if slot:
+        if not module.check_mode:
+            check_records.write_record(slot["path"], CHECK, slot["key"], result, check_records.utc_now())
+        result["record"] = slot["path"]
+    module.exit_json(recorded=False, **result)
 
 
 if __name__ == "__main__":

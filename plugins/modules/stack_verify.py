@@ -22,6 +22,14 @@ description:
     package or torchcodec that cannot load, a driver older than the stack's CUDA.
   - A CPU pin set (C(expected.gpu=false)) is checked as a CPU stack, with no GPU claims.
   - The probe writes nothing (C(PYTHONDONTWRITEBYTECODE=1)), so the stack stays as built.
+  - With O(state_root), records a pass on the host (C(<state_root>/_checks/stack_verify/<key>.json),
+    written whole) and, on a later run with the same key, returns the recorded facts without starting
+    the stack's Python (RV(recorded) true). The key is a digest of every option, the module's code and
+    a fingerprint of the stack (completion marker, site-packages listing, each distribution's
+    C(RECORD), the interpreter); a package installed, upgraded or removed in the stack, a new host
+    Python, other GPUs or another driver CUDA version are a new key and are checked again. A failed
+    check or a stack without its completion marker records nothing; check mode reads records but
+    writes none.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
@@ -51,6 +59,11 @@ options:
     description: Seconds the probe may take (imports of large packages can be slow on a cold disk).
     type: int
     default: 600
+  state_root:
+    description:
+      - Where passes are recorded (C(<state_root>/_checks/stack_verify/)), for example C(/var/lib/sglang).
+        Unset, nothing is recorded and every run probes.
+    type: path
 extends_documentation_fragment:
   - ddtree.sglang.attributes.read_only
 seealso:
@@ -71,6 +84,7 @@ EXAMPLES = r"""
       imports: [sgl_kernel, torchcodec]
     gpu_capabilities: "{{ ansible_facts.ddtree_gpu.gpus | map(attribute='compute_capability') | list }}"
     driver_cuda_version: "{{ ansible_facts.ddtree_gpu.cuda_version }}"
+    state_root: /var/lib/sglang
 """
 
 RETURN = r"""
@@ -91,6 +105,18 @@ contradictions:
   type: list
   elements: str
   sample: ["torch 2.14.1+cu128 is a CUDA 12.8 build; the pin set needs CUDA 13.0"]
+recorded:
+  description: Whether the result is a recorded pass (the probe did not run); false when it ran.
+  returned: when the stack was proven
+  type: bool
+recorded_at:
+  description: When the recorded pass was probed (UTC).
+  returned: when RV(recorded) is true
+  type: str
+record:
+  description: The record's path on the host (read, or written by this pass).
+  returned: when the stack was proven, O(state_root) is set and the stack is complete
+  type: str
 """
 
 import json
@@ -98,7 +124,24 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils import check_records
 from ansible_collections.ddtree.sglang.plugins.module_utils.stack import PROBE_SOURCE, stack_contradictions
+
+CHECK = "stack_verify"
+# The code a recorded pass was probed with: this module and the probe and its judge.
+CODE = (
+    "ansible_collections.ddtree.sglang.plugins.modules.stack_verify",
+    "ansible_collections.ddtree.sglang.plugins.module_utils.stack",
+    "ansible_collections.ddtree.sglang.plugins.module_utils.check_records",
+)
+
+
+def record_slot(params):
+    """Where a pass with these options on this stack is recorded (check_records.find_record)."""
+    options = {name: value for name, value in params.items() if name not in ("state_root", "timeout")}
+    fingerprint = check_records.stack_fingerprint(params["stack"])
+    return check_records.find_record(params["state_root"], CHECK, CODE, dict(options, fingerprint=fingerprint),
+                                     complete=bool(fingerprint["marker"]))
 
 
 def main():
@@ -109,10 +152,14 @@ def main():
             gpu_capabilities=dict(type="list", elements="str", default=[]),
             driver_cuda_version=dict(type="str"),
             timeout=dict(type="int", default=600),
+            state_root=dict(type="path"),
         ),
         supports_check_mode=True,
     )
     stack = module.params["stack"]
+    slot = record_slot(module.params)
+    if slot and slot["record"]:
+        module.exit_json(**check_records.recorded_result(slot))
     python = os.path.join(stack, "bin", "python")
     if not os.access(python, os.X_OK):
         module.fail_json(msg="stack %s has no executable bin/python; is it built?" % stack, contradictions=[])
@@ -133,7 +180,12 @@ def main():
     if problems:
         module.fail_json(msg="stack %s contradicts its pin set or this host: %s" % (stack, "; ".join(problems)),
                          facts=facts, contradictions=problems)
-    module.exit_json(changed=False, facts=facts, contradictions=[])
+    result = dict(changed=False, facts=facts, contradictions=[])
+    if slot:
+        if not module.check_mode:
+            check_records.write_record(slot["path"], CHECK, slot["key"], result, check_records.utc_now())
+        result["record"] = slot["path"]
+    module.exit_json(recorded=False, **result)
 
 
 if __name__ == "__main__":

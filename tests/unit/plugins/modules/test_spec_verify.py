@@ -6,6 +6,8 @@ import os
 import sys
 import textwrap
 
+import pytest
+
 from conftest import run_module
 
 from ansible_collections.ddtree.sglang.plugins.modules import spec_verify
@@ -113,3 +115,54 @@ def test_a_crashing_check_is_reported_with_its_last_line(tmp_path, capsys):
     assert code == 1
     assert result["msg"] == ("the pristine predicate matrix failed (exit 1): "
                              "ModuleNotFoundError: No module named 'no_such_sglang_module'")
+
+
+def recordable(tmp_path):
+    """The stand-ins made complete (a stack's marker, a release's manifest), with a state root to record in."""
+    paths = stand_ins(tmp_path)
+    (tmp_path / "stack" / ".ddtree-stack-complete").write_text("{}\n")
+    (tmp_path / "release" / "manifest.json").write_text("{}\n")
+    return dict(paths, flags=FLAGS, environment={"FAKE_PLUGIN": "loaded"}, state_root=str(tmp_path / "state"))
+
+
+def records(tmp_path):
+    directory = tmp_path / "state" / "_checks" / "spec_verify"
+    return sorted(os.listdir(directory)) if directory.is_dir() else []
+
+
+def test_a_pass_is_recorded_and_not_checked_again(tmp_path, monkeypatch, capsys):
+    args = recordable(tmp_path)
+    code, first = run_module(spec_verify, args, capsys)
+    assert code == 0 and first["recorded"] is False and records(tmp_path) == [os.path.basename(first["record"])]
+
+    def no_process(*args, **kwargs):
+        raise AssertionError("the stack's Python was started")
+
+    monkeypatch.setattr(spec_verify.AnsibleModule, "run_command", no_process)
+    code, second = run_module(spec_verify, args, capsys)
+    assert code == 0 and second["recorded"] is True and second["changed"] is False, second.get("msg")
+    assert second["matrix"] == first["matrix"] and second["parsed"] == first["parsed"]
+    assert "not checked again" in second["msg"]
+    # Other flags are another key: checked, so the stack's Python is started.
+    with pytest.raises(AssertionError, match="the stack's Python was started"):
+        run_module(spec_verify, dict(args, flags=FLAGS + ["--port", "30001"]), capsys)
+
+
+def test_a_tampered_release_is_checked_again(tmp_path, capsys):
+    args = recordable(tmp_path)
+    assert run_module(spec_verify, args, capsys)[0] == 0
+    with open(tmp_path / "release" / "site" / "sglang_overlay" / "predicates.py", "a") as handle:
+        handle.write("raise SystemExit('tampered')\n")
+    code, result = run_module(spec_verify, args, capsys)
+    assert code == 1 and result["msg"] == "the pristine predicate matrix failed (exit 1): tampered"
+
+
+def test_a_failed_check_check_mode_and_an_incomplete_release_record_nothing(tmp_path, capsys):
+    args = recordable(tmp_path)
+    assert run_module(spec_verify, dict(args, environment={}), capsys)[0] == 1
+    assert records(tmp_path) == []
+    code, result = run_module(spec_verify, dict(args, _ansible_check_mode=True), capsys)
+    assert code == 0 and result["recorded"] is False and records(tmp_path) == []
+    os.unlink(tmp_path / "release" / "manifest.json")
+    code, result = run_module(spec_verify, args, capsys)
+    assert code == 0 and "record" not in result and records(tmp_path) == []

@@ -39,6 +39,42 @@ def test_stack_verify_unbuilt_stack(tmp_path, capsys):
     assert code == 1 and "has no executable bin/python; is it built?" in result["msg"]
 
 
+def proven_stack(tmp_path, monkeypatch):
+    """A complete stand-in stack whose probe passes as a CPU stack (a stand-in torch on PYTHONPATH)."""
+    stack = fake_stack(tmp_path)
+    (tmp_path / "stack" / ".ddtree-stack-complete").write_text("{}\n")
+    (tmp_path / "fake" / "torch").mkdir(parents=True)
+    (tmp_path / "fake" / "torch" / "__init__.py").write_text(
+        "import types\n__version__ = '2.9.0+cpu'\nversion = types.SimpleNamespace(cuda=None)\n"
+        "cuda = types.SimpleNamespace(is_available=lambda: False)\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
+    expected = {"python": "%d.%d" % sys.version_info[:2], "gpu": False, "torch": "2.9.0", "imports": ["json"]}
+    return {"stack": stack, "expected": expected, "state_root": str(tmp_path / "state")}
+
+
+def test_stack_verify_records_a_pass_and_does_not_probe_again(tmp_path, monkeypatch, capsys):
+    args = proven_stack(tmp_path, monkeypatch)
+    code, first = run_module(stack_verify, args, capsys)
+    assert code == 0 and first["recorded"] is False and first["facts"]["torch"]["version"] == "2.9.0+cpu", first.get("msg")
+    monkeypatch.delenv("PYTHONPATH")  # a probe now would find no torch and fail
+    code, second = run_module(stack_verify, args, capsys)
+    assert code == 0 and second["recorded"] is True and second["changed"] is False and second["facts"] == first["facts"]
+    # Another host (other GPUs) or expectation is another key: probed, and fails here.
+    code, third = run_module(stack_verify, dict(args, gpu_capabilities=["9.0"]), capsys)
+    assert code == 1 and third["contradictions"][0].startswith("torch does not import")
+
+
+def test_stack_verify_records_no_failure_no_unfinished_stack_nor_in_check_mode(tmp_path, monkeypatch, capsys):
+    args = proven_stack(tmp_path, monkeypatch)
+    code, result = run_module(stack_verify, dict(args, expected=dict(args["expected"], torch="2.10.0")), capsys)
+    assert code == 1 and not (tmp_path / "state").exists()
+    code, result = run_module(stack_verify, dict(args, _ansible_check_mode=True), capsys)
+    assert code == 0 and result["recorded"] is False and not (tmp_path / "state").exists()
+    os.unlink(tmp_path / "stack" / ".ddtree-stack-complete")  # an interrupted build: proven, never recorded
+    code, result = run_module(stack_verify, args, capsys)
+    assert code == 0 and "record" not in result and not (tmp_path / "state").exists()
+
+
 def test_stack_prune_check_mode_and_diff(tmp_path, capsys):
     for stack in ("keepme", "old"):
         os.makedirs(tmp_path / "stacks" / stack)
