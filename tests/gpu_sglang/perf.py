@@ -4,7 +4,8 @@ Usage (on the device, after device-setup.sh): python perf.py OUT MODELS [ROUNDS]
 All servers take scenario.py's flags (CUDA graphs on for every one); they differ only in the algorithm
 and, for `ddtree-before`, the environment PERF_BEFORE_ENV names (default DDTREE_EAGER_TREE_STAGE=1: the
 tree stage runs eagerly every step, as before issue 19's second session; DDTREE_EAGER_TREE_VERIFY=1
-measures the tree verify outside the target's graphs, the first session's "before"; `none`: no
+measures the tree verify outside the target's graphs, the first session's "before"; several as
+A=1,B=0; `none`: no
 `ddtree-before` server, three servers only); PERF_AFTER_ENV likewise for `ddtree` (default none), for
 a change that is still an opt-in switch.
 PERF_TARGET picks the target (scenario.SHAPES): `tiny` (default; MODELS holds the tiny pair) or
@@ -57,16 +58,12 @@ def main():
                sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models, shape=shape)]
     if before_env != "none":
         before = sc.Server("perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models, shape=shape)
-        name, value = before_env.split("=", 1)
-        before.env[name] = value
-        before.info["env"] = "%s=%s" % (name, value)
+        before.set_env(before_env)
         servers.append(before)
     after = sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models, shape=shape)
     # PERF_AFTER_ENV: the change measured is an opt-in switch (e.g. DDTREE_IN_PLACE_TREE_MASK=1).
     if os.environ.get("PERF_AFTER_ENV", "none") != "none":
-        name, value = os.environ["PERF_AFTER_ENV"].split("=", 1)
-        after.env[name] = value
-        after.info["env"] = "%s=%s" % (name, value)
+        after.set_env(os.environ["PERF_AFTER_ENV"])
     servers.append(after)
     ddtree = [s for s in servers if s.algo == "DDTREE"]
     if os.environ.get("PERF_STEP_TIMING"):

@@ -9,7 +9,7 @@ OUT/results-profile.json gets, per server and concurrency: the profiled span per
 step (kernels + copies, overlaps merged), idle time per step, and the kernels with the most time
 (ms per step, launches per step), so two algorithms' steps compare kernel by kernel, and the CUDA
 runtime calls that make the host wait (synchronizations, blocking copies) per step.
-PROFILE_DDTREE_ENV=NAME=VALUE sets one variable on the DDTREE server only (e.g. DDTREE_SYNC_DEBUG=20:
+PROFILE_DDTREE_ENV=NAME=VALUE[,NAME=VALUE] sets variables on the DDTREE server only (e.g. DDTREE_SYNC_DEBUG=20:
 its log then names the places in the tree step that synchronize).
 """
 import concurrent.futures as cf
@@ -98,9 +98,7 @@ def main():
     servers = [sc.Server("prof-dflash", "DFLASH", sc.RELEASE, 30111, out, models, shape=shape),
                sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape)]
     if os.environ.get("PROFILE_DDTREE_ENV"):
-        name, value = os.environ["PROFILE_DDTREE_ENV"].split("=", 1)
-        servers[1].env[name] = value
-        servers[1].info["env"] = "%s=%s" % (name, value)
+        servers[1].set_env(os.environ["PROFILE_DDTREE_ENV"])
     doc = {"plan": "profile", "target": shape, "steps": STEPS, "results": {}}
     t0 = time.time()
     try:

@@ -71,6 +71,12 @@ class Server(object):
         self.proc = None
         self.info = {"name": name, "algorithm": algo, "release": release, "tp": tp, "seed": seed, "flags": self.args[3:]}
 
+    def set_env(self, spec):
+        """Add NAME=VALUE[,NAME=VALUE...] to this server's environment (the switches a run compares)."""
+        pairs = [item.split("=", 1) for item in spec.split(",") if item]
+        self.env.update(pairs)
+        self.info["env"] = ",".join("%s=%s" % (name, value) for name, value in pairs)
+
     def start(self):
         self.t0 = time.time()
         self.log = open(os.path.join(self.out, "server-%s.log" % self.name), "w")
