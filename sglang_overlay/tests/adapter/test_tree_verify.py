@@ -86,6 +86,31 @@ def test_full_custom_mask_uses_host_lengths_when_given():
     assert torch.equal(full_custom_mask(anc, prefix), sglang_tree_mask(tree, prefix, full=True))
 
 
+def test_the_mask_size_bound_covers_the_mask_from_host_data_alone(monkeypatch):
+    # The worker sizes the FULL mask from SGLang's reserved lengths (prefix + window at least) so
+    # that no step waits for the device: the first exact-size entries are the exact mask (the
+    # backend finds each request's rows through mask_indptr, from the device lengths), the rest True
+    # and unread; no prefix exceeds the context, so the bound stays within SGLang's graph buffer.
+    window, context = 6, 40
+    lp, ids = random_draft(3, window, 2, 20, seed=5)
+    prefix = torch.tensor([2, 7, 33])
+    layout = tree_verify.tree_layout(lp, ids, torch.tensor([1, 2, 3]), prefix, budget=4, top_k=2, window=window)
+    exact = full_custom_mask(layout.ancestors, prefix)
+    reserved = prefix + window + torch.tensor([0, 5, 20])  # the last one past context + window
+    bound = tree_verify.full_mask_size_bound(reserved, window, context)
+    assert bound == window * (8 + 18 + context + window)
+    assert exact.numel() <= bound <= 3 * window * (context + window)
+
+    def no_exact_size(*args):
+        raise AssertionError("the exact size needs the device lengths: a host sync")
+
+    monkeypatch.setattr(tree_verify, "full_mask_size", no_exact_size)
+    mask = tree_verify.verify_tensors_from_layout(layout, prefix, None, bound).custom_mask
+    assert mask.numel() == bound
+    assert torch.equal(mask[: exact.numel()], exact)
+    assert bool(mask[exact.numel():].all())
+
+
 def test_budget_must_fit_the_window():
     lp, ids = random_draft(1, 4, 2, 10, seed=4)
     with pytest.raises(ValueError, match="window"):

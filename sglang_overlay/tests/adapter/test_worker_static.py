@@ -218,3 +218,21 @@ def test_the_path_kv_move_reads_what_sglangs_pool_holds():
     body = spec[spec.index("def move_accept_tokens_to_target_kvcache("):]
     body = body[: body.index("\ndef ")]
     assert "fill_front_out_cache_loc_func(" in body and "fill_accept_out_cache_loc_func(" in body
+
+
+def test_the_mask_size_bound_rests_on_what_sglang_reserves_and_reads():
+    # worker.mask_size_bound sizes the FULL mask from DFLASH's reserved host lengths, clamped to the
+    # context (tree_verify.full_mask_size_bound). That is sound only while SGLang: keeps those lengths
+    # on the draft input; sizes its FULL-mask graph buffer W * (context + W) a request from the
+    # model's context; and finds each request's rows through mask_indptr from the device lengths.
+    info = module_source("sglang.srt.speculative.dflash_info_v2").read_text(encoding="utf-8")
+    assert "self.nxt_kv_lens_cpu = nxt_kv_lens_cpu_t" in info
+    assert "reserve = 2 * block_size" in info  # the reservation covers the verify window
+    mask = module_source("sglang.srt.layers.attention.verify_mask").read_text(encoding="utf-8")
+    assert "per_req = num_draft_tokens * (max_context_len + num_draft_tokens)" in mask
+    triton = module_source("sglang.srt.layers.attention.triton_backend").read_text(encoding="utf-8")
+    assert "self.max_context_len = model_runner.model_config.context_len" in triton
+    assert "seq_mask_len = num_tokens_per_req * (\n                forward_batch.seq_lens + num_tokens_per_req" in triton
+    assert "custom_mask[: spec_info.custom_mask.shape[0]] = spec_info.custom_mask" in triton
+    source = WORKER.read_text(encoding="utf-8")
+    assert "model_runner.model_config.context_len" in source and '"nxt_kv_lens_cpu"' in source

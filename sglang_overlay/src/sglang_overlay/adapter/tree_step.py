@@ -123,11 +123,14 @@ def run_tree_step(
     prefix_lens_cpu: Optional[torch.Tensor] = None,
     builder: Optional[Callable[..., Any]] = None,
     stage: Optional[Callable[[torch.Tensor, torch.Tensor, torch.Tensor], TreeLayout]] = None,
+    mask_size_bound: Optional[int] = None,
 ) -> TreeStepResult:
     """One DDTree decode step for a batch (see the module docstring).
 
     ``builder`` replaces the core's batched tree builder (same signature and output); ``stage``
     replaces steps 2-3 as a whole (default: ``tree_stage(ports.head_topk, settings, builder)``).
+    ``mask_size_bound`` (``tree_verify.full_mask_size_bound``) sizes the FULL mask without a host
+    sync when ``prefix_lens_cpu`` is not known.
     """
     hidden = ports.draft_hidden(root_tokens, prefix_lens)
     if int(hidden.shape[1]) != settings.window:
@@ -138,7 +141,7 @@ def run_tree_step(
     if stage is None:
         stage = tree_stage(ports.head_topk, settings, builder)
     layout = stage(hidden, root_tokens, prefix_lens)
-    tensors = verify_tensors_from_layout(layout, prefix_lens, prefix_lens_cpu)
+    tensors = verify_tensors_from_layout(layout, prefix_lens, prefix_lens_cpu, mask_size_bound)
     verified = ports.verify(tensors)
     predict, accept_lens, accept_index = ports.accept(tensors, verified)
     step = accepted_step(predict, accept_index, accept_lens, prefix_lens)

@@ -252,22 +252,40 @@ def full_mask_size(prefix_lens: torch.Tensor, window: int, prefix_lens_cpu: Opti
     return int(sizes.to(torch.int64).sum()) * int(window) + bs * int(window) * int(window)
 
 
+def full_mask_size_bound(reserved_lens_cpu: torch.Tensor, window: int, context_len: int) -> int:
+    """An upper bound on ``full_mask_size`` from host data only: no host sync.
+
+    ``reserved_lens_cpu`` are the KV lengths SGLang allocated for each request's step (DFLASH's
+    ``nxt_kv_lens_cpu``): the verify writes the window after the prefix, so ``prefix_b + W`` never
+    exceeds them; and no prefix exceeds the model's context, so ``prefix_b + W <= context_len + W``,
+    which keeps the bound within SGLang's FULL-mask graph buffer (``W * (context_len + W)`` a request).
+    A mask longer than the exact size is read only where the backend's ``mask_indptr`` (from the
+    device lengths) points: the entries past the real mask are never read.
+    """
+    w = int(window)
+    per_request = torch.clamp(reserved_lens_cpu.to(torch.int64), max=int(context_len) + w)
+    return int(per_request.sum()) * w
+
+
 def full_custom_mask(
     anc: torch.Tensor,
     prefix_lens: torch.Tensor,
     prefix_lens_cpu: Optional[torch.Tensor] = None,
     mask_index: Optional[torch.Tensor] = None,
+    size: Optional[int] = None,
 ) -> torch.Tensor:
     """SGLang's FULL_MASK flat layout from ``[bs, W, W]`` ancestor masks, without a host loop.
 
     Per request ``b``: ``W`` rows of ``prefix_lens[b] + W`` bools, the prefix all True, then
-    ``anc[b, row]``; requests concatenated. The size comes from ``prefix_lens_cpu`` when given,
-    else from ``prefix_lens.sum()`` (one host sync when ``prefix_lens`` lives on a GPU).
-    ``mask_index`` (``full_mask_index``, e.g. computed inside the tree stage's CUDA graph) saves
-    recomputing the scatter positions: then this is two launches (fill, scatter).
+    ``anc[b, row]``; requests concatenated. The size is ``size`` when given (at least the exact
+    size, e.g. ``full_mask_size_bound``: the entries past the mask are True and never read), else
+    it comes from ``prefix_lens_cpu`` when given, else from ``prefix_lens.sum()`` (one host sync
+    when ``prefix_lens`` lives on a GPU). ``mask_index`` (``full_mask_index``, e.g. computed inside
+    the tree stage's CUDA graph) saves recomputing the scatter positions: then this is two launches
+    (fill, scatter).
     """
     bs, w, _ = (int(d) for d in anc.shape)
-    total = full_mask_size(prefix_lens, w, prefix_lens_cpu)
+    total = int(size) if size is not None else full_mask_size(prefix_lens, w, prefix_lens_cpu)
     out = torch.ones(total, dtype=torch.bool, device=anc.device)
     if total == 0:
         return out
@@ -313,19 +331,28 @@ def tree_layout(
 
 
 def verify_tensors_from_layout(
-    layout: TreeLayout, prefix_lens: torch.Tensor, prefix_lens_cpu: Optional[torch.Tensor] = None
+    layout: TreeLayout,
+    prefix_lens: torch.Tensor,
+    prefix_lens_cpu: Optional[torch.Tensor] = None,
+    mask_size_bound: Optional[int] = None,
 ) -> TreeVerifyTensors:
     """The tree verify input from a ``TreeLayout``: adds the FULL mask (its size is per-step data).
 
-    Where the stage wrote the mask into ``layout.mask_buffer`` and all of it fits there, the mask is
-    that buffer's first ``full_mask_size`` entries (a view: no launch); else it is built here.
+    The mask's length: exact from ``prefix_lens_cpu`` when given; else ``mask_size_bound``
+    (``full_mask_size_bound``: no host sync, and the entries past the real mask are never read);
+    else exact from the device lengths, which costs a host sync. Where the stage wrote the mask into
+    ``layout.mask_buffer`` and all of it fits there, the mask is that buffer's first entries (a
+    view: no launch); else it is built here.
     """
     buffer = layout.mask_buffer
-    size = full_mask_size(prefix_lens, layout.tree.num_slots, prefix_lens_cpu) if buffer is not None else -1
+    if prefix_lens_cpu is None and mask_size_bound is not None:
+        size = int(mask_size_bound)
+    else:
+        size = full_mask_size(prefix_lens, layout.tree.num_slots, prefix_lens_cpu)
     if buffer is not None and size <= int(buffer.numel()):
         mask = buffer[:size]
     else:
-        mask = full_custom_mask(layout.ancestors, prefix_lens, prefix_lens_cpu, mask_index=layout.mask_index)
+        mask = full_custom_mask(layout.ancestors, prefix_lens, mask_index=layout.mask_index, size=size)
     return TreeVerifyTensors(
         tree=layout.tree,
         draft_token=layout.tree.tokens.reshape(-1),

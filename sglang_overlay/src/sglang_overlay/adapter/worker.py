@@ -76,17 +76,35 @@ from .tree_verify import (
     AcceptedStep,
     TreeVerifyTensors,
     dense_head_topk,
+    full_mask_size_bound,
     vocab_parallel_head_topk,
 )
 
 logger = logging.getLogger(__name__)
 
-#: ``DDTREE_PATH_KV_MOVE=1``: the commit moves each accepted path's KV with ``kernels.kv_move`` (one
-#: program per request, none when the path is in place already) instead of SGLang's move, which copies
-#: all ``bs * W`` entries in every layer. Opt-in until a GPU run on the real server has shown it
-#: lossless and faster (docs/evidence/gpu-sglang/README.md, run 5), as for every kernel proven only in
-#: the interpreter.
+#: The commit moves each accepted path's KV with ``kernels.kv_move`` (one program per request, none
+#: when the path is in place already) instead of SGLang's move, which copies all ``bs * W`` entries in
+#: every layer; ``DDTREE_PATH_KV_MOVE=0`` keeps SGLang's move (docs/evidence/gpu-sglang/README.md,
+#: runs 5 and 6: lossless and faster on the H200 with the real server).
 PATH_KV_MOVE_ENV = "DDTREE_PATH_KV_MOVE"
+
+#: ``DDTREE_EXACT_MASK_SIZE=1``: size each step's FULL mask exactly from the device lengths, one host
+#: sync a step (the behaviour before run 6; for measuring and debugging). By default, without host
+#: lengths, the size is ``tree_verify.full_mask_size_bound`` of SGLang's reserved lengths: no sync.
+EXACT_MASK_SIZE_ENV = "DDTREE_EXACT_MASK_SIZE"
+
+
+def mask_size_bound(batch: ScheduleBatch, window: int, context_len: int) -> Optional[int]:
+    """The step's FULL-mask size bound from host data (``full_mask_size_bound``), or None.
+
+    None where the exact host lengths are known (``batch.seq_lens_cpu``), where SGLang reserved
+    nothing on the host (no ``nxt_kv_lens_cpu``: the exact size then costs a sync), or with
+    ``DDTREE_EXACT_MASK_SIZE=1``.
+    """
+    reserved = getattr(batch.spec_info, "nxt_kv_lens_cpu", None)
+    if batch.seq_lens_cpu is not None or reserved is None or os.environ.get(EXACT_MASK_SIZE_ENV, "") == "1":
+        return None
+    return full_mask_size_bound(reserved[: len(batch.seq_lens)], window, context_len)
 
 
 def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
@@ -94,9 +112,9 @@ def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
 
     Only ``MHATokenToKVPool`` itself (no subclass: FP4/MXFP8/paged/unified pools move differently), on
     CUDA, with its Triton copy configured, token-major, without scale buffers; and only with
-    ``DDTREE_PATH_KV_MOVE=1`` for now (``PATH_KV_MOVE_ENV``).
+    not with ``DDTREE_PATH_KV_MOVE=0`` (``PATH_KV_MOVE_ENV``).
     """
-    if os.environ.get(PATH_KV_MOVE_ENV, "") != "1" or not kv_move_available():
+    if os.environ.get(PATH_KV_MOVE_ENV, "") == "0" or not kv_move_available():
         return None
     pool = allocator.get_kvcache()
     plain = (
@@ -206,6 +224,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._step_timer = StepTimer.from_env()
         self._sync_watch = SyncWatch.from_env(log=get_parallel().tp_rank == 0)
         self._path_kv_pool = None  # path_kv_pool's answer (False: SGLang's move), at the first commit
+        self._context_len = int(self.target_worker.model_runner.model_config.context_len)
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget=%d, top_k=%d, window=%d.",
@@ -257,6 +276,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 root_tokens=draft_input.bonus_tokens.view(-1),
                 prefix_lens=prefix_lens,
                 prefix_lens_cpu=batch.seq_lens_cpu,
+                mask_size_bound=mask_size_bound(batch, self.ddtree.window, self._context_len),
                 stage=self._graphed_tree_stage() if timer is None else timer.wrap_stage(self._graphed_tree_stage()),
             )
         if timer is not None:
