@@ -19,6 +19,10 @@ description:
   - With I(state=present), builds the release unless it exists. A release without a manifest is partial
     (an interrupted build) and is rebuilt. A release whose files differ from its manifest is tampered;
     the module fails, listing the differences, and never rebuilds over it.
+  - A build holds a lock on C(<root>/.<release_id>.lock) from the check to the manifest, so a second
+    build of the same release on the host waits for the first and then finds it complete, instead of
+    removing the first one's files as a partial release. That second build is what a re-run meets when
+    the controller of the run before died while its module kept building on the host (issue 14).
   - With I(state=verified), only checks the manifest and fails on any difference.
   - With O(overlay=false), builds the stack's base release instead - the stack link and the
     O(extra_wheels), nothing of the overlay, no kernels - which the services whose algorithm is not
@@ -56,6 +60,12 @@ options:
     type: list
     elements: path
     default: []
+  lock_timeout:
+    description:
+      - Seconds to wait for another build of the same release on this host before failing with a message
+        that names its process. A build compiles the kernels for I(arch), which takes minutes on a GPU host.
+    type: int
+    default: 1800
   stack:
     description: The stack (venv) the release is for. Required with I(state=present).
     type: path
@@ -122,6 +132,11 @@ rebuilt_partial:
   description: Whether a partial release (no manifest) was found and rebuilt.
   returned: always
   type: bool
+holder:
+  description: The process holding the release's build lock (its pid and since when), when the module gave up waiting for it.
+  returned: when another build held the lock past O(lock_timeout)
+  type: dict
+  sample: {pid: 4242, since: "2026-12-01T05:02:11Z"}
 problems:
   description: Differences between the files and the manifest (tampering); empty when it matches.
   returned: always
@@ -146,6 +161,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.host_lock import LockTimeout, exclusive
 from ansible_collections.ddtree.sglang.plugins.module_utils.release import (
     MANIFEST,
     MANIFEST_FORMAT,
@@ -242,6 +258,7 @@ def main():
             arch=dict(type="str", default="cpu"),
             source_revision=dict(type="str", default="unknown"),
             source_hash=dict(type="str", default="unknown"),
+            lock_timeout=dict(type="int", default=1800),
         ),
         required_if=[("state", "present", ("stack", "stack_id")), ("state", "verified", ("release_id",))],
         supports_check_mode=True,
@@ -261,6 +278,22 @@ def main():
         params["release_id"] = release_id(params["source_hash"], params["stack_id"], params["arch"],
                                           [extra["sha256"] for extra in extra_wheels])
     path = os.path.join(params["root"], params["release_id"])
+    if params["state"] == "verified" or module.check_mode:
+        settle(module, path, extra_wheels)
+    os.makedirs(params["root"], exist_ok=True)
+    lock = os.path.join(params["root"], ".%s.lock" % params["release_id"])
+    try:
+        with exclusive(lock, timeout=params["lock_timeout"]):
+            settle(module, path, extra_wheels)
+    except LockTimeout as error:
+        module.fail_json(msg="release %s is being built by another process on this host: %s (lock_timeout %d s). "
+                             "Wait for it and run again, or stop that process if it is stuck." % (path, error, params["lock_timeout"]),
+                         release_dir=path, problems=["build in progress"], rebuilt_partial=False, holder=error.holder)
+
+
+def settle(module, path, extra_wheels):
+    """Exit with the release at path verified, reported (check mode, state=verified) or built."""
+    params = module.params
     complete = os.path.isfile(os.path.join(path, MANIFEST))
     if complete:
         manifest = read_manifest(path)

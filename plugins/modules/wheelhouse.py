@@ -86,7 +86,6 @@ marker:
   sample: /root/.cache/ddtree-sglang/wheelhouse/lab-cpu-py311/.complete-5f1c9e2a0b7d
 """
 
-import fcntl
 import hashlib
 import os
 import sys
@@ -94,6 +93,7 @@ import tarfile
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.host_lock import exclusive
 from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import download_command
 
 
@@ -122,8 +122,7 @@ def main():
     if module.check_mode:
         report(module, params, marker)
     os.makedirs(parent, exist_ok=True)
-    with open(params["dest"].rstrip(os.sep) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the with-block closes it, on exit too
+    with exclusive(params["dest"].rstrip(os.sep) + ".lock"):  # released on exit too, however it exits
         download(module, params, marker)
 
 
