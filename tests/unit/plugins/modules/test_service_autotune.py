@@ -113,3 +113,32 @@ def test_the_documentation_says_what_the_argument_spec_does():
     from test_schemas import differences, documented, shape
 
     assert differences("ARGUMENT_SPEC", shape(service_autotune.ARGUMENT_SPEC), "DOCUMENTATION", shape(documented(service_autotune))) == []
+
+
+def test_it_says_what_to_run_and_what_was_chosen_before_and_a_changed_prompt_set_tunes_again(tmp_path, capsys, monkeypatch):
+    code, result = run_module(service_autotune, args(tmp_path), capsys)
+    assert result["service"] == "coder" and result["previous_choice"] is None
+    assert [(trial["label"], trial["instance"]["unit"], trial["instance"]["port"]) for trial in result["trials"]] == [
+        ("DFLASH", "sglang-coder-autotune.service", 30100), ("DDTREE budget 4 top_k 4", "sglang-coder-autotune.service", 30100),
+        ("DDTREE budget 8 top_k 4", "sglang-coder-autotune.service", 30100)]
+    assert result["key"]["parts"]["workload"] == {"prompts": "autotune-v1", "rounds": 2}
+    run_module(service_autotune, args(tmp_path, measurements=measure()), capsys)
+    code, result = run_module(service_autotune, args(tmp_path), capsys)
+    assert result["needs_tuning"] is False and result["trials"] == [] and result["previous_choice"]["budget"] == 4
+    monkeypatch.setattr(service_autotune, "PROMPT_SET", "autotune-v2")
+    code, result = run_module(service_autotune, args(tmp_path, release_id="r2"), capsys)
+    assert result["needs_tuning"] is True and result["key_changes"] == ["release_id", "workload"]
+    # Check mode plans with the choice tuned before (the role's provisional choice).
+    assert result["choice"] is None and result["previous_choice"]["algorithm"] == "DDTREE"
+
+
+def test_the_plan_defers_an_untuned_service_and_validates_it_with_the_others(capsys):
+    chat = {"name": "chat", "model_path": "/models/chat", "gpus": [2], "port": 30001}
+    code, result = run_module(service_plan, {"services": [CODER, chat], "gpu_indices": [0, 1, 2], "untuned": "defer"}, capsys)
+    assert code == 0 and result["untuned"] == ["coder"] and [service["name"] for service in result["services"]] == ["chat"]
+    # Still validated: its spare GPU is chat's now.
+    code, result = run_module(service_plan, {"services": [CODER, dict(chat, gpus=[1])], "gpu_indices": [0, 1], "untuned": "defer",
+                                             "host": "ct200"}, capsys)
+    assert code == 1 and result["problems"] == [
+        "ct200: sglang_services[0] (coder): speculative.autotune.gpus: GPU 1 is used by service chat; the temporary instances need "
+        "spare GPUs (free on ct200: none)"]
