@@ -43,7 +43,7 @@ options:
     type: dict
     required: true
     suboptions:
-      algorithm: {description: DFLASH or DDTREE (or NONE, for the report), type: str, required: true, choices: [DFLASH, DDTREE, NONE]}
+      algorithm: {description: "DFLASH or DDTREE (or NONE: reported, never chosen)", type: str, required: true, choices: [DFLASH, DDTREE, NONE]}
       budget: {description: DDTREE's budget, type: int}
       top_k: {description: DDTREE's top-k, type: int}
   concurrency:
@@ -67,12 +67,8 @@ options:
     description: Seconds one request may take.
     type: float
     default: 300
-attributes:
-  check_mode:
-    support: none
-    description: The role measures nothing in check mode (no temporary instance is started).
-  diff_mode:
-    support: none
+extends_documentation_fragment:
+  - ddtree.sglang.attributes.read_only
 seealso:
   - module: ddtree.sglang.service_autotune
 """
@@ -137,12 +133,13 @@ def main():
                 top_k=dict(type="int"),
             )),
             concurrency=dict(type="list", elements="int", required=True),
-            max_tokens=dict(type="int", default=128),
+            max_tokens=dict(type="int", default=128, no_log=False),
             warmup=dict(type="int", default=1),
             start_timeout=dict(type="float", default=900.0),
             request_timeout=dict(type="float", default=300.0),
         ),
-        supports_check_mode=False,
+        # It only reads (requests to a server); the role starts no temporary instance in check mode.
+        supports_check_mode=True,
     )
     params = module.params
     for name in ("max_tokens", "start_timeout", "request_timeout"):
