@@ -76,6 +76,7 @@ ACTIONS = {
     "ddtree.sglang.service_gate_status": "verdicts",
     "ddtree.sglang.service_release_choice": "choice",
     "ddtree.sglang.service_shadow_compare": "shadow",
+    "ddtree.sglang.service_autotune": "tuning",
 }
 START_FACT = "ddtree_rollout_release_ids_at_start"
 # A task may say what it is to the report with the task variable ddtree_rollout_event: "bake" (a bake's

@@ -24,6 +24,13 @@ import math
 # request at a time. Budgets up to 15 fit the 16-token verify window of the DFlash drafters in use;
 # a setting the drafter cannot run fails its measurement and is never chosen.
 DEFAULTS = {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1], "min_gain": 0.03}
+# Where the settings are measured: a temporary instance of the service on spare GPUs of the host
+# (`gpus`, as many as the service's own) and a port of its own. Not part of the grid or the tuning key:
+# which GPUs of a host is not what the speed depends on (the key is per host; its GPUs are one model).
+TRIAL_FIELDS = ("gpus", "port")
+FIELDS = tuple(DEFAULTS) + TRIAL_FIELDS
+# The temporary instance's name: the service's, with this suffix (its unit sglang-<name>-autotune.service).
+TRIAL_SUFFIX = "-autotune"
 # Each DDTREE setting is a server start plus a measurement (minutes on a GPU host): a grid larger than
 # this is more likely a typo than a plan.
 MAX_SETTINGS = 16
@@ -76,13 +83,13 @@ def autotune_problems(spec: dict) -> list:
         return ["speculative.autotune is set, but algorithm is %s; autotune chooses DDTREE's budget and top_k "
                 "(falling back to DFLASH by itself): set algorithm DDTREE or remove autotune" % algorithm]
     if not isinstance(own, dict):
-        return ["speculative.autotune is %r; it must be a mapping of %s (write autotune: {} for the defaults)"
-                % (own, ", ".join(DEFAULTS))]
+        return ["speculative.autotune is %r; it must be a mapping of %s (e.g. autotune: {gpus: [2, 3], port: 30100} "
+                "for the default grid)" % (own, ", ".join(FIELDS))]
     problems = []
-    unknown = sorted(set(own) - set(DEFAULTS))
+    unknown = sorted(set(own) - set(FIELDS))
     if unknown:
         problems.append("speculative.autotune has unknown field(s) %s; its fields are %s"
-                        % (", ".join(repr(name) for name in unknown), ", ".join(DEFAULTS)))
+                        % (", ".join(repr(name) for name in unknown), ", ".join(FIELDS)))
     for field, what, example in (("budgets", "tree nodes besides the root", "[4, 8, 15]"),
                                  ("top_k", "candidates per draft position", "[4, 8]"),
                                  ("concurrency", "requests at a time to measure with", "[1, 16]")):
@@ -95,6 +102,17 @@ def autotune_problems(spec: dict) -> list:
         if not isinstance(gain, (int, float)) or isinstance(gain, bool) or not 0 <= gain < 1:
             problems.append("speculative.autotune.min_gain is %r; it must be a number from 0 up to, not including, 1 "
                             "(0.03: DDTREE must be at least 3%% faster than DFLASH at every declared concurrency)" % (gain,))
+    if own.get("gpus") is not None:
+        gpus = own["gpus"]
+        if (not isinstance(gpus, list) or not gpus or len(set(map(repr, gpus))) != len(gpus)
+                or any(not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0 for gpu in gpus)):
+            problems.append("speculative.autotune.gpus is %r; it must be a non-empty list of distinct GPU indices "
+                            "(spare GPUs the settings are measured on, as many as the service's gpus), e.g. [2, 3]" % (gpus,))
+    if own.get("port") is not None:
+        port = own["port"]
+        if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+            problems.append("speculative.autotune.port is %r; it must be a TCP port (1-65535) of its own for the "
+                            "temporary instances the settings are measured on, e.g. 30100" % (port,))
     # One place says which budget and top_k run: a fixed one beside the grid would be ignored silently.
     for fixed, field in (("budget", "budgets"), ("top_k", "top_k")):
         if spec.get(fixed) is not None:

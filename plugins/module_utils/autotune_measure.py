@@ -4,10 +4,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """Measuring one server setting under the declared load, for the autotune choice (docs/autotune.md).
 
-A sketch of the measuring step's client: it talks to a running server through the health gate's own
-HTTP client (health_gate.ServiceIO.request: ansible.module_utils.urls, the API key, nothing to install
+The measuring step's client: it waits for a freshly started server, then talks to it through the health
+gate's own HTTP client (health_gate.ServiceIO.request: plain http.client, the API key, nothing to install
 on the host) and returns measurements in the shape ddtree.sglang.service_autotune takes. Starting a
-server per setting is the role's part and is not built yet.
+server per setting is the role's part (roles/sglang_service/tasks/autotune_trial.yml).
 
 Requests are SGLang's native /generate, greedy: its meta_info has each request's completion tokens and
 verify steps, so the acceptance length is measured on the same requests as the speed (the OpenAI routes
@@ -24,6 +24,46 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import d
 # Each level sends at least this many requests per slot, so every slot is refilled at least once and
 # the server sees a steady load, not one burst that drains.
 ROUNDS = 2
+
+# The fixed prompt set every setting is measured with, shipped with the collection (in the module, so
+# nothing is copied to the host). Its name is part of the tuning key: change a prompt, change the name,
+# and every service is tuned again. Mixed on purpose - code, prose, a list, arithmetic - because the
+# acceptance length (and so the best tree) depends on how predictable the text is.
+PROMPT_SET = "autotune-v1"
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring.",
+    "Explain in a few sentences how a hash map handles collisions.",
+    "List the planets of the solar system in order from the sun, one per line.",
+    "Write a SQL query that returns the ten customers with the highest total order value.",
+    "Summarise the causes of the French Revolution in one paragraph.",
+    "Write a bash script that counts the lines of every .py file under the current directory.",
+    "What is 17 multiplied by 23? Show the steps.",
+    "Translate into French: The weather is nice today, so we will walk to the station.",
+]
+
+
+def workload(max_tokens: int, warmup: int) -> dict:
+    """What the measuring sends, as the tuning key records it: a different workload tunes again."""
+    return {"prompts": PROMPT_SET, "max_tokens": max_tokens, "warmup": warmup, "rounds": ROUNDS}
+
+
+def wait_ready(request, unit_state, timeout: float, poll: float = 2.0, clock=time.monotonic, sleep=time.sleep) -> str | None:
+    """Wait until a freshly started server answers GET /health with 200 -> None, or why not: its unit
+    stopped (unit_state() is "failed" or "inactive": a setting the server refuses, e.g. a budget the
+    drafter cannot verify, exits at start) or `timeout` seconds passed."""
+    deadline = clock() + timeout
+    last = "no answer yet"
+    while True:
+        answer = request("GET", "/health", None, timeout=max(1.0, min(10.0, deadline - clock())))
+        if answer["status"] == 200:
+            return None
+        last = describe(answer)
+        state = unit_state()
+        if state in ("failed", "inactive"):
+            return "the server exited before it was ready (unit %s; last /health: %s)" % (state, last)
+        if clock() >= deadline:
+            return "the server was not ready within %g s (last /health: %s)" % (timeout, last)
+        sleep(poll)
 
 
 def generate_once(request, prompt: str, max_tokens: int, timeout: float) -> dict:
@@ -76,6 +116,12 @@ def measure_load(request, prompts: list, concurrency: int, max_tokens: int, time
     return result
 
 
+def failed_setting(setting: dict, concurrencies: list, error: str) -> list:
+    """A setting that could not be measured: one failed measurement per concurrency (never chosen)."""
+    return [dict(setting, concurrency=concurrency, tokens_per_second=None, accept_length=None, error=error)
+            for concurrency in sorted(concurrencies)]
+
+
 def measure_setting(request, setting: dict, concurrencies: list, prompts: list, max_tokens: int = 256,
                     timeout: float = 300.0, warmup: int = 1, clock=time.monotonic) -> list:
     """One running setting ({"algorithm", "budget", "top_k"}) at every declared concurrency, lowest first
@@ -84,8 +130,7 @@ def measure_setting(request, setting: dict, concurrencies: list, prompts: list, 
     for prompt in prompts[:warmup]:
         answer = generate_once(request, prompt, max_tokens, timeout)
         if answer["error"]:
-            return [dict(setting, concurrency=concurrency, tokens_per_second=None, accept_length=None,
-                         error="the warm-up request failed: %s" % answer["error"]) for concurrency in sorted(concurrencies)]
+            return failed_setting(setting, concurrencies, "the warm-up request failed: %s" % answer["error"])
     measurements = []
     for concurrency in sorted(concurrencies):
         level = measure_load(request, prompts, concurrency, max_tokens, timeout, clock)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import autotune_problems
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import TRIAL_SUFFIX, autotune_problems
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
     CANDIDATE,
     OVERLAY_ALGORITHMS,
@@ -77,6 +77,59 @@ def service_problems(services, gpu_indices, host="host"):
         problems.extend(_secret_flag_problems(label, service))
         problems.extend(release_pin_problems(label, service))
     problems.extend(shadow_problems(services, host))
+    problems.extend(autotune_host_problems(services, gpu_indices, host))
+    return problems
+
+
+def autotune_host_problems(services, gpu_indices, host="host"):
+    """Where a tuned service's settings are measured (docs/autotune.md, "Where it measures"): a temporary
+    instance on spare GPUs (speculative.autotune.gpus: as many as the service's, used by no service of the
+    host, shadows included) and a port of its own (autotune.port). Tuning in the canary's window, on the
+    service's own GPUs, is not built: a tuned service without spare GPUs is refused with the fix."""
+    problems = []
+    gpu_owner = {gpu: service.get("name") for service in services for gpu in service.get("gpus") or []}
+    port_owner = {service.get("port"): service.get("name") for service in services}
+    names = {service.get("name") for service in services}
+    spare = [gpu for gpu in gpu_indices if gpu not in gpu_owner]
+    for position, service in enumerate(services):
+        spec = service.get("speculative") or {}
+        own = spec.get("autotune")
+        if not isinstance(own, dict) or spec.get("algorithm") != "DDTREE":
+            continue  # not tuned, or autotune_problems says what is wrong with it
+        label = "%s: sglang_services[%d] (%s)" % (host, position, service.get("name"))
+        count = len(service.get("gpus") or [])
+        free = ", ".join(str(gpu) for gpu in spare) or "none"
+        gpus, port = own.get("gpus"), own.get("port")
+        if gpus is None:
+            problems.append("%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance on "
+                            "spare GPUs before the candidate takes traffic (tuning in the canary's window, on the service's "
+                            "own GPUs, is not built): set autotune.gpus to %d spare GPU(s) (free on %s: %s) and autotune.port, "
+                            "or remove autotune and set budget and top_k" % (label, count, host, free))
+        elif isinstance(gpus, list):
+            if len(gpus) != count:
+                problems.append("%s: speculative.autotune.gpus %s has %d GPU(s), but the service runs on %d; measure on as "
+                                "many as it runs on (free on %s: %s)" % (label, gpus, len(gpus), count, host, free))
+            for gpu in gpus:
+                if gpu not in gpu_indices:
+                    problems.append("%s: speculative.autotune.gpus: GPU %s does not exist on %s, which has GPUs %s"
+                                    % (label, gpu, host, ", ".join(str(index) for index in gpu_indices) or "none"))
+                elif gpu in gpu_owner:
+                    problems.append("%s: speculative.autotune.gpus: GPU %s is used by service %s; the temporary instances "
+                                    "need spare GPUs (free on %s: %s)" % (label, gpu, gpu_owner[gpu], host, free))
+        if gpus is not None and port is None:
+            problems.append("%s: speculative.autotune.port is not set; give the temporary instances a port of their own, "
+                            "e.g. %s" % (label, (service.get("port") or 30000) + 100))
+        elif port is not None and port in port_owner:
+            problems.append("%s: speculative.autotune.port %s is used by service %s; give the temporary instances a port "
+                            "of their own" % (label, port, port_owner[port]))
+        if "%s%s" % (service.get("name"), TRIAL_SUFFIX) in names:
+            problems.append("%s: a service is named %s%s, the name of this service's temporary tuning instance; rename it"
+                            % (label, service.get("name"), TRIAL_SUFFIX))
+        if (service.get("release") or CANDIDATE) != CANDIDATE:
+            problems.append("%s: release %r is pinned, but speculative.autotune tunes for the candidate release (and may fall "
+                            "back to DFLASH, which runs the base release, not the pin): remove release to tune, or remove "
+                            "autotune and pin the setting tuned before (budget and top_k from autotune.json)"
+                            % (label, service.get("release")))
     return problems
 
 

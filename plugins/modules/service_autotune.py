@@ -25,8 +25,9 @@ description:
   - Never chooses a setting that was not measured at every declared concurrency, or whose measurement
     failed. Fails, leaving the state file as it was, when DFLASH was not measured (or failed) at a declared
     concurrency, or when a measurement is outside the declared grid or given twice.
-  - The measuring itself (servers for each setting, under the declared load) is not part of this module;
-    docs/autotune.md says what is built and what is not.
+  - The measuring itself is not part of this module - RV(trials) says what to run, the role starts each
+    as a temporary instance on the service's spare GPUs and M(ddtree.sglang.service_autotune_measure)
+    measures it (docs/autotune.md, "Where it measures").
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
@@ -71,8 +72,9 @@ options:
       seconds: {description: Wall seconds of the measurement (evidence), type: float}
   workload:
     description:
-      - What the measuring step sent (prompt set, C(max_tokens), requests per concurrency); part of the tuning
-        key, so a different workload tunes again.
+      - What the measuring step sends (C(max_tokens), C(warmup)); part of the tuning key, so a different workload
+        tunes again. The collection's prompt set (its name) and the requests per slot are added to it, so a changed
+        prompt set tunes again too.
     type: dict
     default: {}
   floor_margin:
@@ -93,6 +95,7 @@ attributes:
     support: full
     description: The state file before and after.
 seealso:
+  - module: ddtree.sglang.service_autotune_measure
   - module: ddtree.sglang.service_plan
   - module: ddtree.sglang.sglang_health
 """
@@ -119,6 +122,27 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+service:
+  description: The service's name (the rollout report files the tuning under it).
+  returned: always
+  type: str
+  sample: coder
+previous_choice:
+  description: The choice the state file holds, valid for this key or not (null when there is none); check mode plans with it.
+  returned: always
+  type: dict
+  sample: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree}
+trials:
+  description:
+    - When tuning is needed and the service declares C(autotune.gpus) and C(autotune.port) - what to run and measure,
+      DFLASH first - each with C(label) (C(DDTREE budget 8 top_k 4)), C(setting), C(concurrency) and C(instance), the
+      temporary instance's unit entry (name C(<service>-autotune), unit, flags, C(exec_args), environment,
+      C(loads_overlay), gpus, port) for the role's unit and environment templates.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{label: DFLASH, setting: {algorithm: DFLASH, budget: null, top_k: null}, concurrency: [1],
+            instance: {name: coder-autotune, unit: sglang-coder-autotune.service, port: 30100, gpus: [2, 3], loads_overlay: false}}]
 needs_tuning:
   description: Whether the recorded tuning (if any) is not valid for this key (or O(force) is set).
   returned: always
@@ -193,6 +217,8 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
     tuning_key,
     tuning_record,
 )
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import PROMPT_SET, ROUNDS
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import trials
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
 
 ARGUMENT_SPEC = dict(
@@ -235,15 +261,20 @@ def main():
         module.fail_json(msg="floor_margin is %s; it must be from 0 up to, not including, 1" % params["floor_margin"])
 
     tuning = declaration(service["speculative"])
-    key = tuning_key(service, params["release_id"], params["workload"])
+    # The prompt set is the collection's: its name (bumped with its text) keys the tuning too.
+    key = tuning_key(service, params["release_id"], dict({"prompts": PROMPT_SET, "rounds": ROUNDS}, **params["workload"]))
     try:
         document = read_json(path)
     except (OSError, ValueError) as exc:
         module.fail_json(msg="%s: cannot read the tuning state %s (%s); move it aside to tune anew" % (name, path, exc))
     recorded = recorded_choice(document, key)
+    current = (document or {}).get("current") or {}
     result = dict(changed=False, tuned=False, needs_tuning=recorded is None or params["force"], choice=recorded,
-                  key=key, key_changes=key_changes(((document or {}).get("current") or {}).get("key"), key),
-                  grid=measurement_plan(tuning))
+                  key=key, key_changes=key_changes(current.get("key"), key), grid=measurement_plan(tuning),
+                  service=name, previous_choice=current.get("choice"), trials=[])
+    own = service["speculative"]["autotune"]
+    if result["needs_tuning"] and own.get("gpus") is not None and own.get("port") is not None:
+        result["trials"] = trials(service)
     if not result["needs_tuning"]:
         if params["measurements"]:
             module.warn("%s: the tuning key %s did not change since %s: the measurements were not used (force: true "

@@ -105,6 +105,16 @@ options:
         for the services that declare C(speculative.autotune). Ignored for the others.
     type: dict
     default: {}
+  untuned:
+    description:
+      - What to do with a service that declares C(speculative.autotune) but has no choice in O(tuned).
+      - C(fail) refuses the plan, so an unmeasured setting never reaches a unit.
+      - C(defer) validates it with the others but leaves it out of RV(services) and names it in RV(untuned) -
+        the role validates every service before anything changes, builds the releases, tunes, and plans again
+        with O(tuned) (docs/autotune.md).
+    type: str
+    choices: [fail, defer]
+    default: fail
   host:
     description: The host's name, for messages.
     type: str
@@ -147,6 +157,12 @@ services:
       served_model_name: coder
       gate: {start_timeout: 1800, no_progress_timeout: 120}
       tuned: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree, speed_floor: 112.4}
+untuned:
+  description: The services that declare C(speculative.autotune) and have no choice in O(tuned) yet (O(untuned=defer)), in order.
+  returned: success
+  type: list
+  elements: str
+  sample: [coder]
 """
 
 import copy
@@ -198,6 +214,7 @@ def main():
             gpu_indices=dict(type="list", elements="int", required=True),
             gate_defaults=dict(type="dict", default={}),
             tuned=dict(type="dict", default={}),
+            untuned=dict(type="str", default="fail", choices=["fail", "defer"]),
             host=dict(type="str", default="host"),
         ),
         supports_check_mode=True,
@@ -206,6 +223,10 @@ def main():
     problems = service_problems(services, module.params["gpu_indices"], host)
     if problems:
         module.fail_json(msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)), problems=problems)
+    untuned = []
+    if module.params["untuned"] == "defer":
+        untuned = [service["name"] for service in services if declared(service) and not (module.params["tuned"] or {}).get(service["name"])]
+        services = [service for service in services if service["name"] not in untuned]
     services, problems = _with_tuned_choices(services, module.params["tuned"], host)
     if problems:
         module.fail_json(msg="%d service(s) without a tuned setting, nothing was changed: %s" % (len(problems), " | ".join(problems)),
@@ -233,7 +254,7 @@ def main():
             "gate": gate_settings(service, module.params["gate_defaults"]),
             "tuned": tuning,
         })
-    module.exit_json(changed=False, services=plan)
+    module.exit_json(changed=False, services=plan, untuned=untuned)
 
 
 def _with_tuned_choices(services, tuned, host):

@@ -131,7 +131,7 @@ def recovery_note(recovery):
 def _service(record, name):
     return record["services"].setdefault(name, {
         "name": name, "before_release_id": None, "after_release_id": None, "switched": False, "gate": None,
-        "rollback": None, "recovery": None, "release_choice": None, "shadow": None})
+        "rollback": None, "recovery": None, "release_choice": None, "shadow": None, "tuning": None})
 
 
 # How a service's release was chosen, for the table, where it is not the default (the candidate: a
@@ -165,6 +165,46 @@ def _shadow_event(record, event, result):
         rolled["rollback"] = dict(rolled["rollback"] or {}, evidence={
             "passed": False, "release_id": shadow.get("release_id"), "stage": "shadow", "failure_kind": "shadow_worse",
             "during": "shadow", "msg": "worse than %s: %s" % (production["name"], "; ".join(result.get("problems") or []))})
+
+
+def _percent(gain):
+    return None if gain is None else "%+.1f%%" % (100.0 * gain)
+
+
+def tuning_summary(result, plan=False):
+    """A service_autotune result to the report: whether it tuned (or, in a plan, would), the choice and its
+    gain over DFLASH at each declared concurrency. The second call of a tuning (with the measurements)
+    follows the first and replaces it."""
+    choice = result.get("choice") or {}
+    if result.get("tuned"):
+        state = "tuned"
+    elif result.get("needs_tuning"):
+        state = "would tune" if plan else "needs tuning"
+    else:
+        state = "unchanged"
+    gains = choice.get("gain_over_dflash") or {}
+    return {"state": state, "algorithm": choice.get("algorithm"), "budget": choice.get("budget"), "top_k": choice.get("top_k"),
+            "status": choice.get("status"), "reason": choice.get("reason"),
+            "gain_over_dflash": {concurrency: gains[concurrency] for concurrency in sorted(gains, key=int)},
+            "key_changes": list(result.get("key_changes") or []) if result.get("needs_tuning") else []}
+
+
+def tuning_text(tuning):
+    """'tuned: DDTREE budget 8 top_k 4, +12.0% over DFLASH', 'fell back to DFLASH: <why>', 'tuning unchanged
+    (...)' or 'would tune (release_id changed)'."""
+    if tuning["state"] in ("would tune", "needs tuning"):
+        return "%s (%s changed)" % (tuning["state"], ", ".join(tuning["key_changes"]) or "nothing")
+    if tuning["algorithm"] == "DDTREE":
+        gains = tuning["gain_over_dflash"]
+        over = ", ".join("%s at concurrency %s" % (_percent(gain), concurrency) for concurrency, gain in gains.items())
+        if len(gains) == 1:
+            over = _percent(next(iter(gains.values())))
+        text = "DDTREE budget %s top_k %s, %s over DFLASH" % (tuning["budget"], tuning["top_k"], over)
+    else:
+        text = "DFLASH: %s" % (tuning["reason"] or "no DDTREE setting was fast enough")
+    if tuning["state"] == "tuned":
+        return ("tuned: " if tuning["algorithm"] == "DDTREE" else "fell back to ") + text
+    return "tuning unchanged (%s)" % text
 
 
 def shadow_numbers(comparison):
@@ -244,6 +284,8 @@ def build_report(events, targeted, kind="rollout", meta=None):
                 _service(record, name)["release_choice"] = {key: (choice or {}).get(key) for key in ("release_id", "follows", "reason")}
         elif kind_ == "shadow":
             _shadow_event(record, event, result)
+        elif kind_ == "tuning" and result.get("service"):
+            _service(record, result["service"])["tuning"] = tuning_summary(result, plan=kind == "plan")
         elif kind_ == "link":
             service = _service(record, event["service"])
             before = (result.get("before") or {}).get("release_id")
@@ -480,6 +522,18 @@ def render_markdown(report):
                 host, name, comparison["shadow_service"], _short((comparison["shadow"] or {}).get("release_id")), comparison["verdict"],
                 shadow_numbers(comparison), comparison["outputs_compared"], "; ".join(comparison["problems"] or []))))
         out.append("")
+    tunings = [(row["host"], service["name"], service["tuning"]) for row in report["hosts"] for service in row["services"] if service.get("tuning")]
+    if tunings:
+        out += ["### Tuning", "", "| Host | Service | Tuning | Runs | Gain over DFLASH | Why |", "|---|---|---|---|---|---|"]
+        for host, name, tuning in tunings:
+            runs = "DDTREE budget %s top_k %s" % (tuning["budget"], tuning["top_k"]) if tuning["algorithm"] == "DDTREE" else tuning["algorithm"]
+            if tuning["state"] in ("would tune", "needs tuning"):
+                runs = None
+            gains = ", ".join("%s at %s" % (_percent(gain), concurrency) for concurrency, gain in tuning["gain_over_dflash"].items())
+            why = "%s changed" % ", ".join(tuning["key_changes"]) if tuning["key_changes"] else ""
+            out.append("| %s |" % " | ".join(_cell(value) for value in (
+                host, name, tuning["state"], runs, gains, "; ".join(part for part in (why, tuning["reason"] or "") if part))))
+        out.append("")
     not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
     if not_reached:
         out += ["Not reached (the rollout stopped before them; they keep the release they had): %s" % ", ".join(not_reached), ""]
@@ -544,6 +598,8 @@ def summary_lines(report):
                 text += " (%s)" % service["release_choice"]["reason"]
             if service["gate"]:
                 text += ", gate " + _gate_cell(service["gate"])
+            if service.get("tuning"):
+                text += ", " + tuning_text(service["tuning"])
             if service.get("shadow"):
                 comparison = service["shadow"]
                 text += ", shadow %s: %s (%s)%s" % (comparison["shadow_service"], comparison["verdict"], shadow_numbers(comparison),

@@ -8,7 +8,8 @@ from ansible_collections.ddtree.sglang.plugins.module_utils import autotune, ser
 
 CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/models/coder-dflash", "gpus": [0, 1], "tp_size": 2,
          "port": 30000, "speculative": {"algorithm": "DDTREE",
-                                        "autotune": {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1, 16], "min_gain": 0.03}}}
+                                        "autotune": {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1, 16], "min_gain": 0.03,
+                                                     "gpus": [2, 3], "port": 30100}}}
 EIGHT = list(range(8))
 
 
@@ -27,7 +28,7 @@ def problems_of(service):
 def test_a_good_declaration_and_the_defaults_have_no_problems():
     assert problems_of(CODER) == []
     defaults = copy.deepcopy(CODER)
-    defaults["speculative"]["autotune"] = {}
+    defaults["speculative"]["autotune"] = {"gpus": [2, 3], "port": 30100}
     assert problems_of(defaults) == []
     assert autotune.declaration(defaults["speculative"]) == {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1], "min_gain": 0.03}
 
@@ -37,8 +38,9 @@ def test_a_good_declaration_and_the_defaults_have_no_problems():
      "ct200: sglang_services[0] (coder): speculative.autotune is set, but algorithm is DFLASH; autotune chooses DDTREE's budget "
      "and top_k (falling back to DFLASH by itself): set algorithm DDTREE or remove autotune"),
     (dict(CODER, speculative={"algorithm": "DDTREE", "autotune": True}),
-     "speculative.autotune is True; it must be a mapping of budgets, top_k, concurrency, min_gain (write autotune: {} for the defaults)"),
-    (with_autotune(budget=[4]), "speculative.autotune has unknown field(s) 'budget'; its fields are budgets, top_k, concurrency, min_gain"),
+     "speculative.autotune is True; it must be a mapping of budgets, top_k, concurrency, min_gain, gpus, port "
+     "(e.g. autotune: {gpus: [2, 3], port: 30100} for the default grid)"),
+    (with_autotune(budget=[4]), "speculative.autotune has unknown field(s) 'budget'; its fields are budgets, top_k, concurrency, min_gain, gpus, port"),
     (with_autotune(budgets=[4, 0]), "speculative.autotune.budgets is [4, 0]; it must be a non-empty list of distinct integers >= 1"),
     (with_autotune(budgets=[]), "speculative.autotune.budgets is []; it must be a non-empty list"),
     (with_autotune(budgets=8), "speculative.autotune.budgets is 8; it must be a non-empty list"),

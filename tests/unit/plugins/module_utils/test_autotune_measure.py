@@ -1,13 +1,17 @@
 """The measuring client against a fake SGLang /generate over real HTTP, through the gate's own client."""
 
+import json
+import os
 import threading
 from http.server import ThreadingHTTPServer
 
 import pytest
+from conftest import run_module
 from fake_http import JSONHandler, serving
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import autotune, autotune_measure
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
+from ansible_collections.ddtree.sglang.plugins.modules import service_autotune_measure
 
 DDTREE_8_4 = {"algorithm": "DDTREE", "budget": 8, "top_k": 4}
 
@@ -21,6 +25,7 @@ class FakeGenerate(ThreadingHTTPServer):
     def __init__(self):
         super().__init__(("127.0.0.1", 0), Handler)
         self.verify_steps, self.fail, self.gather = 4, set(), 1
+        self.health = [200]  # GET /health answers these statuses in turn, then the last one for ever
         self.arrived = threading.Condition()
         self.in_flight = self.most_in_flight = self.count = 0
         self.bodies, self.authorizations = [], []
@@ -30,6 +35,10 @@ GATHER_TIMEOUT = 2.0
 
 
 class Handler(JSONHandler):
+    def do_GET(self):
+        health = self.server.health
+        self.reply(health.pop(0) if len(health) > 1 else health[0], {})
+
     def do_POST(self):
         server = self.server
         body = self.json_body()
@@ -109,3 +118,67 @@ def test_no_acceptance_length_without_verify_steps(server):
     (measurement,) = autotune_measure.measure_setting(client(server), {"algorithm": "NONE", "budget": None, "top_k": None},
                                                       [1], ["a"], max_tokens=8, warmup=0)
     assert measurement["accept_length"] is None and measurement["tokens_per_second"] > 0
+
+
+# ---- waiting for a fresh server, and the module ---------------------------------------------------------
+
+class Clock:
+    """A clock that moves only when the code under test sleeps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.now += seconds
+
+
+def test_it_waits_until_health_answers_200_and_gives_up_on_a_unit_that_exited_or_a_timeout(server):
+    clock = Clock()
+    server.health = [503, 503, 200]
+    assert autotune_measure.wait_ready(client(server), lambda: "active", 60, poll=2, clock=clock, sleep=clock.sleep) is None
+    assert clock.now == 4  # two polls waited for
+    server.health = [503]
+    states = iter(["activating", "failed"])
+    problem = autotune_measure.wait_ready(client(server), lambda: next(states), 60, poll=2, clock=clock, sleep=clock.sleep)
+    assert problem.startswith("the server exited before it was ready (unit failed; last /health: HTTP 503")
+    clock = Clock()
+    problem = autotune_measure.wait_ready(client(server), lambda: "activating", 10, poll=2, clock=clock, sleep=clock.sleep)
+    assert problem.startswith("the server was not ready within 10 s (last /health: HTTP 503") and clock.now == 10
+
+
+def fake_systemctl(tmp_path, monkeypatch, state):
+    """systemctl and journalctl on PATH: `systemctl is-active` prints state."""
+    for name, body in (("systemctl", "echo " + state), ("journalctl", "true")):
+        tool = tmp_path / name
+        tool.write_text("#!/bin/sh\n" + body + "\n")
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+
+
+def module_args(server, **extra):
+    return dict({"unit": "sglang-coder-autotune.service", "port": server.server_address[1], "api_key": "s3cret",
+                 "setting": DDTREE_8_4, "concurrency": [2, 1], "max_tokens": 16, "start_timeout": 30}, **extra)
+
+
+def test_the_module_measures_a_ready_server_at_each_concurrency(server, tmp_path, monkeypatch, capsys):
+    fake_systemctl(tmp_path, monkeypatch, "active")
+    code, result = run_module(service_autotune_measure, module_args(server), capsys)
+    assert code == 0 and result["changed"] is False and result["ready_s"] is not None
+    assert [(m["concurrency"], m["requests"], m["error"]) for m in result["measurements"]] == [
+        (1, len(autotune_measure.PROMPTS), None), (2, len(autotune_measure.PROMPTS), None)]
+    assert all(m["tokens_per_second"] > 0 and m["accept_length"] == 4.0 for m in result["measurements"])
+    assert result["workload"] == {"prompts": "autotune-v1", "max_tokens": 16, "warmup": 1, "rounds": 2}
+    assert server.bodies[1]["text"] == autotune_measure.PROMPTS[0]
+    assert "s3cret" not in json.dumps(result)
+
+
+def test_a_server_that_exits_at_start_is_a_failed_setting_not_a_failed_task(server, tmp_path, monkeypatch, capsys):
+    fake_systemctl(tmp_path, monkeypatch, "failed")
+    server.health = [503]
+    code, result = run_module(service_autotune_measure, module_args(server), capsys)
+    assert code == 0 and result["ready_s"] is None and server.count == 0
+    assert [(m["concurrency"], m["tokens_per_second"]) for m in result["measurements"]] == [(1, None), (2, None)]
+    assert result["measurements"][0]["error"].startswith("the server exited before it was ready (unit failed")

@@ -8,7 +8,8 @@ from conftest import run_module
 from ansible_collections.ddtree.sglang.plugins.modules import service_autotune, service_plan
 
 CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/models/coder-dflash", "gpus": [0], "port": 30000,
-         "speculative": {"algorithm": "DDTREE", "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1, 16]}}}
+         "speculative": {"algorithm": "DDTREE",
+                         "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1, 16], "gpus": [1], "port": 30100}}}
 
 
 def measure(dflash=(100.0, 1000.0), b4=(110.0, 1100.0), b8=(125.0, 1050.0)):
@@ -43,7 +44,7 @@ def test_first_it_says_what_to_measure_then_it_decides_and_records(tmp_path, cap
     assert recorded["current"]["measurements"][0]["requests"] == 8
     assert recorded["current"]["key"] == result["key"] and recorded["current"]["release_id"] == "r1"
     # The choice is what the plan runs, with the tuned floor for the gate.
-    code, plan = run_module(service_plan, {"services": [CODER], "gpu_indices": [0], "tuned": {"coder": choice}}, capsys)
+    code, plan = run_module(service_plan, {"services": [CODER], "gpu_indices": [0, 1], "tuned": {"coder": choice}}, capsys)
     assert code == 0
     flags = plan["services"][0]["flags"]
     assert flags[flags.index("--speculative-ddtree-budget") + 1] == "4" and plan["services"][0]["gate"] == {"min_tokens_per_second": 88.0}
@@ -71,7 +72,7 @@ def test_a_rerun_with_nothing_changed_tunes_nothing_and_a_new_release_tunes_agai
     assert document["current"]["release_id"] == "r2"
     assert [entry["release_id"] for entry in document["history"]] == ["r1"]
     # The fallback is what the plan runs: DFLASH, on the base release (it does not load the overlay).
-    code, plan = run_module(service_plan, {"services": [CODER], "gpu_indices": [0], "tuned": {"coder": result["choice"]}}, capsys)
+    code, plan = run_module(service_plan, {"services": [CODER], "gpu_indices": [0, 1], "tuned": {"coder": result["choice"]}}, capsys)
     assert plan["services"][0]["algorithm"] == "DFLASH" and plan["services"][0]["loads_overlay"] is False
 
 
@@ -102,7 +103,7 @@ def test_a_service_without_autotune_or_with_a_bad_one_is_refused(tmp_path, capsy
 
 
 def test_the_plan_refuses_a_service_that_declares_autotune_but_was_not_tuned(capsys):
-    code, result = run_module(service_plan, {"services": [CODER], "gpu_indices": [0], "host": "ct200"}, capsys)
+    code, result = run_module(service_plan, {"services": [CODER], "gpu_indices": [0, 1], "host": "ct200"}, capsys)
     assert code == 1 and result["problems"] == [
         "ct200: sglang_services[0] (coder): speculative.autotune is declared but no tuned choice was given in tuned; run "
         "ddtree.sglang.service_autotune for the candidate release first (docs/autotune.md)"]
@@ -112,3 +113,32 @@ def test_the_documentation_says_what_the_argument_spec_does():
     from test_schemas import differences, documented, shape
 
     assert differences("ARGUMENT_SPEC", shape(service_autotune.ARGUMENT_SPEC), "DOCUMENTATION", shape(documented(service_autotune))) == []
+
+
+def test_it_says_what_to_run_and_what_was_chosen_before_and_a_changed_prompt_set_tunes_again(tmp_path, capsys, monkeypatch):
+    code, result = run_module(service_autotune, args(tmp_path), capsys)
+    assert result["service"] == "coder" and result["previous_choice"] is None
+    assert [(trial["label"], trial["instance"]["unit"], trial["instance"]["port"]) for trial in result["trials"]] == [
+        ("DFLASH", "sglang-coder-autotune.service", 30100), ("DDTREE budget 4 top_k 4", "sglang-coder-autotune.service", 30100),
+        ("DDTREE budget 8 top_k 4", "sglang-coder-autotune.service", 30100)]
+    assert result["key"]["parts"]["workload"] == {"prompts": "autotune-v1", "rounds": 2}
+    run_module(service_autotune, args(tmp_path, measurements=measure()), capsys)
+    code, result = run_module(service_autotune, args(tmp_path), capsys)
+    assert result["needs_tuning"] is False and result["trials"] == [] and result["previous_choice"]["budget"] == 4
+    monkeypatch.setattr(service_autotune, "PROMPT_SET", "autotune-v2")
+    code, result = run_module(service_autotune, args(tmp_path, release_id="r2"), capsys)
+    assert result["needs_tuning"] is True and result["key_changes"] == ["release_id", "workload"]
+    # Check mode plans with the choice tuned before (the role's provisional choice).
+    assert result["choice"] is None and result["previous_choice"]["algorithm"] == "DDTREE"
+
+
+def test_the_plan_defers_an_untuned_service_and_validates_it_with_the_others(capsys):
+    chat = {"name": "chat", "model_path": "/models/chat", "gpus": [2], "port": 30001}
+    code, result = run_module(service_plan, {"services": [CODER, chat], "gpu_indices": [0, 1, 2], "untuned": "defer"}, capsys)
+    assert code == 0 and result["untuned"] == ["coder"] and [service["name"] for service in result["services"]] == ["chat"]
+    # Still validated: its spare GPU is chat's now.
+    code, result = run_module(service_plan, {"services": [CODER, dict(chat, gpus=[1])], "gpu_indices": [0, 1], "untuned": "defer",
+                                             "host": "ct200"}, capsys)
+    assert code == 1 and result["problems"] == [
+        "ct200: sglang_services[0] (coder): speculative.autotune.gpus: GPU 1 is used by service chat; the temporary instances need "
+        "spare GPUs (free on ct200: none)"]

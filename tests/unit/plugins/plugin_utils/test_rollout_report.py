@@ -376,3 +376,49 @@ def test_a_production_service_measured_for_its_shadow_is_not_recorded_as_its_gat
     # The rollout_summary callback asks gate_kind for every sglang_health result.
     assert gate_kind("measure") is None
     assert (gate_kind(None), gate_kind("bake"), gate_kind("stop")) == ("gate", "bake", "gate")
+
+
+def tuning(needs_tuning, tuned=False, choice=None, key_changes=("release_id",)):
+    return {"host": "ct200", "kind": "tuning", "service": "coder", "result": {
+        "service": "coder", "needs_tuning": needs_tuning, "tuned": tuned, "changed": tuned, "choice": choice,
+        "key_changes": list(key_changes)}}
+
+
+DDTREE_CHOICE = {"algorithm": "DDTREE", "budget": 8, "top_k": 4, "status": "ddtree", "reason": "DDTREE budget 8 top_k 4 is the fastest ...",
+                 "gain_over_dflash": {"16": 0.051, "1": 0.123}}
+FALLBACK = {"algorithm": "DFLASH", "budget": None, "top_k": None, "status": "fallback", "gain_over_dflash": {"1": 0.0},
+            "reason": "no DDTREE setting beats DFLASH by min_gain +3.0% at every declared concurrency: running DFLASH"}
+
+
+def rollout_with(*tunings):
+    return build_report(START + [{"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}}] + list(tunings)
+                        + [link("ct200", "coder", OLD, NEW), gate("ct200", passed_gate("coder", NEW))], ["ct200"])
+
+
+def test_a_tuning_is_reported_with_its_choice_and_gain_or_its_fallback_and_why():
+    # The module's two calls: "needs tuning", then the decision, which replaces it.
+    report = rollout_with(tuning(True), tuning(True, tuned=True, choice=DDTREE_CHOICE))
+    line = summary_lines(report)[0][0]
+    assert line.endswith(", gate passed, tuned: DDTREE budget 8 top_k 4, +12.3% at concurrency 1, +5.1% at concurrency 16 over DFLASH")
+    text = render_markdown(report)
+    assert ("| ct200 | coder | tuned | DDTREE budget 8 top_k 4 | +12.3% at 1, +5.1% at 16 | release_id changed; "
+            "DDTREE budget 8 top_k 4 is the fastest ... |") in text
+    report = rollout_with(tuning(True), tuning(True, tuned=True, choice=FALLBACK))
+    assert summary_lines(report)[0][0].endswith(
+        ", fell back to DFLASH: no DDTREE setting beats DFLASH by min_gain +3.0% at every declared concurrency: running DFLASH")
+    single = dict(DDTREE_CHOICE, gain_over_dflash={"1": 0.2})
+    assert summary_lines(rollout_with(tuning(True, tuned=True, choice=single)))[0][0].endswith(
+        "tuned: DDTREE budget 8 top_k 4, +20.0% over DFLASH")
+
+
+def test_an_unchanged_tuning_says_so_and_a_plan_says_what_it_would_tune():
+    report = rollout_with(tuning(False, choice=DDTREE_CHOICE, key_changes=()))
+    assert summary_lines(report)[0][0].endswith(
+        "tuning unchanged (DDTREE budget 8 top_k 4, +12.3% at concurrency 1, +5.1% at concurrency 16 over DFLASH)")
+    plan = build_report(START[:1] + [tuning(True, key_changes=("model", "release_id"))], ["ct200"], kind="plan")
+    assert "would tune (model, release_id changed)" in summary_lines(plan)[0][0]
+    assert "| ct200 | coder | would tune | – | – | model, release_id changed |" in render_markdown(plan)
+
+
+def test_reports_without_a_tuning_have_no_tuning_section():
+    assert "### Tuning" not in render_markdown(rollout_with())
