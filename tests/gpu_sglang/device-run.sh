@@ -11,6 +11,10 @@
 #           gpu_stage_check.py) -> results-stage.json
 #   profile GPU time per decode step, DFLASH against DDTREE, kernel by kernel (profile_step.py, SGLang's
 #           torch profiler; PERF_TARGET as for perf, default qwen3-8b) -> results-profile.json
+#   weak    a drafter less sure of itself (train_models.py --drafter-only, stops at offline acceptance
+#           WEAK_ACCEPT, default 5) for the trained target -> MODELS/tiny-qwen3-dflash-weak, weak-drafter.tgz
+#   autotune the autotune grid measured and chosen with the collection's code (autotune_real.py), once per
+#           drafter in AUTOTUNE_DRAFTERS (default tiny-qwen3-dflash) -> results-autotune-DRAFTER.json
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
 # Models: from `train` in the same call, else .cache/gpu-sglang/models, else /tmp/gs/models (an earlier
 # call on this warm machine), else docs/evidence/gpu-sglang/models.tgz.
@@ -38,6 +42,13 @@ for step in "$@"; do
     train) timeout 270 python3 "$H/train_models.py" "$W/models" 2>&1 | tr '\r' '\n' | tee "$W/logs/train.log"
            MODELS=$W/models; cp "$W/models/train.json" "$OUT/" 2>/dev/null
            tar czf "$OUT/models.tgz" --exclude train.json -C "$W" models ;;
+    weak) timeout 200 python3 "$H/train_models.py" "$MODELS" --drafter-only tiny-qwen3-dflash-weak "${WEAK_ACCEPT:-5}" 2>&1 \
+            | tr '\r' '\n' | tee "$W/logs/train-weak.log" | tail -12
+          cp "$MODELS"/train-tiny-qwen3-dflash-weak.json "$W/logs/" 2>/dev/null
+          tar czf "$OUT/weak-drafter.tgz" -C "$MODELS" tiny-qwen3-dflash-weak ;;
+    autotune) for drafter in ${AUTOTUNE_DRAFTERS:-tiny-qwen3-dflash}; do
+            timeout "$(left)" python3 "$H/autotune_real.py" "$W/logs" "$MODELS" "$drafter" "${AUTOTUNE_ROUNDS:-3}" 2>&1 | tail -30
+          done ;;
     tp1|sampled|tp2) timeout "$(left)" python3 "$H/scenario.py" "$W/logs" "$MODELS" "$step" 2>&1 | tail -20 ;;
     topk) PYTHONPATH=$REPO/sglang_overlay/src timeout 240 python3 "$REPO/sglang_overlay/benchmarks/draft_topk.py" \
             --json "$W/logs/results-topk.json" 2>&1 | tee "$W/logs/topk.log" | tail -20 ;;
@@ -60,7 +71,7 @@ for step in "$@"; do
   esac
 done
 stamp "packing"
-cp "$W"/logs/results-*.json "$W/logs/checks.json" "$OUT/" 2>/dev/null
+cp "$W"/logs/results-*.json "$W"/logs/train-*.json "$W/logs/checks.json" "$OUT/" 2>/dev/null
 tar czf "$OUT/logs.tgz" --exclude logs/prof -C "$W" logs  # traces stay: results-profile.json sums them
 python3 "$H/analyze.py" --device-summary "$W/logs" 2>&1 | tail -40
 stamp "done"; ls -la "$OUT"

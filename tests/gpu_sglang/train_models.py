@@ -6,6 +6,13 @@ Usage: python train_models.py OUTDIR [--quick]   (writes OUTDIR/tiny-qwen3, OUTD
 OUTDIR/train.json with the losses and the offline DFlash acceptance length on held-out prompts).
 Seeded; on one H200 it takes about two minutes. --quick is a CPU smoke test of the code paths.
 
+       python train_models.py OUTDIR --drafter-only NAME STOP_AT
+   keeps OUTDIR/tiny-qwen3 (the target trained before) and trains a drafter into OUTDIR/NAME, stopping at
+   the first check (every 25 steps from step 50) whose offline acceptance length on 16 held-out prompts
+   reaches STOP_AT: a drafter less sure of itself than the full run's (acceptance 13.5 of 16), as real
+   DFlash drafters on real models are (acceptance about 4-8), where a tree has siblings worth verifying.
+   Writes OUTDIR/train-NAME.json.
+
 The drafter's forward below mirrors sglang/srt/models/dflash.py and the DFlash worker: context K/V come
 from fc(concat(target hidden states after layers target_layer_ids)) -> hidden_norm -> each layer's
 k/v projections (no input norm) -> k_norm -> RoPE at the context positions; the block [root, MASK x 15]
@@ -237,13 +244,20 @@ def main():
         logs.append(line)
 
     lang = sl.Language()
-    tdir, ddir = os.path.join(out, "tiny-qwen3"), os.path.join(out, "tiny-qwen3-dflash")
+    drafter_only = "--drafter-only" in sys.argv
+    name, stop_at = "tiny-qwen3-dflash", None
+    if drafter_only:
+        at = sys.argv.index("--drafter-only")
+        name, stop_at = sys.argv[at + 1], float(sys.argv[at + 2])
+    tdir, ddir = os.path.join(out, "tiny-qwen3"), os.path.join(out, name)
     os.makedirs(tdir, exist_ok=True)
     os.makedirs(ddir, exist_ok=True)
-    make_tokenizer(tdir)
     make_tokenizer(ddir)
-    model, tloss = train_target(lang, dev, 10 if quick else 1500, log, bs=4 if quick else 128)
-    model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
+    tloss = None
+    if not drafter_only:
+        make_tokenizer(tdir)
+        model, tloss = train_target(lang, dev, 10 if quick else 1500, log, bs=4 if quick else 128)
+        model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
     from transformers import Qwen3ForCausalLM
     target = Qwen3ForCausalLM.from_pretrained(tdir, dtype=torch.bfloat16).to(dev).eval()
     log("target saved (%d params)" % sum(p.numel() for p in target.parameters()))
@@ -269,6 +283,9 @@ def main():
     wpos = torch.exp(-(torch.arange(1, BLOCK, device=dev).float() - 1) / 7.0)
     gfeats = [features(target, g[0]) for g in groups]
     bs, A = (4 if quick else 64), 8
+    held_out = [[sl.SPECIALS.index(w) if w in sl.SPECIALS else sl.token_id(w) for w in p.split()]
+                for p in sl.greedy_prompts(lang)]
+    check = [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[:2 if quick else 16]] if drafter_only else []
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, 2e-3)
@@ -289,6 +306,14 @@ def main():
         if time.time() - t0 > 200 and not quick:  # keep the device call inside its limit
             log("drafter: time budget reached at step %d" % step)
             break
+        if drafter_only and step >= (1 if quick else 50) and step % (1 if quick else 25) == 0:
+            drafter.eval()
+            accept = sum(simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev)[0]
+                         for g, pl in check) / len(check)
+            drafter.train()
+            log("drafter step %d loss %.4f offline acceptance %.3f" % (step, loss.item(), accept))
+            if accept >= stop_at:
+                break
         if step % 250 == 0 or step == steps - 1:
             acc1 = (logits.argmax(-1) == labels[:, :, 1:]).float().mean(dim=(0, 1))
             log("drafter step %d loss %.4f pos-acc %s" % (step, loss.item(), " ".join("%.2f" % a for a in acc1[:8].tolist())))
@@ -302,10 +327,8 @@ def main():
         json.dump(dcfg, fh, indent=1)
 
     # offline DFlash acceptance on the held-out greedy prompts
-    ids = [[sl.SPECIALS.index(w) if w in sl.SPECIALS else sl.token_id(w) for w in p.split()]
-           for p in sl.greedy_prompts(lang)]
     accs = []
-    for p in ids[:2 if quick else 64]:
+    for p in held_out[:2 if quick else 64]:
         g = greedy_continue(target, [p], 64, dev)
         a = simulate_acceptance(drafter.eval(), target, embed, head, g, torch.tensor([len(p)]), dev)[0]
         accs.append(a)
@@ -315,8 +338,9 @@ def main():
            "offline_accept_len_per_prompt": accs, "seconds": round(time.time() - t0, 1), "device": str(dev),
            "torch": torch.__version__, "log": logs,
            "target": {"vocab": sl.VOCAB, "hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": INTER},
-           "drafter": {"layers": DL, "block": BLOCK, "target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID}}
-    with open(os.path.join(out, "train.json"), "w") as fh:
+           "drafter": {"layers": DL, "block": BLOCK, "target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID,
+                       "name": name, "steps": step + 1, "stop_at_accept": stop_at}}
+    with open(os.path.join(out, "train-%s.json" % name if drafter_only else "train.json"), "w") as fh:
         json.dump(res, fh, indent=1)
 
 

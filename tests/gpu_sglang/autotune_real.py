@@ -1,0 +1,170 @@
+"""The autotune grid measured and chosen on the device, with real SGLang 0.5.23 servers (issue 13).
+
+Usage (on the device, after device-setup.sh): python autotune_real.py OUT MODELS DRAFTER [ROUNDS]
+  DRAFTER: the drafter's directory under MODELS (tiny-qwen3-dflash: the harness's trained drafter;
+  another name: one train_models.py --drafter-only wrote).
+
+What the collection does on a host, with the collection's own code, the servers started here instead of
+as the role's temporary units: the declaration `AUTOTUNE` below is validated by autotune.autotune_problems,
+every setting of autotune.measurement_plan (DFLASH and each DDTREE budget x top_k) plus NONE is a server
+(scenario.py's flags, CUDA graphs on), each is measured by autotune_measure.measure_setting through the
+health gate's own HTTP client (health_gate.ServiceIO.request), and autotune.choose decides. Differences
+from the role, and why: the servers start together (one GPU; the role starts one at a time on spare GPUs)
+and are then measured one at a time, the others idle; the prompts are the harness's held-out prompts of
+the synthetic language the tiny target speaks (the collection's English prompt set would be unknown
+words to its word-level tokenizer); ROUNDS rounds (default 3), each setting's tokens/s the median of its
+rounds (autotune.choose takes one measurement per setting: "give one per setting, e.g. the median of
+repeats"). Writes OUT/results-autotune-DRAFTER.json; prints the grid, the choice and its gains.
+"""
+import json
+import os
+import re
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import scenario as sc  # noqa: E402
+import synth_lang as sl  # noqa: E402
+
+# The collection as Ansible imports it (collections/ansible_collections/ddtree/sglang -> the checkout).
+sys.path.insert(0, os.path.join(REPO, "collections"))
+from ansible_collections.ddtree.sglang.plugins.module_utils import autotune  # noqa: E402
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import measure_setting  # noqa: E402
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO  # noqa: E402
+
+AUTOTUNE = {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1, 16], "min_gain": 0.03}
+MAX_TOKENS = 64
+
+
+def server_for(item, port, out, models, drafter):
+    """A scenario.Server running one setting, its drafter swapped for DRAFTER."""
+    name = autotune.setting_name(item).lower().replace(" ", "-").replace("_", "")
+    server = sc.Server("autotune-" + name, item["algorithm"], sc.RELEASE, port, out, models)
+    args = server.args
+    if item["algorithm"] != "NONE":
+        args[args.index("--speculative-draft-model-path") + 1] = os.path.join(models, drafter)
+    if item["algorithm"] == "DDTREE":
+        args[args.index("--speculative-ddtree-budget") + 1] = str(item["budget"])
+        args[args.index("--speculative-ddtree-top-k") + 1] = str(item["top_k"])
+    server.info["flags"] = args[3:]
+    return server
+
+
+def median(values):
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2] if ordered else None
+
+
+def main():
+    out, models, drafter = sys.argv[1], sys.argv[2], sys.argv[3]
+    rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+    problems = autotune.autotune_problems({"algorithm": "DDTREE", "autotune": AUTOTUNE})
+    if problems:
+        sys.exit("the declaration is invalid: %s" % problems)
+    tuning = autotune.declaration({"autotune": AUTOTUNE})
+    settings = [autotune.setting("NONE")] + autotune.candidate_settings(tuning)
+    servers = [(item, server_for(item, 30200 + index, out, models, drafter)) for index, item in enumerate(settings)]
+    prompts = sl.greedy_prompts(sl.Language())
+    t0 = time.time()
+    doc = {"plan": "autotune", "drafter": drafter, "declaration": AUTOTUNE, "tuning": tuning, "rounds": rounds,
+           "max_tokens": MAX_TOKENS, "prompts": "harness held-out greedy prompts (%d)" % len(prompts),
+           "servers": {}, "runs": []}
+    path = os.path.join(out, "results-autotune-%s.json" % drafter)
+
+    def save():
+        doc["seconds"] = round(time.time() - t0, 1)
+        doc["servers"] = {server.name: server.info for _item, server in servers}
+        with open(path, "w") as fh:
+            json.dump(doc, fh, indent=1)
+
+    try:
+        # NONE first: it compiles SGLang's JIT kernels into the shared cache; the rest find them there.
+        servers[0][1].start()
+        servers[0][1].wait_ready()
+        for _item, server in servers[1:]:
+            server.start()
+        for _item, server in servers[1:]:
+            server.wait_ready(limit=400)
+        print("[autotune] ready after %.0f s: %s" % (time.time() - t0, {s.name: s.info.get("ready_s", s.info.get("error"))
+                                                                        for _i, s in servers}), flush=True)
+        for number in range(rounds):
+            for item, server in servers:
+                if "ready_s" not in server.info:
+                    continue
+                io = ServiceIO(None, None, None, server.name, "127.0.0.1", server.port)
+                for level in measure_setting(io.request, item, tuning["concurrency"], prompts, MAX_TOKENS,
+                                             timeout=120.0, warmup=1 if number == 0 else 0):
+                    doc["runs"].append(dict(level, round=number))
+                    print("[autotune] round %d %s c%d %s tok/s accept %s %s" % (
+                        number, autotune.setting_name(item), level["concurrency"], level["tokens_per_second"],
+                        level["accept_length"], level["error"] or ""), flush=True)
+            save()
+    finally:
+        for _item, server in servers:
+            server.stop()
+        for _item, server in servers:
+            try:
+                log = open(os.path.join(out, "server-%s.log" % server.name)).read()
+                server.info["graph_decode_batches"] = len(re.findall(r"cuda graph: True", log))
+                server.info["eager_decode_batches"] = len(re.findall(r"cuda graph: False", log))
+            except OSError:
+                pass
+        save()
+    # One measurement per setting and concurrency, the median of the rounds; a setting that failed in
+    # any round keeps that failure (autotune.choose never picks it).
+    measurements = []
+    for item in settings:
+        for concurrency in tuning["concurrency"]:
+            runs = [run for run in doc["runs"] if run["algorithm"] == item["algorithm"] and run["budget"] == item["budget"]
+                    and run["top_k"] == item["top_k"] and run["concurrency"] == concurrency]
+            failed = [run for run in runs if run["error"] or run["tokens_per_second"] is None]
+            measurement = dict(item, concurrency=concurrency, tokens_per_second=None, accept_length=None,
+                               rounds=[run["tokens_per_second"] for run in runs])
+            if not runs:
+                started = dict((autotune.setting_name(i), srv.info) for i, srv in servers)[autotune.setting_name(item)]
+                measurement["error"] = "not measured: the server did not start (%s)" % started.get("error", "unknown")
+            elif failed:
+                measurement["error"] = failed[0]["error"] or "no tokens/s"
+            else:
+                measurement["tokens_per_second"] = median([run["tokens_per_second"] for run in runs])
+                measurement["accept_length"] = median([run["accept_length"] for run in runs if run["accept_length"]])
+                measurement["error"] = None
+            measurements.append(measurement)
+    doc["measurements"] = measurements
+    try:
+        doc["choice"] = autotune.choose(tuning, measurements)
+    except autotune.IncompleteMeasurements as exc:
+        doc["choice"] = {"error": str(exc)}
+    save()
+    print_report(doc, tuning)
+    print("[autotune] done in %.0f s" % (time.time() - t0), flush=True)
+
+
+def fmt(value):
+    return "%.0f" % value if isinstance(value, (int, float)) else str(value)
+
+
+def print_report(doc, tuning):
+    by = {(m["algorithm"], m["budget"], m["top_k"], m["concurrency"]): m for m in doc["measurements"]}
+    concs = tuning["concurrency"]
+    print("| setting | " + " | ".join("c%d tok/s (rounds) | accept | vs DFLASH" % c for c in concs) + " |")
+    print("| --- |" + " --- | --- | --- |" * len(concs))
+    for key in sorted({(m["algorithm"], m["budget"], m["top_k"]) for m in doc["measurements"]},
+                      key=lambda k: (k[0] != "NONE", k[0] != "DFLASH", k[1] or 0, k[2] or 0)):
+        cells = []
+        for c in concs:
+            m, d = by[key + (c,)], by[("DFLASH", None, None, c)]
+            ratio = (m["tokens_per_second"] / d["tokens_per_second"]) if m["tokens_per_second"] and d["tokens_per_second"] else None
+            cells.append("%s (%s) | %s | %s" % (fmt(m["tokens_per_second"]), ", ".join(fmt(r) for r in m["rounds"]),
+                                                m["accept_length"], ("%.3f" % ratio) if ratio else m.get("error")))
+        print("| %s | %s |" % (autotune.setting_name({"algorithm": key[0], "budget": key[1], "top_k": key[2]}), " | ".join(cells)))
+    choice = doc["choice"]
+    print("[autotune] choice: %s" % {k: choice.get(k) for k in ("algorithm", "budget", "top_k", "status", "tokens_per_second",
+                                                                 "gain_over_dflash", "gain_over_none", "error")})
+    print("[autotune] reason: %s" % choice.get("reason"))
+
+
+if __name__ == "__main__":
+    main()
