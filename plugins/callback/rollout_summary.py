@@ -132,7 +132,11 @@ class CallbackModule(CallbackBase):
 
     def v2_playbook_on_play_start(self, play):
         manager = play.get_variable_manager()
-        hosts = manager._inventory.get_hosts(play.hosts) if manager else []
+        # Every host the play targets, not only this batch's: with `serial`, ansible-playbook restricts the
+        # inventory to each batch and starts the play again per batch, so a rollout that stops early would
+        # otherwise leave its later batches' hosts out of the report instead of listing them "not reached".
+        # (--limit still applies: it is a limit, not a restriction.)
+        hosts = manager._inventory.get_hosts(play.hosts, ignore_restrictions=True) if manager else []
         for host in hosts:
             if host.name not in self.targeted:
                 self.targeted.append(host.name)
