@@ -161,8 +161,8 @@ def print_report(doc, tuning):
                                                 m["accept_length"], ("%.3f" % ratio) if ratio else m.get("error")))
         print("| %s | %s |" % (autotune.setting_name({"algorithm": key[0], "budget": key[1], "top_k": key[2]}), " | ".join(cells)))
     choice = doc["choice"]
-    print("[autotune] choice: %s" % {k: choice.get(k) for k in ("algorithm", "budget", "top_k", "status", "tokens_per_second",
-                                                                 "gain_over_dflash", "gain_over_none", "error")})
+    shown = ("algorithm", "budget", "top_k", "status", "tokens_per_second", "gain_over_dflash", "gain_over_none", "error")
+    print("[autotune] choice: %s" % {key: choice.get(key) for key in shown})
     print("[autotune] reason: %s" % choice.get("reason"))
 
 
