@@ -211,11 +211,6 @@ def kill_once_gated(env, host, old, stop, log):
             return
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found by this test (2026-12-01): the bake's re-checks and rollbacks, delegated from the batch's first host to "
-    "each host updated so far, all ran on the batch's first host: the lab's ansible_host is templated from "
-    "inventory_hostname, which a delegated task resolves as the delegating host's. All 8 re-checks saw fleet-03's "
-    "restart and 8 hosts were reported rolled back (docs/rollout-policy.md, 'The 24-host lab rollout')"))
 def test_a_crash_during_the_bake_rolls_that_host_back_and_stops_the_rollout(bed):
     """A healthy release with a bake of 40 s: fleet-03's service is killed once its gate has passed, while its
     batch bakes. The bake's re-check finds it, fleet-03 is rolled back, the rollout stops before the fourth
