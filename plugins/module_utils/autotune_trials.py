@@ -13,8 +13,6 @@ so it starts exactly as the service would, and removes it after the measurement.
 
 from __future__ import annotations
 
-import copy
-
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
     TRIAL_SUFFIX,
     candidate_settings,
@@ -22,8 +20,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
     setting_name,
     tuned_service,
 )
-from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import loads_overlay
-from ansible_collections.ddtree.sglang.plugins.module_utils.services import service_environment, service_flags, systemd_quote
+from ansible_collections.ddtree.sglang.plugins.module_utils.services import unit_entry
 
 
 def trial_name(service: dict) -> str:
@@ -34,28 +31,12 @@ def trial_instance(service: dict, item: dict) -> dict:
     """The plan entry (the fields the unit and environment templates read) of the temporary instance that
     runs one setting ({"algorithm", "budget", "top_k"}) of a tuned service."""
     own = service["speculative"]["autotune"]
-    running = tuned_service(service, item)
-    running = copy.deepcopy(running)
+    running = tuned_service(service, item)  # a copy
     running.update(name=trial_name(service), port=own["port"], gpus=list(own["gpus"]))
     running.pop("health", None)
     # The temporary instance answers under the service's own model name: the same requests as production.
     running["served_model_name"] = service.get("served_model_name") or service["name"]
-    flags = service_flags(running)
-    algorithm = running["speculative"]["algorithm"]
-    return {
-        "name": running["name"],
-        "unit": "sglang-%s.service" % running["name"],
-        "flags": flags,
-        "exec_args": " ".join(systemd_quote(arg) for arg in flags),
-        "environment": service_environment(running),
-        "algorithm": algorithm,
-        "loads_overlay": loads_overlay(algorithm),
-        "gpus": running["gpus"],
-        "port": running["port"],
-        "host": running.get("host") or "127.0.0.1",
-        "has_api_key": bool(service.get("api_key")),
-        "served_model_name": running["served_model_name"],
-    }
+    return unit_entry(running)
 
 
 def trials(service: dict) -> list:

@@ -282,3 +282,25 @@ def systemd_quote(arg):
     if arg and re.fullmatch(r"[A-Za-z0-9_@%+=:,./${}-]+", arg):
         return arg
     return '"%s"' % arg.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def unit_entry(service):
+    """The fields the unit and environment templates read for one service (the service plan's entry, and
+    an autotune trial's temporary instance): its unit name, flags and their ExecStart form, environment,
+    algorithm and whether it loads the overlay, where it listens and on which GPUs."""
+    flags = service_flags(service)
+    algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
+    return {
+        "name": service["name"],
+        "unit": "sglang-%s.service" % service["name"],
+        "flags": flags,
+        "exec_args": " ".join(systemd_quote(arg) for arg in flags),
+        "environment": service_environment(service),
+        "algorithm": algorithm,
+        "loads_overlay": loads_overlay(algorithm),
+        "gpus": service["gpus"],
+        "port": service["port"],
+        "host": service.get("host") or "127.0.0.1",
+        "has_api_key": bool(service.get("api_key")),
+        "served_model_name": service.get("served_model_name") or service["name"],
+    }

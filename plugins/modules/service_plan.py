@@ -170,13 +170,11 @@ import copy
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import declared, tuned_service
-from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import CANDIDATE, loads_overlay
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import CANDIDATE
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
     gate_settings,
-    service_environment,
-    service_flags,
     service_problems,
-    systemd_quote,
+    unit_entry,
 )
 
 SERVICE_OPTIONS = dict(
@@ -233,27 +231,14 @@ def main():
                          problems=problems)
     plan = []
     for service, tuning in services:
-        flags = service_flags(service)
-        algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
-        plan.append({
-            "name": service["name"],
-            "unit": "sglang-%s.service" % service["name"],
-            "flags": flags,
-            "exec_args": " ".join(systemd_quote(arg) for arg in flags),
-            "environment": service_environment(service),
-            "algorithm": algorithm,
-            "loads_overlay": loads_overlay(algorithm),
-            "release": service.get("release") or CANDIDATE,
-            "shadow_of": service.get("shadow_of"),
-            "shadow_max_slowdown": service.get("shadow_max_slowdown"),
-            "gpus": service["gpus"],
-            "port": service["port"],
-            "host": service.get("host") or "127.0.0.1",
-            "has_api_key": bool(service.get("api_key")),
-            "served_model_name": service.get("served_model_name") or service["name"],
-            "gate": gate_settings(service, module.params["gate_defaults"]),
-            "tuned": tuning,
-        })
+        plan.append(dict(
+            unit_entry(service),
+            release=service.get("release") or CANDIDATE,
+            shadow_of=service.get("shadow_of"),
+            shadow_max_slowdown=service.get("shadow_max_slowdown"),
+            gate=gate_settings(service, module.params["gate_defaults"]),
+            tuned=tuning,
+        ))
     module.exit_json(changed=False, services=plan, untuned=untuned)
 
 

@@ -58,6 +58,7 @@ def median(values):
 
 
 def main():
+    sc.exit_on_sigterm()
     out, models, drafter = sys.argv[1], sys.argv[2], sys.argv[3]
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
     problems = autotune.autotune_problems({"algorithm": "DDTREE", "autotune": AUTOTUNE})

@@ -48,6 +48,7 @@ def measure(server, prompts, conc):
 
 
 def main():
+    sc.exit_on_sigterm()
     out, models = sys.argv[1], sys.argv[2]
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     lang = sl.Language()

@@ -91,6 +91,7 @@ def summarize(trace_path, steps):
 
 
 def main():
+    sc.exit_on_sigterm()
     out, models = sys.argv[1], sys.argv[2]
     shape = os.environ.get("PERF_TARGET", "qwen3-8b")
     prompts = sl.greedy_prompts(sl.Language())

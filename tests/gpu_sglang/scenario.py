@@ -13,6 +13,7 @@ kernel), then the rest together: each later server finds the kernels compiled.
 import concurrent.futures as cf
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -123,14 +124,28 @@ class Server(object):
                 "completion_tokens": m.get("completion_tokens")}
 
     def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
+        """The server's whole process group (launcher, scheduler, detokenizer): a child left behind keeps the
+        port and the GPU memory, and the next call's server on that port finds it taken."""
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
             try:
-                self.proc.wait(30)
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                os.killpg(self.proc.pid, 0)  # the launcher is gone: is anything of its group left?
+            except ProcessLookupError:
+                break
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, 9)
-        if self.proc is not None:
-            self.log.close()
+                pass
+        self.log.close()
+
+
+def exit_on_sigterm():
+    """Turn SIGTERM (device-run.sh's `timeout`) into SystemExit, so that `finally` stops the servers."""
+    signal.signal(signal.SIGTERM, lambda _signum, _frame: sys.exit(143))
 
 
 def run_many(server, prompts, params, conc):
@@ -202,6 +217,7 @@ def scenario(server, plan, lang, results, lock):
 
 
 def main():
+    exit_on_sigterm()
     out, models, plan = sys.argv[1], sys.argv[2], sys.argv[3]
     lang = sl.Language()
     results, lock, threads = {}, threading.Lock(), []

@@ -86,8 +86,8 @@ def test_each_re_check_connects_to_its_own_host_when_ansible_host_is_a_template(
     ansible_host, both re-checks below connected to 127.0.0.1 (batch's address), the 24-host lab's bug.
     """
     hosts = {"host-2": UNREACHABLE, "host-3": UNREACHABLE}
-    run, output, _ = play_bake(tmp_path, ["host-2", "host-3"], hosts,
-                               group_vars={"ansible_host": "127.0.0.{{ inventory_hostname[-1] | replace('h', '1') }}"})
+    run, output, _reports = play_bake(tmp_path, ["host-2", "host-3"], hosts,
+                                      group_vars={"ansible_host": "127.0.0.{{ inventory_hostname[-1] | replace('h', '1') }}"})
     assert run.returncode == 2, output[-3000:]
     assert "connect to host 127.0.0.2 port 9" in output and "connect to host 127.0.0.3 port 9" in output, output[-3000:]
     assert "connect to host 127.0.0.1 port 9" not in output

@@ -66,6 +66,19 @@ def test_nextn_flags_and_extra_args_never_the_api_key():
     assert flags[-1] == "--enable-metrics"
 
 
+def test_unit_entry_is_what_the_unit_templates_read_and_never_the_key():
+    entry = services.unit_entry(with_changes(CODER, api_key="s3cret", environment={"NCCL_DEBUG": "WARN"}))
+    assert entry["name"] == "coder" and entry["unit"] == "sglang-coder.service"
+    assert entry["flags"] == services.service_flags(CODER)
+    assert entry["exec_args"].startswith("--model-path /models/coder --served-model-name coder ")
+    assert entry["environment"] == {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "WARN"}
+    assert (entry["algorithm"], entry["loads_overlay"]) == ("DDTREE", True)
+    assert (entry["gpus"], entry["port"], entry["host"], entry["served_model_name"]) == ([0, 1], 30000, "127.0.0.1", "coder")
+    assert entry["has_api_key"] is True and "s3cret" not in repr(entry)
+    nextn = services.unit_entry(CHAT)
+    assert (nextn["algorithm"], nextn["loads_overlay"], nextn["has_api_key"]) == ("NEXTN", False, False)
+
+
 @pytest.mark.parametrize("arg", ["--api-key", "--api-key=s3cret", "--admin-api-key"])
 def test_a_secret_flag_in_extra_args_is_refused_without_printing_its_value(arg):
     problems = services.service_problems([with_changes(CODER, extra_args=["--enable-metrics", arg, "s3cret"])], EIGHT, "ct200")
