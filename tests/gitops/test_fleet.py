@@ -1,5 +1,6 @@
 """A 24-host lab rollout (issue 15): the rollout policy's batches on a fleet, one host planted to fail in
-the second batch, and the controller's time per host at several fork counts.
+the second batch, a crash and an unreachable host during a bake (rolled back; paused, then resumed), and the
+controller's time per host at several fork counts.
 
 The lab: 24 containers like ct200 (tests/gitops/fleet-inventory/hosts.yml: fleet-01 .. fleet-24, each with
 the blackwell group's `coder` service on the lab runtime), from the lab image with stacks. One copy of this
@@ -15,14 +16,13 @@ import json
 import os
 import resource
 import shutil
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import ARTIFACTS, REPO, copy_checkout, run
+from conftest import ARTIFACTS, REPO, copy_checkout, on_lab_host, run
 
 INVENTORY = "tests/gitops/fleet-inventory/hosts.yml"
 HOSTS = ["fleet-%02d" % number for number in range(1, 25)]
@@ -84,8 +84,7 @@ def host_state(env, host):
     """One host's coder: current and previous release, the unit's state and start, the verdict of current."""
     script = ("echo current=$(readlink %s/current); echo previous=$(readlink %s/previous); systemctl show -p ActiveState "
               "-p ExecMainStartTimestamp sglang-coder.service; echo ---; cat %s 2>/dev/null || echo '{}'") % (SERVICES, SERVICES, VERDICTS)
-    out = subprocess.run(["podman", "exec", "%s-%s" % (env["DDTREE_LAB_ID"], host), "/bin/sh", "-c", script], env=env, text=True,
-                         capture_output=True, timeout=120, check=False).stdout
+    out = on_lab_host(env, host, "/bin/sh", "-c", script, check=False) + "\n"
     head, _sep, text = out.partition("---\n")
     props = dict(line.partition("=")[::2] for line in head.splitlines() if "=" in line)
     current, previous = (os.path.basename(props.get(name, "")) or None for name in ("current", "previous"))
@@ -205,8 +204,7 @@ def kill_once_gated(env, host, old, stop, log):
     while not stop.wait(2):
         state = host_state(env, host)
         if state["current"] not in (None, old) and state["verdict"] == "passed":
-            subprocess.run(["podman", "exec", "%s-%s" % (env["DDTREE_LAB_ID"], host), "systemctl", "kill", "-s", "KILL",
-                            "sglang-coder.service"], env=env, capture_output=True, timeout=60, check=False)
+            on_lab_host(env, host, "systemctl", "kill", "-s", "KILL", "sglang-coder.service", check=False)
             log.append({"killed": state["current"], "at": time.strftime("%H:%M:%S")})
             return
 
@@ -242,3 +240,73 @@ def test_a_crash_during_the_bake_rolls_that_host_back_and_stops_the_rollout(bed)
         assert after[host]["current"] == before[host]["current"] and after[host]["started"] == before[host]["started"], host
         assert hosts[host]["status"] == "not reached", (host, hosts[host]["status"])
     assert sorted(hosts) == HOSTS
+
+
+UNREACHABLE = "fleet-05"  # a host of the third batch (fleet-03 .. fleet-08), not its first
+SSHD = "/usr/sbin/sshd"  # the lab's ProxyCommand execs it per connection: without its x bit, the host is unreachable
+
+
+def cut_off_once_baking(env, batch, host, old, stop, log):
+    """When every host of `batch` has a passed verdict for a release other than `old` (the batch is deployed
+    and its bake's 40 s wait has begun), make `host` unreachable: SSH into it fails, the host stays up."""
+    while not stop.wait(2):
+        states = [host_state(env, member) for member in batch]
+        if all(state["current"] not in (None, old) and state["verdict"] == "passed" for state in states):
+            time.sleep(8)  # past the batch's last tasks, into the bake's wait
+            on_lab_host(env, host, "chmod", "0644", SSHD)
+            log.append({"cut off": host, "release": states[0]["current"], "at": time.strftime("%H:%M:%S")})
+            return
+
+
+def test_an_unreachable_host_during_the_bake_pauses_and_the_printed_command_resumes(bed):
+    """A healthy release with a bake of 40 s; fleet-05 becomes unreachable while the third batch bakes. The
+    bake's re-check of it is inconclusive: the rollout pauses (nothing rolled back, the fourth batch not
+    reached, the report "paused" with the command to resume). fleet-05 comes back; the report's resume command,
+    run as printed, finishes the rollout: the hosts already updated are not restarted, the other 16 are."""
+    if "good" not in bed:
+        pytest.skip("the fleet did not converge")
+    env, before = bed["env"], fleet_state(bed)
+    release(bed, "fleet pause")
+    stop, log = threading.Event(), []
+    watcher = threading.Thread(target=cut_off_once_baking, daemon=True,
+                               args=(env, HOSTS[2:8], UNREACHABLE, before[UNREACHABLE]["current"], stop, log))
+    watcher.start()
+    try:
+        proc, report, _timing = rollout(bed, "bake-paused", forks=10, policy=dict(POLICY, bake_time_s=40))
+    finally:
+        stop.set()
+        watcher.join(60)
+        on_lab_host(env, UNREACHABLE, "chmod", "0755", SSHD, check=False)
+    assert log, "the third batch never had passed verdicts for the new release, so no host was cut off"
+    new, hosts, paused = log[0]["release"], by_host(report), fleet_state(bed)
+    assert proc.returncode != 0, proc.stdout[-4000:]
+    assert "PAUSED: the bake's re-check was inconclusive for %s coder" % UNREACHABLE in proc.stdout, proc.stdout[-4000:]
+    assert report["verdict"] == "paused", report.get("verdict")
+    assert hosts[UNREACHABLE]["status"] == "inconclusive", hosts[UNREACHABLE]
+    for host in HOSTS[:8]:  # nothing rolled back: all of the first three batches run the new release, passed
+        assert paused[host]["current"] == new and paused[host]["verdict"] == "passed" and paused[host]["unit"] == "active", (host, paused[host])
+    for host in HOSTS[8:]:
+        assert paused[host]["current"] == before[host]["current"] and paused[host]["started"] == before[host]["started"], host
+        assert hosts[host]["status"] == "not reached", (host, hosts[host]["status"])
+    markdown = (ARTIFACTS / "fleet-bake-paused.md").read_text()
+    resume = [line.strip() for line in markdown.splitlines() if line.strip().startswith("cd %s && " % bed["work"])]
+    assert len(resume) == 1, markdown
+
+    # The resume: the command the report printed, as an operator would paste it.
+    reports = bed["base"] / "reports-bake-resumed"
+    started = time.monotonic()
+    proc = run(["bash", "-c", resume[0]], dict(env, DDTREE_ROLLOUT_REPORT_DIR=str(reports),
+                                               DDTREE_ROLLOUT_TRIGGER="fleet test: resumed"), bed["work"], check=False, timeout=5400)
+    bed["timings"]["bake-resumed"] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - started, 1)}
+    for suffix in ("json", "md"):
+        shutil.copyfile(reports / ("rollout.%s" % suffix), ARTIFACTS / ("fleet-bake-resumed.%s" % suffix))
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    resumed, after = json.loads((reports / "rollout.json").read_text()), fleet_state(bed)
+    assert resumed["verdict"] != "paused" and sorted(by_host(resumed)) == HOSTS, resumed.get("verdict")
+    assert all(after[host]["current"] == new and after[host]["verdict"] == "passed" and after[host]["unit"] == "active"
+               for host in HOSTS), after
+    for host in HOSTS[:8]:  # already on the release: re-checked, not restarted
+        assert after[host]["started"] == paused[host]["started"], (host, paused[host], after[host])
+    for host in HOSTS[8:]:
+        assert after[host]["started"] != paused[host]["started"], host
+    bed["good"] = new
