@@ -11,12 +11,17 @@ step (kernels + copies, overlaps merged), idle time per step, and the kernels wi
 runtime calls that make the host wait (synchronizations, blocking copies) per step.
 PROFILE_DDTREE_ENV=NAME=VALUE[,NAME=VALUE] sets variables on the DDTREE server only (e.g. DDTREE_SYNC_DEBUG=20:
 its log then names the places in the tree step that synchronize).
+PROFILE_CPU=1: host activity too (CPU ops and, with stacks, Python functions), and per step the host work
+that ran while the GPU was idle ("host_during_gpu_idle": each event's own time inside the GPU's idle gaps,
+children's time excluded), which says what keeps the GPU waiting at low concurrency.
+PROFILE_CONCS (default 1,16) picks the concurrencies.
 """
 import concurrent.futures as cf
 import glob
 import gzip
 import json
 import os
+import bisect
 import re
 import sys
 import time
@@ -56,6 +61,54 @@ def busy_union(intervals):
     return total
 
 
+def idle_gaps(intervals, start, end, least=5.0):
+    """The gaps (at least `least` us) between the merged busy intervals, within [start, end]."""
+    gaps, last = [], start
+    for s, e in sorted(intervals):
+        if s - last >= least:
+            gaps.append((last, s))
+        last = max(last, e)
+    if end - last >= least:
+        gaps.append((last, end))
+    return gaps
+
+
+def overlap(gaps, starts, s, e):
+    """Time of [s, e] inside the sorted, disjoint `gaps` (starts: their start times)."""
+    total, index = 0.0, max(0, bisect.bisect_right(starts, s) - 1)
+    while index < len(gaps) and gaps[index][0] < e:
+        total += max(0.0, min(e, gaps[index][1]) - max(s, gaps[index][0]))
+        index += 1
+    return total
+
+
+def host_during_idle(events, gaps, steps):
+    """Per host event name: its own time (children excluded) inside the GPU's idle gaps, ms per step."""
+    starts = [g[0] for g in gaps]
+    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function", "user_annotation")]
+    own = {}
+    by_thread = {}
+    for e in host:
+        by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    for thread_events in by_thread.values():
+        thread_events.sort(key=lambda e: (e["ts"], -e["dur"]))
+        stack = []  # [event, its overlap, its children's overlap]
+        def close(frame):
+            name = frame[0].get("name", "?")[:120]
+            own[name] = own.get(name, 0.0) + frame[1] - frame[2]
+        for e in thread_events:
+            while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
+                close(stack.pop())
+            frame = [e, overlap(gaps, starts, e["ts"], e["ts"] + e["dur"]), 0.0]
+            if stack:
+                stack[-1][2] += frame[1]
+            stack.append(frame)
+        while stack:
+            close(stack.pop())
+    ms = 1000.0 * steps
+    return [{"name": k, "ms_per_step": round(t / ms, 4)} for k, t in sorted(own.items(), key=lambda kv: -kv[1])[:TOP] if t > 0]
+
+
 def summarize(trace_path, steps):
     with gzip.open(trace_path, "rt") as fh:
         events = json.load(fh).get("traceEvents", [])
@@ -80,14 +133,19 @@ def summarize(trace_path, steps):
             t, n = waits.get(name, (0.0, 0))
             waits[name] = (t + e["dur"], n + 1)
     ms = 1000.0 * steps
-    return {"steps": steps, "span_ms_per_step": round((end - start) / ms, 3),
+    extra = {}
+    if os.environ.get("PROFILE_CPU") == "1":
+        gaps = idle_gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu], start, end)
+        extra = {"idle_gaps_per_step": round(len(gaps) / steps, 1),
+                 "host_during_gpu_idle": host_during_idle(events, gaps, steps)}
+    return dict(extra, **{"steps": steps, "span_ms_per_step": round((end - start) / ms, 3),
             "busy_ms_per_step": round(busy / ms, 3), "idle_ms_per_step": round((end - start - busy) / ms, 3),
             "kernel_ms_per_step": round(sum(e["dur"] for e in gpu) / ms, 3),
             "launches_per_step": round(len(gpu) / steps, 1),
             "host_waits": {k: {"ms_per_step": round(t / ms, 3), "per_step": round(n / steps, 2)}
                            for k, (t, n) in sorted(waits.items(), key=lambda kv: -kv[1][0])},
             "top": [{"name": k, "ms_per_step": round(t / ms, 4), "per_step": round(n / steps, 2)}
-                    for k, (t, n) in top]}
+                    for k, (t, n) in top]})
 
 
 def main():
@@ -110,12 +168,13 @@ def main():
         print("[profile] ready after %.0f s: %s" % (time.time() - t0, [s.info.get("ready_s") for s in servers]),
               flush=True)
         for s in servers:
-            for conc in (1, 16):
+            for conc in [int(c) for c in os.environ.get("PROFILE_CONCS", "1,16").split(",")]:
                 wave(s, prompts, conc)  # warm-up at this batch size
                 pdir = os.path.join(out, "prof", "%s-c%d" % (s.name, conc))
                 os.makedirs(pdir, exist_ok=True)
-                start_profile(s, {"output_dir": pdir, "num_steps": STEPS, "activities": ["GPU"],
-                                  "profile_id": "%s-c%d" % (s.name, conc)})
+                cpu = os.environ.get("PROFILE_CPU") == "1"
+                start_profile(s, {"output_dir": pdir, "num_steps": STEPS, "activities": ["CPU", "GPU"] if cpu else ["GPU"],
+                                  "with_stack": cpu, "profile_id": "%s-c%d" % (s.name, conc)})
                 outs = wave(s, prompts, conc)
                 deadline = time.time() + 60
                 files = []
@@ -147,6 +206,8 @@ def main():
             r.get("launches_per_step"), r.get("host_waits")))
         for k in (r.get("top") or [])[:12]:
             print("[profile]    %8.4f ms x%-6s %s" % (k["ms_per_step"], k["per_step"], k["name"][:90]))
+        for k in (r.get("host_during_gpu_idle") or [])[:20]:
+            print("[profile]    idle-host %8.4f ms %s" % (k["ms_per_step"], k["name"][:100]))
 
 
 if __name__ == "__main__":
