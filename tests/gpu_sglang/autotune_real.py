@@ -39,17 +39,12 @@ MAX_TOKENS = 64
 
 
 def server_for(item, port, out, models, drafter):
-    """A scenario.Server running one setting, its drafter swapped for DRAFTER."""
+    """A scenario.Server running one setting, with DRAFTER as its drafter."""
     name = autotune.setting_name(item).lower().replace(" ", "-").replace("_", "")
-    server = sc.Server("autotune-" + name, item["algorithm"], sc.RELEASE, port, out, models)
-    args = server.args
-    if item["algorithm"] != "NONE":
-        args[args.index("--speculative-draft-model-path") + 1] = os.path.join(models, drafter)
+    spec = {"drafter": drafter}
     if item["algorithm"] == "DDTREE":
-        args[args.index("--speculative-ddtree-budget") + 1] = str(item["budget"])
-        args[args.index("--speculative-ddtree-top-k") + 1] = str(item["top_k"])
-    server.info["flags"] = args[3:]
-    return server
+        spec.update(budget=item["budget"], top_k=item["top_k"])
+    return sc.Server("autotune-" + name, item["algorithm"], sc.RELEASE, port, out, models, **spec)
 
 
 def median(values):

@@ -53,21 +53,24 @@ def flags(models, port, tp=1, seed=1, shape="tiny"):
                              "--log-level", "info"]
 
 
-def spec_flags(models, algo, shape="tiny"):
+def spec_flags(models, algo, shape="tiny", drafter=None, budget=15, top_k=8):
+    """The speculative flags of a server: the shape's drafter unless `drafter` names another directory under
+    MODELS; DDTREE's budget and top-k (15 and 8 unless given)."""
     if algo == "NONE":
         return []
     _target, draft, _extra, spec = SHAPES[shape]
-    out = ["--speculative-algorithm", algo, "--speculative-draft-model-path", os.path.join(models, draft)] + spec
+    out = ["--speculative-algorithm", algo, "--speculative-draft-model-path", os.path.join(models, drafter or draft)] + spec
     if algo == "DDTREE":
-        out += ["--speculative-ddtree-budget", "15", "--speculative-ddtree-top-k", "8"]
+        out += ["--speculative-ddtree-budget", str(budget), "--speculative-ddtree-top-k", str(top_k)]
     return out
 
 
 class Server(object):
-    def __init__(self, name, algo, release, port, out, models, tp=1, seed=1, shape="tiny"):
+    def __init__(self, name, algo, release, port, out, models, tp=1, seed=1, shape="tiny", **spec):
+        """`spec`: spec_flags' drafter, budget and top_k, for a server that differs from the defaults."""
         self.name, self.algo, self.port, self.out = name, algo, port, out
         self.args = ([sys.executable, "-m", "sglang.launch_server"] + flags(models, port, tp, seed, shape)
-                     + spec_flags(models, algo, shape))
+                     + spec_flags(models, algo, shape, **spec))
         self.env = dict(os.environ, PYTHONPATH=(release + ":" if release else "") + SITE)
         self.proc = None
         self.info = {"name": name, "algorithm": algo, "release": release, "tp": tp, "seed": seed, "flags": self.args[3:]}
