@@ -195,6 +195,22 @@ def test_rollout_time_by_forks(bed, forks):
     bed["good"] = releases.pop()
 
 
+def rollout_beside(bed, name, watch, args, cleanup=None):
+    """A healthy release's rollout with a bake of 40 s, while watch(*args, stop, log) does something to the fleet
+    beside it; cleanup() after both. -> (proc, report, log: what the watcher did)."""
+    stop, log = threading.Event(), []
+    watcher = threading.Thread(target=watch, args=tuple(args) + (stop, log), daemon=True)
+    watcher.start()
+    try:
+        proc, report, _timing = rollout(bed, name, forks=10, policy=dict(POLICY, bake_time_s=40))
+    finally:
+        stop.set()
+        watcher.join(60)
+        if cleanup:
+            cleanup()
+    return proc, report, log
+
+
 BAKED = "fleet-03"  # a host of the third batch (fleet-03 .. fleet-08)
 
 
@@ -217,14 +233,7 @@ def test_a_crash_during_the_bake_rolls_that_host_back_and_stops_the_rollout(bed)
         pytest.skip("the fleet did not converge")
     before = fleet_state(bed)
     release(bed, "fleet bake")
-    stop, log = threading.Event(), []
-    watcher = threading.Thread(target=kill_once_gated, args=(bed["env"], BAKED, before[BAKED]["current"], stop, log), daemon=True)
-    watcher.start()
-    try:
-        proc, report, _timing = rollout(bed, "bake-failure", forks=10, policy=dict(POLICY, bake_time_s=40))
-    finally:
-        stop.set()
-        watcher.join(30)
+    proc, report, log = rollout_beside(bed, "bake-failure", kill_once_gated, (bed["env"], BAKED, before[BAKED]["current"]))
     after, hosts = fleet_state(bed), by_host(report)
     assert log, "fleet-03 never recorded a passed verdict for the new release, so nothing was killed"
     new = log[0]["killed"]
@@ -244,16 +253,19 @@ def test_a_crash_during_the_bake_rolls_that_host_back_and_stops_the_rollout(bed)
 
 UNREACHABLE = "fleet-05"  # a host of the third batch (fleet-03 .. fleet-08), not its first
 SSHD = "/usr/sbin/sshd"  # the lab's ProxyCommand execs it per connection: without its x bit, the host is unreachable
+# ...once the connection ControlPersist keeps open is gone: its sshd is killed too.
+CUT_OFF = "chmod 0644 %s && pkill -KILL -x sshd; true" % SSHD
 
 
 def cut_off_once_baking(env, batch, host, old, stop, log):
     """When every host of `batch` has a passed verdict for a release other than `old` (the batch is deployed
-    and its bake's 40 s wait has begun), make `host` unreachable: SSH into it fails, the host stays up."""
+    and its bake's 40 s wait has begun), make `host` unreachable: SSH into it fails (no sshd to exec, the kept
+    connection killed), the host and its service stay up."""
     while not stop.wait(2):
         states = [host_state(env, member) for member in batch]
         if all(state["current"] not in (None, old) and state["verdict"] == "passed" for state in states):
             time.sleep(8)  # past the batch's last tasks, into the bake's wait
-            on_lab_host(env, host, "chmod", "0644", SSHD)
+            on_lab_host(env, host, "/bin/sh", "-c", CUT_OFF)
             log.append({"cut off": host, "release": states[0]["current"], "at": time.strftime("%H:%M:%S")})
             return
 
@@ -267,16 +279,9 @@ def test_an_unreachable_host_during_the_bake_pauses_and_the_printed_command_resu
         pytest.skip("the fleet did not converge")
     env, before = bed["env"], fleet_state(bed)
     release(bed, "fleet pause")
-    stop, log = threading.Event(), []
-    watcher = threading.Thread(target=cut_off_once_baking, daemon=True,
-                               args=(env, HOSTS[2:8], UNREACHABLE, before[UNREACHABLE]["current"], stop, log))
-    watcher.start()
-    try:
-        proc, report, _timing = rollout(bed, "bake-paused", forks=10, policy=dict(POLICY, bake_time_s=40))
-    finally:
-        stop.set()
-        watcher.join(60)
-        on_lab_host(env, UNREACHABLE, "chmod", "0755", SSHD, check=False)
+    proc, report, log = rollout_beside(bed, "bake-paused", cut_off_once_baking,
+                                       (env, HOSTS[2:8], UNREACHABLE, before[UNREACHABLE]["current"]),
+                                       cleanup=lambda: on_lab_host(env, UNREACHABLE, "chmod", "0755", SSHD, check=False))
     assert log, "the third batch never had passed verdicts for the new release, so no host was cut off"
     new, hosts, paused = log[0]["release"], by_host(report), fleet_state(bed)
     assert proc.returncode != 0, proc.stdout[-4000:]
