@@ -90,12 +90,14 @@ def host_during_idle(events, gaps, steps):
     by_thread = {}
     for e in host:
         by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+
+    def close(frame):
+        name = frame[0].get("name", "?")[:120]
+        own[name] = own.get(name, 0.0) + frame[1] - frame[2]
+
     for thread_events in by_thread.values():
         thread_events.sort(key=lambda e: (e["ts"], -e["dur"]))
         stack = []  # [event, its overlap, its children's overlap]
-        def close(frame):
-            name = frame[0].get("name", "?")[:120]
-            own[name] = own.get(name, 0.0) + frame[1] - frame[2]
         for e in thread_events:
             while stack and stack[-1][0]["ts"] + stack[-1][0]["dur"] <= e["ts"]:
                 close(stack.pop())
@@ -138,14 +140,15 @@ def summarize(trace_path, steps):
         gaps = idle_gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu], start, end)
         extra = {"idle_gaps_per_step": round(len(gaps) / steps, 1),
                  "host_during_gpu_idle": host_during_idle(events, gaps, steps)}
-    return dict(extra, **{"steps": steps, "span_ms_per_step": round((end - start) / ms, 3),
-            "busy_ms_per_step": round(busy / ms, 3), "idle_ms_per_step": round((end - start - busy) / ms, 3),
-            "kernel_ms_per_step": round(sum(e["dur"] for e in gpu) / ms, 3),
-            "launches_per_step": round(len(gpu) / steps, 1),
-            "host_waits": {k: {"ms_per_step": round(t / ms, 3), "per_step": round(n / steps, 2)}
-                           for k, (t, n) in sorted(waits.items(), key=lambda kv: -kv[1][0])},
-            "top": [{"name": k, "ms_per_step": round(t / ms, 4), "per_step": round(n / steps, 2)}
-                    for k, (t, n) in top]})
+    summary = {"steps": steps, "span_ms_per_step": round((end - start) / ms, 3),
+               "busy_ms_per_step": round(busy / ms, 3), "idle_ms_per_step": round((end - start - busy) / ms, 3),
+               "kernel_ms_per_step": round(sum(e["dur"] for e in gpu) / ms, 3),
+               "launches_per_step": round(len(gpu) / steps, 1),
+               "host_waits": {k: {"ms_per_step": round(t / ms, 3), "per_step": round(n / steps, 2)}
+                              for k, (t, n) in sorted(waits.items(), key=lambda kv: -kv[1][0])},
+               "top": [{"name": k, "ms_per_step": round(t / ms, 4), "per_step": round(n / steps, 2)}
+                       for k, (t, n) in top]}
+    return dict(extra, **summary)
 
 
 def main():
