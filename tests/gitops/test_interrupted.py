@@ -15,6 +15,7 @@ import os
 import shutil
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -146,6 +147,42 @@ def test_a_first_rollout_records_verdicts(bed):
     assert proc.returncode == 0, proc.stdout[-4000:]
     state = host_state(bed)
     assert state["unit"] == "active" and state["verdict"] == "passed"
+    bed["good"] = state["current"]
+
+
+def test_a_release_rolled_out_under_ansible_runner_as_awx_runs_it(bed):
+    """The whole rollout (site.yml, a new healthy release on ct200) under ansible-runner, as an AWX job runs it:
+    the job succeeds with its artifacts, the host is updated and gated, and the rollout reports are the ones
+    ansible-playbook writes (docs/awx.md). tests/unit/test_awx.py does the same with the rollout's first play
+    only, on localhost."""
+    ansible_runner = pytest.importorskip("ansible_runner")
+    if "good" not in bed:
+        pytest.skip("the first rollout did not pass")
+    overlay(bed, lossy=False, note="healthy under ansible-runner %d" % time.time())
+    private, reports = bed["base"] / "runner", bed["base"] / "runner-reports"
+    private.mkdir(exist_ok=True)
+    names = ("DDTREE_LAB_ID", "DDTREE_LOCK_DIR", "DDTREE_CACHE", "DDTREE_LAB_IMAGE", "PATH", "HOME", "ANSIBLE_NOCOLOR")
+    envvars = {name: bed["env"][name] for name in names if name in bed["env"]}
+    envvars.update(DDTREE_ROLLOUT_REPORT_DIR=str(reports), DDTREE_ROLLOUT_TRIGGER="awx job 7",
+                   ANSIBLE_CONFIG=str(bed["work"] / "ansible.cfg"))
+    result = ansible_runner.run(private_data_dir=str(private), project_dir=str(bed["work"]), playbook="site.yml",
+                                inventory=str(bed["work"] / "inventories" / "lab" / "hosts.yml"), limit="ct200",
+                                envvars=envvars, quiet=True)
+    output = result.stdout.read()
+    assert (result.status, result.rc) == ("successful", 0), output[-4000:]
+    artifacts = Path(result.config.artifact_dir)
+    assert (artifacts / "status").read_text() == "successful"
+    state = host_state(bed)
+    assert state["current"] != bed["good"] and state["verdict"] == "passed" and state["unit"] == "active", state
+    report = json.loads((reports / "rollout.json").read_text())
+    rows = {row["host"]: row for row in report["hosts"]}
+    assert report["verdict"] == "succeeded" and report["trigger"] == "awx job 7", report.get("verdict")
+    assert rows["ct200"]["status"] == "updated", rows["ct200"]
+    markdown = (reports / "rollout.md").read_text()
+    assert "## ddtree.sglang rollout: succeeded" in markdown and "| ct200 | coder |" in markdown
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for suffix in ("json", "md"):
+        shutil.copyfile(reports / ("rollout.%s" % suffix), ARTIFACTS / ("awx-runner-rollout.%s" % suffix))
     bed["good"] = state["current"]
 
 
