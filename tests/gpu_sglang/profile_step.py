@@ -16,12 +16,12 @@ that ran while the GPU was idle ("host_during_gpu_idle": each event's own time i
 children's time excluded), which says what keeps the GPU waiting at low concurrency.
 PROFILE_CONCS (default 1,16) picks the concurrencies.
 """
+import bisect
 import concurrent.futures as cf
 import glob
 import gzip
 import json
 import os
-import bisect
 import re
 import sys
 import time
@@ -32,6 +32,7 @@ import scenario as sc  # noqa: E402
 import synth_lang as sl  # noqa: E402
 
 STEPS = int(os.environ.get("PROFILE_STEPS", "40"))
+PROFILE_CPU = os.environ.get("PROFILE_CPU") == "1"
 TOP = 25
 
 
@@ -136,7 +137,7 @@ def summarize(trace_path, steps):
             waits[name] = (t + e["dur"], n + 1)
     ms = 1000.0 * steps
     extra = {}
-    if os.environ.get("PROFILE_CPU") == "1":
+    if PROFILE_CPU:
         gaps = idle_gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu], start, end)
         extra = {"idle_gaps_per_step": round(len(gaps) / steps, 1),
                  "host_during_gpu_idle": host_during_idle(events, gaps, steps)}
@@ -175,9 +176,8 @@ def main():
                 wave(s, prompts, conc)  # warm-up at this batch size
                 pdir = os.path.join(out, "prof", "%s-c%d" % (s.name, conc))
                 os.makedirs(pdir, exist_ok=True)
-                cpu = os.environ.get("PROFILE_CPU") == "1"
-                start_profile(s, {"output_dir": pdir, "num_steps": STEPS, "activities": ["CPU", "GPU"] if cpu else ["GPU"],
-                                  "with_stack": cpu, "profile_id": "%s-c%d" % (s.name, conc)})
+                start_profile(s, {"output_dir": pdir, "num_steps": STEPS, "activities": ["CPU", "GPU"] if PROFILE_CPU else ["GPU"],
+                                  "with_stack": PROFILE_CPU, "profile_id": "%s-c%d" % (s.name, conc)})
                 outs = wave(s, prompts, conc)
                 deadline = time.time() + 60
                 files = []
