@@ -7,6 +7,8 @@
 #   topk    the fused draft top-k benchmark (sglang_overlay/benchmarks/draft_topk.py) -> results-topk.json
 #   perf    tokens/s of NONE, DFLASH, DDTREE before and after (perf.py) -> results-perf.json;
 #           PERF_TARGET=qwen3-8b: on a Qwen3-8B-shaped random target (make_shaped.py writes its configs)
+#   attn    the tree-verify attention kernel against SGLang's Triton extend kernel, causal and masked
+#           (sglang_overlay/benchmarks/tree_attention.py) -> results-attn.json
 #   stage   the graphed tree stage == the eager one, and its time (sglang_overlay/tests/adapter/
 #           gpu_stage_check.py) -> results-stage.json
 #   profile GPU time per decode step, DFLASH against DDTREE, kernel by kernel (profile_step.py, SGLang's
@@ -52,6 +54,9 @@ for step in "$@"; do
     tp1|sampled|tp2) timeout "$(left)" python3 "$H/scenario.py" "$W/logs" "$MODELS" "$step" 2>&1 | tail -20 ;;
     topk) PYTHONPATH=$REPO/sglang_overlay/src timeout 240 python3 "$REPO/sglang_overlay/benchmarks/draft_topk.py" \
             --json "$W/logs/results-topk.json" 2>&1 | tee "$W/logs/topk.log" | tail -20 ;;
+    attn) PYTHONPATH=$REPO/sglang_overlay/src TRITON_INTERPRET=0 timeout 200 python3 \
+            "$REPO/sglang_overlay/benchmarks/tree_attention.py" --json "$W/logs/results-attn.json" 2>&1 \
+            | tee "$W/logs/attn.log" | tail -20 ;;
     stage) TRITON_INTERPRET=0 timeout 150 python3 "$REPO/sglang_overlay/tests/adapter/gpu_stage_check.py" \
             > "$W/logs/results-stage.json" 2> "$W/logs/stage.log"; echo "stage rc $?"
            tail -25 "$W/logs/results-stage.json"; tail -5 "$W/logs/stage.log" ;;

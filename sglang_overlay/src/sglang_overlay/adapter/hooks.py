@@ -45,6 +45,50 @@ def eager_tree_verify() -> bool:
     return os.environ.get(EAGER_ENV, "") == "1"
 
 
+# The target's tree verify attention runs the overlay's grouped kernel (kernels.tree_attention) instead
+# of SGLang's Triton extend kernel with the FULL mask; DDTREE_TREE_ATTENTION=0 keeps SGLang's kernel
+# (default on since run 8 on the H200, docs/evidence/gpu-sglang/README.md).
+TREE_ATTENTION_ENV = "DDTREE_TREE_ATTENTION"
+#: Attention backends whose ``extend_attention_fwd`` attribute the tree verify calls with SGLang's
+#: FULL mask (``forward_extend`` -> ``_forward_extend_kernel``): the ones the wrapper may replace.
+TREE_ATTENTION_BACKENDS = ("TritonAttnBackend",)
+
+
+def tree_attention_wanted() -> bool:
+    return os.environ.get(TREE_ATTENTION_ENV, "") != "0"
+
+
+def install_tree_attention(*backends: Any) -> int:
+    """Route the tree verify attention of these target backends to ``kernels.tree_attention``.
+
+    Not with ``DDTREE_TREE_ATTENTION=0``; only on SGLang's Triton backend, whose ``forward_extend``
+    calls its ``extend_attention_fwd`` attribute (set per instance in its ``__init__``); the wrapper
+    (``tree_attention.extend_fn``) passes every call without a custom mask (prefill, and any other
+    mode) to SGLang's function unchanged, and is never applied twice. Must run before the target
+    captures its verify graphs (``after_get_spec_info``) so the graphs hold the new kernel; also run
+    by the worker for the eager verify. Returns how many backends were wrapped now.
+    """
+    if not tree_attention_wanted():
+        return 0
+    from ..kernels.tree_attention import WRAPPED, extend_fn, tree_attention_available
+
+    if not tree_attention_available():
+        return 0
+    wrapped = 0
+    for backend in backends:
+        if backend is None or type(backend).__name__ not in TREE_ATTENTION_BACKENDS:
+            continue
+        fn = getattr(backend, "extend_attention_fwd", None)
+        if fn is None or getattr(fn, WRAPPED, False):
+            continue
+        backend.extend_attention_fwd = extend_fn(fn)
+        wrapped += 1
+    if wrapped:
+        logger.info("DDTREE tree verify attention: the grouped kernel on %d backend(s) (%s=0: SGLang's)",
+                    wrapped, TREE_ATTENTION_ENV)
+    return wrapped
+
+
 def around_create_worker(original, self, server_args, *args, **kwargs):
     """DFLASH + DDTree settings on the record -> the DDTree worker; anything else unchanged."""
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -81,6 +125,7 @@ def after_get_spec_info(result, self, *args, **kwargs):
         return result
     if result.custom_mask is None:
         result.custom_mask = self.buffers.custom_mask
+    install_tree_attention(getattr(self, "attn_backend", None), getattr(model_runner, "attn_backend", None))
     setattr(self, TREE_MASK_CAPTURED, True)
     return result
 

@@ -67,7 +67,7 @@ from sglang.srt.speculative.spec_utils import (
 
 from ..kernels.kv_move import kv_move_available, move_path_kv
 from .diagnostics import SyncWatch
-from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard
+from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard, install_tree_attention
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree
 from .tree_stage import GraphedTreeStage, backend_mask_buffer, eager_tree_stage
@@ -218,6 +218,9 @@ class DDTreeWorker(DFlashWorkerV2):
                 "branch a recurrent state (--speculative-ddtree-allow-hybrid-unsafe overrides)"
             )
         install_graph_guard()
+        # The grouped tree-verify attention kernel (hooks.install_tree_attention; DDTREE_TREE_ATTENTION=0:
+        # SGLang's); also applied before the target's verify graphs are captured, in after_get_spec_info.
+        install_tree_attention(getattr(self.target_worker.model_runner, "attn_backend", None))
         self._graph_use_logged = False
         self._tree_stage: Optional[GraphedTreeStage] = None
         self._tree_mask_buffer: Optional[torch.Tensor] = None
@@ -288,7 +291,7 @@ class DDTreeWorker(DFlashWorkerV2):
             runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
             logger.info(
                 "DDTREE tree verify: CUDA graph replay %s (target verify graphs %s the tree mask); "
-                "tree stage: %s; FULL mask: %s; KV move: %s.",
+                "tree stage: %s; FULL mask: %s; KV move: %s; verify attention: %s.",
                 "on" if can_run_graph else "off for this batch",
                 "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
                 "CUDA graphs for batch sizes %s" % self._tree_stage.captured_sizes
@@ -298,6 +301,10 @@ class DDTreeWorker(DFlashWorkerV2):
                 if self._tree_mask_buffer is not None
                 else "allocated per step",
                 "the path only, per request" if self._path_kv_pool else "SGLang's",
+                "the grouped tree kernel"
+                if getattr(getattr(getattr(self.target_worker.model_runner, "attn_backend", None),
+                                   "extend_attention_fwd", None), "_ddtree_tree_attention", False)
+                else "SGLang's extend kernel",
             )
             self._graph_use_logged = True
         new_seq_lens = prefix_lens + step.accept_lens.to(prefix_lens.dtype)

@@ -10,6 +10,8 @@ Modules:
                 write_full_mask_torch, request_starts
     kv_move     move_path_kv (each request's accepted path moved to its window's front in every KV
                 buffer, nothing when it is in place, Triton), move_path_kv_torch
+    tree_attention  tree_verify_attention (the target's tree-verify attention grouped by KV head, Triton),
+                extend_fn (wraps SGLang's extend_attention_fwd: tree verifies run it), tree_verify_attention_torch
     warmup      ahead-of-time compilation of the kernel variants into a Triton cache + a JSON manifest
                 (``python -m sglang_overlay.kernels.warmup --arch sm_90 ...``)
 
@@ -30,6 +32,7 @@ _LAZY = {
     "accept_path": ("accept_path", "accept_path_available"),
     "full_mask": ("write_full_mask", "write_full_mask_torch", "request_starts", "full_mask_available"),
     "kv_move": ("move_path_kv", "move_path_kv_torch", "kv_move_available"),
+    "tree_attention": ("tree_verify_attention", "tree_verify_attention_torch", "tree_attention_available"),
     "warmup": ("warmup_kernels", "WarmupError"),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
