@@ -25,9 +25,11 @@ import math
 # a setting the drafter cannot run fails its measurement and is never chosen.
 DEFAULTS = {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1], "min_gain": 0.03}
 # Where the settings are measured: a temporary instance of the service on spare GPUs of the host
-# (`gpus`, as many as the service's own) and a port of its own. Not part of the grid or the tuning key:
-# which GPUs of a host is not what the speed depends on (the key is per host; its GPUs are one model).
-TRIAL_FIELDS = ("gpus", "port")
+# (`gpus`, as many as the service's own) and a port of its own, or, with `own_gpus: true`, on the
+# service's own GPUs and port while the service is stopped in the host's rollout window. Not part of the
+# grid or the tuning key: which GPUs of a host is not what the speed depends on (the key is per host; its
+# GPUs are one model).
+TRIAL_FIELDS = ("gpus", "port", "own_gpus")
 FIELDS = tuple(DEFAULTS) + TRIAL_FIELDS
 # The temporary instance's name: the service's, with this suffix (its unit sglang-<name>-autotune.service).
 TRIAL_SUFFIX = "-autotune"
@@ -113,6 +115,16 @@ def autotune_problems(spec: dict) -> list:
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
             problems.append("speculative.autotune.port is %r; it must be a TCP port (1-65535) of its own for the "
                             "temporary instances the settings are measured on, e.g. 30100" % (port,))
+    if own.get("own_gpus") is not None:
+        if not isinstance(own["own_gpus"], bool):
+            problems.append("speculative.autotune.own_gpus is %r; it must be true (measure on the service's own GPUs "
+                            "and port, the service stopped while its grid runs) or false" % (own["own_gpus"],))
+        elif own["own_gpus"]:
+            spare = ["%s %r" % (field, own[field]) for field in ("gpus", "port") if own.get(field) is not None]
+            if spare:
+                problems.append("speculative.autotune.own_gpus is true, but %s %s set; the settings are measured either "
+                                "on spare GPUs (gpus and port) or on the service's own (own_gpus: true): remove one"
+                                % (" and ".join(spare), "are" if len(spare) > 1 else "is"))
     # One place says which budget and top_k run: a fixed one beside the grid would be ignored silently.
     for fixed, field in (("budget", "budgets"), ("top_k", "top_k")):
         if spec.get(fixed) is not None:
@@ -131,6 +143,12 @@ def autotune_problems(spec: dict) -> list:
 def declared(service: dict) -> bool:
     """Whether the service asks for tuning."""
     return (service.get("speculative") or {}).get("autotune") is not None
+
+
+def in_own_window(service: dict) -> bool:
+    """Whether a tuned service is measured on its own GPUs and port, stopped in the host's rollout window
+    (`own_gpus: true`), rather than on spare GPUs beside it."""
+    return ((service.get("speculative") or {}).get("autotune") or {}).get("own_gpus") is True
 
 
 def declaration(spec: dict) -> dict:

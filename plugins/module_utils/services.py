@@ -84,8 +84,9 @@ def service_problems(services, gpu_indices, host="host"):
 def autotune_host_problems(services, gpu_indices, host="host"):
     """Where a tuned service's settings are measured (docs/autotune.md, "Where it measures"): a temporary
     instance on spare GPUs (speculative.autotune.gpus: as many as the service's, used by no service of the
-    host, shadows included) and a port of its own (autotune.port). Tuning in the canary's window, on the
-    service's own GPUs, is not built: a tuned service without spare GPUs is refused with the fix."""
+    host, shadows included) and a port of its own (autotune.port), or on the service's own GPUs and port in
+    the host's rollout window (autotune.own_gpus: true; the service stops while its grid runs). A tuned
+    service that says neither is refused with both fixes: stopping production is never implied."""
     problems = []
     gpu_owner = {gpu: service.get("name") for service in services for gpu in service.get("gpus") or []}
     port_owner = {service.get("port"): service.get("name") for service in services}
@@ -100,11 +101,14 @@ def autotune_host_problems(services, gpu_indices, host="host"):
         count = len(service.get("gpus") or [])
         free = ", ".join(str(gpu) for gpu in spare) or "none"
         gpus, port = own.get("gpus"), own.get("port")
-        if gpus is None:
-            problems.append("%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance on "
-                            "spare GPUs before the candidate takes traffic (tuning in the canary's window, on the service's "
-                            "own GPUs, is not built): set autotune.gpus to %d spare GPU(s) (free on %s: %s) and autotune.port, "
-                            "or remove autotune and set budget and top_k" % (label, count, host, free))
+        if own.get("own_gpus") is True and gpus is None and port is None:
+            pass  # measured on its own GPUs and port, in the host's window: nothing beside it to place
+        elif gpus is None:
+            problems.append("%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
+                            "before the candidate takes traffic: set autotune.gpus to %d spare GPU(s) (free on %s: %s) and "
+                            "autotune.port to measure beside the service, or autotune.own_gpus: true to measure on its own "
+                            "GPUs in this host's rollout window (the service stops while its grid runs), or remove autotune "
+                            "and set budget and top_k" % (label, count, host, free))
         elif isinstance(gpus, list):
             if len(gpus) != count:
                 problems.append("%s: speculative.autotune.gpus %s has %d GPU(s), but the service runs on %d; measure on as "

@@ -26,8 +26,9 @@ description:
     failed. Fails, leaving the state file as it was, when DFLASH was not measured (or failed) at a declared
     concurrency, or when a measurement is outside the declared grid or given twice.
   - The measuring itself is not part of this module - RV(trials) says what to run, the role starts each
-    as a temporary instance on the service's spare GPUs and M(ddtree.sglang.service_autotune_measure)
-    measures it (docs/autotune.md, "Where it measures").
+    as a temporary instance on the service's spare GPUs (or, with C(autotune.own_gpus), on its own GPUs and
+    port while the service is stopped in the host's rollout window, see RV(own_window)) and
+    M(ddtree.sglang.service_autotune_measure) measures it (docs/autotune.md, "Where it measures").
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
@@ -87,6 +88,18 @@ options:
     description: Tune from O(measurements) even when the tuning key did not change.
     type: bool
     default: false
+  start_timeout:
+    description:
+      - Seconds a trial's server may take to answer C(/health) (the measuring step's own limit). With
+        C(autotune.own_gpus) it sizes RV(window_restore_after).
+    type: float
+    default: 900
+  window_measure_allowance:
+    description:
+      - Seconds of measuring allowed per trial beside its start, with C(autotune.own_gpus); sizes
+        RV(window_restore_after).
+    type: float
+    default: 900
 attributes:
   check_mode:
     support: full
@@ -134,7 +147,7 @@ previous_choice:
   sample: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree}
 trials:
   description:
-    - When tuning is needed and the service declares C(autotune.gpus) and C(autotune.port) - what to run and measure,
+    - When tuning is needed and the service declares C(autotune.gpus) and C(autotune.port), or C(autotune.own_gpus) - what to run and measure,
       DFLASH first - each with C(label) (C(DDTREE budget 8 top_k 4)), C(setting), C(concurrency) and C(instance), the
       temporary instance's unit entry (name C(<service>-autotune), unit, flags, C(exec_args), environment,
       C(loads_overlay), gpus, port) for the role's unit and environment templates.
@@ -143,6 +156,21 @@ trials:
   elements: dict
   sample: [{label: DFLASH, setting: {algorithm: DFLASH, budget: null, top_k: null}, concurrency: [1],
             instance: {name: coder-autotune, unit: sglang-coder-autotune.service, port: 30100, gpus: [2, 3], loads_overlay: false}}]
+own_window:
+  description:
+    - Whether the trials run on the service's own GPUs and port (C(autotune.own_gpus)) - the caller stops the service
+      while they run and starts it again afterwards - rather than beside it on spare GPUs.
+  returned: always
+  type: bool
+  sample: false
+window_restore_after:
+  description:
+    - With RV(own_window), when tuning is needed - the seconds after which the host should start the service again by
+      itself if the run dies midway (every trial's O(start_timeout) and O(window_measure_allowance), and one more); the
+      role arms a timer for it before stopping the service. Null otherwise.
+  returned: always
+  type: int
+  sample: 5400
 needs_tuning:
   description: Whether the recorded tuning (if any) is not valid for this key (or O(force) is set).
   returned: always
@@ -210,6 +238,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
     choose,
     declaration,
     declared,
+    in_own_window,
     key_changes,
     measurement_plan,
     recorded_choice,
@@ -218,7 +247,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
     tuning_record,
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import PROMPT_SET, ROUNDS
-from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import trials
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import trials, window_restore_after
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
 
 ARGUMENT_SPEC = dict(
@@ -240,6 +269,8 @@ ARGUMENT_SPEC = dict(
     workload=dict(type="dict", default={}),
     floor_margin=dict(type="float", default=DEFAULT_FLOOR_MARGIN),
     force=dict(type="bool", default=False),
+    start_timeout=dict(type="float", default=900.0),
+    window_measure_allowance=dict(type="float", default=900.0),
 )
 
 
@@ -273,8 +304,16 @@ def main():
                   key=key, key_changes=key_changes(current.get("key"), key), grid=measurement_plan(tuning),
                   service=name, previous_choice=current.get("choice"), trials=[])
     own = service["speculative"]["autotune"]
-    if result["needs_tuning"] and own.get("gpus") is not None and own.get("port") is not None:
+    result["own_window"] = in_own_window(service)
+    result["window_restore_after"] = None
+    if result["needs_tuning"] and (result["own_window"] or own.get("gpus") is not None and own.get("port") is not None):
         result["trials"] = trials(service)
+        if result["own_window"]:
+            try:
+                result["window_restore_after"] = window_restore_after(len(result["trials"]), params["start_timeout"],
+                                                                      params["window_measure_allowance"])
+            except ValueError as exc:
+                module.fail_json(msg="%s: %s" % (name, exc))
     if not result["needs_tuning"]:
         if params["measurements"]:
             module.warn("%s: the tuning key %s did not change since %s: the measurements were not used (force: true "

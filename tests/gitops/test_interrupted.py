@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from conftest import ARTIFACTS, PULL_GUARD, REPO, copy_checkout, killed_at_task, on_lab_host, run
 
@@ -83,14 +84,14 @@ def host_state(bed):
     return dict(links, unit=unit, verdicts=verdicts, verdict=verdicts.get(links["current"]))
 
 
-def playbook(bed, playbook_path, report, kill_at=None, kill_after=0, limit="ct200"):
+def playbook(bed, playbook_path, report, kill_at=None, kill_after=0, limit="ct200", extra=()):
     env = dict(bed["env"], DDTREE_ROLLOUT_REPORT=str(report), DDTREE_ROLLOUT_TRIGGER="interrupted-rollout test")
     marker = bed["base"] / "killed"
     if marker.exists():
         marker.unlink()
     if kill_at:
         env = killed_at_task(env, kill_at, marker, kill_after)
-    proc = run(["ansible-playbook", "-i", "inventories/lab/hosts.yml", playbook_path, "-l", limit], env, bed["work"],
+    proc = run(["ansible-playbook", "-i", "inventories/lab/hosts.yml", playbook_path, "-l", limit, *extra], env, bed["work"],
                check=False, new_session=True)
     if kill_at:
         assert proc.returncode == -9 and marker.exists(), "the kill point %r was not reached (rc %d)\n%s" % (
@@ -294,6 +295,79 @@ def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, loss
         assert proc.returncode == 0 and state["current"] == killed["current"], row
         assert row["status"] == "gated after an interrupted rollout", row
         bed["good"] = state["current"]
+
+
+# coder tuned on its own GPUs (docs/autotune.md, "In the host's rollout window"): two trials (DFLASH, DDTREE
+# budget 4 top_k 4), so the host's own restore fires (2 + 1) x (60 + 30) = 270 s after it was armed.
+WINDOW_VARS = {"sglang_service_start_timeout": 60, "sglang_service_autotune_window_measure_allowance": 30,
+               "sglang_service_autotune_max_tokens": 16, "sglang_service_autotune_floor_margin": 0.5}
+WINDOW_RESTORE_S = 270
+
+
+def test_a_run_killed_while_coder_is_tuned_on_its_own_gpus_leaves_ct200_serving_its_release(bed):
+    """The run dies while coder is stopped for its grid: the host starts coder again by itself, on the
+    release it served, when its restore timer fires; the next run tunes, switches and gates as usual."""
+    if "good" not in bed:
+        pytest.skip("the first rollout failed")
+    started, good = time.monotonic(), bed["good"]
+    tuned_after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    coder = dict(yaml.safe_load((REPO / "inventories/lab/group_vars/blackwell.yml").read_text())["sglang_services"][0])
+    coder["speculative"] = {"algorithm": "DDTREE", "autotune": {"budgets": [4], "top_k": [4], "concurrency": [1], "min_gain": 0.0,
+                                                                "own_gpus": True}}
+    extra_vars = bed["base"] / "own-window.json"
+    extra_vars.write_text(json.dumps(dict(WINDOW_VARS, sglang_services=[coder])))
+    extra = ["-e", "@%s" % extra_vars]
+    overlay(bed, False, note="healthy own-window")
+    with Answering(bed) as ct129:
+        playbook(bed, "playbooks/services.yml", bed["base"] / "killed-own-window.json", kill_at="Measure it: ", kill_after=1, extra=extra)
+        killed_at = time.monotonic()
+        killed = host_state(bed)
+        units = on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder-autotune-restore.timer", "sglang-coder-autotune.service",
+                        check=False).split()
+        # The host restores coder by itself: nothing from the controller until it has.
+        deadline = killed_at + WINDOW_RESTORE_S + 90
+        while time.monotonic() < deadline and on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder.service", check=False) != "active":
+            time.sleep(5)
+        restored_after = round(time.monotonic() - killed_at)
+        restored = host_state(bed)
+        left = on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder-autotune-restore.timer", "sglang-coder-autotune.service",
+                       check=False).split()
+        # Active is not answering yet: the server starts behind its unit.
+        answer = on_host(bed, "ct200", "python3", "-c", "import time, urllib.request\nfor _ in range(120):\n  try:\n"
+                         "    print(urllib.request.urlopen('http://127.0.0.1:30000/health', timeout=10).status); break\n"
+                         "  except OSError:\n    time.sleep(1)", check=False)
+        report_path = bed["base"] / "rerun-own-window.json"
+        proc = playbook(bed, "site.yml", report_path, extra=extra)
+        state = host_state(bed)
+        tuning = json.loads(on_host(bed, "ct200", "cat", "/var/lib/sglang/coder/autotune.json"))
+        after_units = on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder-autotune-restore.timer", "sglang-coder-autotune.service",
+                              check=False).split()
+    report = json.loads(report_path.read_text())
+    row = {"cell": "own-gpus-tuning", "killed": killed, "after": state, "rc": proc.returncode, "status": report["hosts"][0]["status"],
+           "note": "killed with coder stopped for its grid (timer %s, trial %s); the host restarted coder %d s after the kill "
+                   "(%s, /health %s)" % (units[0], units[1], restored_after, restored["current"][:12] if restored["current"] else "-", answer),
+           "seconds": round(time.monotonic() - started), "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count)}
+    bed["rows"].append(row)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "interrupted-matrix.json").write_text(json.dumps(bed["rows"], indent=1))
+    assert not ct129.failures, ct129.failures
+    # Killed mid-grid: coder stopped, its trial on coder's port, the restore armed.
+    assert killed["unit"] != "active" and killed["current"] == good and units[0] == "active", row
+    # Restored by the host, not before its timer, on the release it served, and answering.
+    assert restored["unit"] == "active" and restored["current"] == good and restored["verdict"] == "passed", row
+    assert WINDOW_RESTORE_S - 30 <= restored_after <= WINDOW_RESTORE_S + 90 and answer == "200", row
+    assert left == ["inactive", "inactive"], row
+    # The next run tunes in the window again (coder stopped and started again), gates coder, and runs it on
+    # the tuned choice: DDTREE on the candidate, or DFLASH on the base release; nothing of the tuning is left.
+    coder_report = report["hosts"][0]["services"][0]
+    chosen = coder_report["tuning"]["algorithm"]
+    expected = report["hosts"][0]["release" if chosen == "DDTREE" else "base_release"]["release_id"]
+    assert proc.returncode == 0 and state["unit"] == "active" and state["verdict"] == "passed", row
+    assert coder_report["tuning"]["state"] == "tuned" and state["current"] == expected, (row, coder_report)
+    assert (coder_report["gate"] or {}).get("passed") is True, (row, coder_report)
+    assert len(tuning["current"]["measurements"]) == 2 and tuning["current"]["tuned_at"] >= tuned_after, row
+    assert after_units == ["inactive", "inactive"], row
+    bed["good"] = state["current"]
 
 
 def test_print_the_matrix(bed):

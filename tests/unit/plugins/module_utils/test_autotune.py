@@ -38,9 +38,10 @@ def test_a_good_declaration_and_the_defaults_have_no_problems():
      "ct200: sglang_services[0] (coder): speculative.autotune is set, but algorithm is DFLASH; autotune chooses DDTREE's budget "
      "and top_k (falling back to DFLASH by itself): set algorithm DDTREE or remove autotune"),
     (dict(CODER, speculative={"algorithm": "DDTREE", "autotune": True}),
-     "speculative.autotune is True; it must be a mapping of budgets, top_k, concurrency, min_gain, gpus, port "
+     "speculative.autotune is True; it must be a mapping of budgets, top_k, concurrency, min_gain, gpus, port, own_gpus "
      "(e.g. autotune: {gpus: [2, 3], port: 30100} for the default grid)"),
-    (with_autotune(budget=[4]), "speculative.autotune has unknown field(s) 'budget'; its fields are budgets, top_k, concurrency, min_gain, gpus, port"),
+    (with_autotune(budget=[4]),
+     "speculative.autotune has unknown field(s) 'budget'; its fields are budgets, top_k, concurrency, min_gain, gpus, port, own_gpus"),
     (with_autotune(budgets=[4, 0]), "speculative.autotune.budgets is [4, 0]; it must be a non-empty list of distinct integers >= 1"),
     (with_autotune(budgets=[]), "speculative.autotune.budgets is []; it must be a non-empty list"),
     (with_autotune(budgets=8), "speculative.autotune.budgets is 8; it must be a non-empty list"),

@@ -42,9 +42,18 @@ def with_autotune(service=None, **fields):
 
 @pytest.mark.parametrize("declared, others, message", [
     (with_autotune(gpus=None, port=None), [],
-     "ct200: sglang_services[0] (coder): speculative.autotune.gpus is not set; each setting is measured on a temporary instance on spare "
-     "GPUs before the candidate takes traffic (tuning in the canary's window, on the service's own GPUs, is not built): set "
-     "autotune.gpus to 2 spare GPU(s) (free on ct200: 2, 3, 4, 5, 6, 7) and autotune.port, or remove autotune and set budget and top_k"),
+     "ct200: sglang_services[0] (coder): speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
+     "before the candidate takes traffic: set autotune.gpus to 2 spare GPU(s) (free on ct200: 2, 3, 4, 5, 6, 7) and autotune.port "
+     "to measure beside the service, or autotune.own_gpus: true to measure on its own GPUs in this host's rollout window (the "
+     "service stops while its grid runs), or remove autotune and set budget and top_k"),
+    (with_autotune(gpus=None, port=None, own_gpus=False), [], "speculative.autotune.gpus is not set"),
+    (with_autotune(own_gpus=True), [],
+     "speculative.autotune.own_gpus is true, but gpus [2, 3] and port 30100 are set; the settings are measured either on spare "
+     "GPUs (gpus and port) or on the service's own (own_gpus: true): remove one"),
+    (with_autotune(port=None, own_gpus=True), [], "speculative.autotune.own_gpus is true, but gpus [2, 3] is set;"),
+    (with_autotune(gpus=None, port=None, own_gpus="yes"), [],
+     "speculative.autotune.own_gpus is 'yes'; it must be true (measure on the service's own GPUs and port, the service stopped "
+     "while its grid runs) or false"),
     (with_autotune(gpus=[2]), [],
      "speculative.autotune.gpus [2] has 1 GPU(s), but the service runs on 2; measure on as many as it runs on (free on ct200: 2, 3, 4, 5, 6, 7)"),
     (with_autotune(gpus=[2, 9]), [], "speculative.autotune.gpus: GPU 9 does not exist on ct200, which has GPUs 0, 1, 2, 3, 4, 5, 6, 7"),
@@ -70,3 +79,39 @@ def test_where_it_measures_is_checked_with_the_hosts_gpus_and_the_other_services
 def test_a_right_declaration_beside_other_services_has_no_problems():
     chat = {"name": "chat", "model_path": "/m", "gpus": [4], "port": 30001}
     assert services.service_problems([CODER, chat], EIGHT, "ct200") == []
+
+
+ON_ITS_OWN = with_autotune(gpus=None, port=None, own_gpus=True)
+
+
+def test_a_host_without_spare_gpus_measures_on_the_services_own_gpus_and_port_under_the_trial_name():
+    # Every GPU of a two-GPU host serves coder: no spare GPU, and none needed with own_gpus.
+    assert services.service_problems([ON_ITS_OWN], [0, 1], "ct200") == []
+    trials = autotune_trials.trials(ON_ITS_OWN)
+    assert [trial["label"] for trial in trials] == ["DFLASH", "DDTREE budget 4 top_k 4", "DDTREE budget 8 top_k 4"]
+    for trial in trials:
+        instance = trial["instance"]
+        assert (instance["name"], instance["unit"], instance["port"], instance["gpus"]) == (
+            "coder-autotune", "sglang-coder-autotune.service", 30000, [0, 1])
+        assert instance["environment"]["CUDA_VISIBLE_DEVICES"] == "0,1"
+        assert instance["flags"][6:8] == ["--port", "30000"]
+
+
+def test_own_gpus_is_where_not_what_it_measures_so_it_does_not_change_the_tuning_key():
+    from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import tuning_key
+    assert tuning_key(ON_ITS_OWN, "r1")["digest"] == tuning_key(CODER, "r1")["digest"]
+
+
+@pytest.mark.parametrize("trials, start, allowance, seconds", [
+    (3, 900, 900, 7200),       # every trial's start and measuring, and one more of each
+    (1, 60, 30.5, 181),        # rounded up
+    (17, 900, 900, 32400),
+])
+def test_the_hosts_own_restore_waits_for_every_trial_and_one_more(trials, start, allowance, seconds):
+    assert autotune_trials.window_restore_after(trials, start, allowance) == seconds
+
+
+@pytest.mark.parametrize("trials, start, allowance", [(0, 900, 900), (3, 0, 900), (3, 900, -1)])
+def test_a_restore_that_could_fire_at_once_is_refused(trials, start, allowance):
+    with pytest.raises(ValueError, match="at least one trial and positive timeouts"):
+        autotune_trials.window_restore_after(trials, start, allowance)

@@ -142,3 +142,25 @@ def test_the_plan_defers_an_untuned_service_and_validates_it_with_the_others(cap
     assert code == 1 and result["problems"] == [
         "ct200: sglang_services[0] (coder): speculative.autotune.gpus: GPU 1 is used by service chat; the temporary instances need "
         "spare GPUs (free on ct200: none)"]
+
+
+def test_on_its_own_gpus_it_runs_the_trials_there_and_says_when_the_host_restores_the_service(tmp_path, capsys):
+    own = dict(CODER, speculative={"algorithm": "DDTREE", "autotune": {"budgets": [4, 8], "top_k": [4], "own_gpus": True}})
+    code, result = run_module(service_autotune, args(tmp_path, service=own, start_timeout=60, window_measure_allowance=40), capsys)
+    assert code == 0 and result["own_window"] is True and result["needs_tuning"] is True
+    assert [(trial["instance"]["port"], trial["instance"]["gpus"]) for trial in result["trials"]] == [(30000, [0])] * 3
+    assert result["window_restore_after"] == 400  # (3 trials + 1) x (60 + 40)
+    # Spare GPUs: no window, no restore.
+    code, result = run_module(service_autotune, args(tmp_path), capsys)
+    assert result["own_window"] is False and result["window_restore_after"] is None and len(result["trials"]) == 3
+    # Tuned: nothing to run, so nothing to restore.
+    measurements = [row for row in measure() if row["concurrency"] == 1]
+    run_module(service_autotune, args(tmp_path, service=own, measurements=measurements), capsys)
+    code, result = run_module(service_autotune, args(tmp_path, service=own), capsys)
+    assert result["needs_tuning"] is False and result["trials"] == [] and result["window_restore_after"] is None
+
+
+def test_a_window_restore_that_would_fire_at_once_fails_before_anything_stops(tmp_path, capsys):
+    own = dict(CODER, speculative={"algorithm": "DDTREE", "autotune": {"own_gpus": True}})
+    code, result = run_module(service_autotune, args(tmp_path, service=own, window_measure_allowance=0), capsys)
+    assert code == 1 and "coder: a window tuning needs at least one trial and positive timeouts" in result["msg"]
