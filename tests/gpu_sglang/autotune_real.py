@@ -15,6 +15,10 @@ the synthetic language the tiny target speaks (the collection's English prompt s
 words to its word-level tokenizer); ROUNDS rounds (default 3), each setting's tokens/s the median of its
 rounds (autotune.choose takes one measurement per setting: "give one per setting, e.g. the median of
 repeats"). Writes OUT/results-autotune-DRAFTER.json; prints the grid, the choice and its gains.
+Knobs (environment): AUTOTUNE_CONCURRENCY=1,16,64 declares other levels (default 1,16; the servers run at
+most scenario.py's --max-running-requests 48 at a time); AUTOTUNE_LEVEL_REPEAT=N sends the prompt list N
+times at every level above 1 (default 1: 64 requests; a c16 level of 64 requests lasts 0.3-0.6 s on the
+tiny model, and its rounds spread +-40 %).
 """
 import json
 import os
@@ -34,7 +38,9 @@ from ansible_collections.ddtree.sglang.plugins.module_utils import autotune  # n
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import measure_setting  # noqa: E402
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO  # noqa: E402
 
-AUTOTUNE = {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1, 16], "min_gain": 0.03}
+AUTOTUNE = {"budgets": [4, 8, 15], "top_k": [4, 8],
+            "concurrency": [int(c) for c in os.environ.get("AUTOTUNE_CONCURRENCY", "1,16").split(",")], "min_gain": 0.03}
+LEVEL_REPEAT = int(os.environ.get("AUTOTUNE_LEVEL_REPEAT", "1"))
 MAX_TOKENS = 64
 
 
@@ -66,6 +72,7 @@ def main():
     t0 = time.time()
     doc = {"plan": "autotune", "drafter": drafter, "declaration": AUTOTUNE, "tuning": tuning, "rounds": rounds,
            "max_tokens": MAX_TOKENS, "prompts": "harness held-out greedy prompts (%d)" % len(prompts),
+           "level_repeat": LEVEL_REPEAT,
            "servers": {}, "runs": []}
     path = os.path.join(out, "results-autotune-%s.json" % drafter)
 
@@ -90,12 +97,14 @@ def main():
                 if "ready_s" not in server.info:
                     continue
                 io = ServiceIO(None, None, None, server.name, "127.0.0.1", server.port)
-                for level in measure_setting(io.request, item, tuning["concurrency"], prompts, MAX_TOKENS,
-                                             timeout=120.0, warmup=1 if number == 0 else 0):
-                    doc["runs"].append(dict(level, round=number))
-                    print("[autotune] round %d %s c%d %s tok/s accept %s %s" % (
-                        number, autotune.setting_name(item), level["concurrency"], level["tokens_per_second"],
-                        level["accept_length"], level["error"] or ""), flush=True)
+                for index, concurrency in enumerate(tuning["concurrency"]):
+                    sent = prompts * (LEVEL_REPEAT if concurrency > 1 else 1)
+                    for level in measure_setting(io.request, item, [concurrency], sent, MAX_TOKENS, timeout=120.0,
+                                                 warmup=1 if number == 0 and index == 0 else 0):
+                        doc["runs"].append(dict(level, round=number))
+                        print("[autotune] round %d %s c%d %s tok/s accept %s %s" % (
+                            number, autotune.setting_name(item), level["concurrency"], level["tokens_per_second"],
+                            level["accept_length"], level["error"] or ""), flush=True)
             save()
     finally:
         for _item, server in servers:
