@@ -111,3 +111,83 @@ def test_fused_ties_smaller_id_first_across_chunks():
     x = torch.tensor([[3.0] * 4 + [1.0] * 12 + [3.0] * 4 + [0.0] * 12])
     _, ids = fk.fused_draft_topk(x, 6, block=16)
     assert ids.tolist() == [[0, 1, 2, 3, 16, 17]]
+
+
+@needs_interpreter
+@pytest.mark.parametrize(
+    "kind,rows,vocab,k,block,group,span,dtype",
+    [
+        ("random", 2, 1000, 8, 128, 16, 2, torch.bfloat16),  # 8 chunks in 4 spans, tail of 104
+        ("random", 2, 1000, 8, 128, 16, 16, torch.bfloat16),  # one span, 8 chunks past the row
+        ("random", 2, 400, 15, 64, 4, 4, torch.float32),      # int64 keys (not bf16)
+        ("random", 2, 300, 1, 256, 1, 2, torch.float16),      # k = 1, groups of one, int64 keys
+        ("ties", 4, 520, 8, 64, 8, 4, torch.bfloat16),        # ties across groups, chunks and spans
+        ("ties", 2, 100, 12, 16, 2, 8, torch.float32),        # k close to the chunk size
+        ("ties", 3, 256, 5, 128, 32, 2, torch.bfloat16),      # tied group maxima: smaller group first
+        ("neginf", 3, 500, 6, 64, 16, 4, torch.bfloat16),     # -inf logits, fewer finite than k
+        ("neginf", 3, 500, 6, 64, 16, 8, torch.float32),
+        ("signed", 3, 700, 8, 64, 16, 4, torch.bfloat16),     # +-0.0, subnormals, +-inf, negatives
+    ],
+)
+def test_span_equals_chunk_kernel(kind, rows, vocab, k, block, group, span, dtype):
+    """``span > 1`` (one selection per span of chunks): the ids and log-probs of ``span=1``, bit
+    for bit (the chunk sums are the same reductions), and ``draft_topk``'s ids."""
+    if kind == "signed":
+        gen = torch.Generator().manual_seed(vocab + k)
+        pool = torch.tensor([0.0, -0.0, 1e-40, -1e-40, float("inf"), float("-inf"), -3.5, -2.0, 2.0, 7.0])
+        logits = pool[torch.randint(0, len(pool), (rows, vocab), generator=gen)].to(dtype)
+        logits[:, :] = torch.where(logits.isinf() & (logits > 0), torch.tensor(-1.0, dtype=dtype), logits)
+    else:
+        logits = _logits(kind, rows, vocab, dtype, seed=rows * 1000 + vocab + k)
+    one_lp, one_ids = fk.fused_draft_topk(logits, k, block=block, group=group, span=1)
+    got_lp, got_ids = fk.fused_draft_topk(logits, k, block=block, group=group, span=span)
+    assert torch.equal(got_ids, one_ids), (got_ids, one_ids)
+    assert torch.equal(got_lp.view(torch.int32), one_lp.view(torch.int32)), (got_lp, one_lp)
+    want_lp, want_ids = draft_topk(logits, k, stable=True)
+    if kind != "signed":  # -0.0 and +0.0: equal for the sort, ordered by sign bit in the kernels
+        assert torch.equal(got_ids, want_ids), (got_ids, want_ids)
+    _assert_same_log_probs(got_lp, want_lp)
+
+
+@needs_interpreter
+def test_span_ties_smaller_id_first_across_spans():
+    # Four chunks of 16 in two spans of two; the 3.0s of each span come in id order across spans.
+    x = torch.tensor([[0.0] * 12 + [3.0] * 4 + [1.0] * 16 + [3.0] * 4 + [0.0] * 28]).to(torch.bfloat16)
+    _, ids = fk.fused_draft_topk(x, 6, block=16, span=2)
+    assert ids.tolist() == [[12, 13, 14, 15, 32, 33]]
+
+
+@needs_interpreter
+def test_span_int32_keys_at_the_offset_limit():
+    # span * block = 65536: the last logits of a span sit at offset 65535 of its 16-bit field.
+    gen = torch.Generator().manual_seed(11)
+    x = (torch.randn(1, 65536 + 300, generator=gen) * 2).to(torch.bfloat16)
+    x[0, 65535] = 60.0
+    x[0, 65534] = 60.0
+    x[0, 65536 + 299] = 60.0
+    x[0, 0] = 50.0
+    lp, ids = fk.fused_draft_topk(x, 5, block=4096, span=16)
+    one_lp, one_ids = fk.fused_draft_topk(x, 5, block=4096, span=1)
+    assert ids[0, :4].tolist() == [65534, 65535, 65835, 0]
+    assert torch.equal(ids, one_ids) and torch.equal(lp.view(torch.int32), one_lp.view(torch.int32))
+
+
+@pytest.mark.skipif(not fk.fused_available(), reason="needs triton")
+@pytest.mark.parametrize("span", [0, 3, 32])
+def test_fused_refuses_bad_span(span):
+    with pytest.raises(ValueError, match="span must be a power of two"):
+        fk.fused_draft_topk(torch.zeros(2, 300), 4, block=64, span=span)
+
+
+def test_default_span_only_on_the_measured_shapes(monkeypatch):
+    monkeypatch.setattr(fk, "_SPAN_FROM_ENV", "")
+    args = dict(vocab=151936, k=8, dtype=torch.bfloat16, block=fk.DEFAULT_BLOCK, group=fk.DEFAULT_GROUP)
+    assert fk.default_span(**args) == fk.SPAN_DEFAULT == 8
+    assert fk.default_span(**{**args, "k": 15}) == 8
+    for change in ({"k": 4}, {"vocab": 512}, {"dtype": torch.float16}, {"dtype": torch.float32},
+                   {"block": 2048}, {"group": 8}):
+        assert fk.default_span(**{**args, **change}) == 1, change
+    monkeypatch.setattr(fk, "_SPAN_FROM_ENV", "1")
+    assert fk.default_span(**args) == 1
+    monkeypatch.setattr(fk, "_SPAN_FROM_ENV", "4")
+    assert fk.default_span(**{**args, "vocab": 512}) == 4
