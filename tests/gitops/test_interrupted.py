@@ -317,7 +317,7 @@ def test_a_run_killed_while_coder_is_tuned_on_its_own_gpus_leaves_ct200_serving_
     extra_vars = bed["base"] / "own-window.json"
     extra_vars.write_text(json.dumps(dict(WINDOW_VARS, sglang_services=[coder])))
     extra = ["-e", "@%s" % extra_vars]
-    overlay(bed, False, note="healthy own-window")
+    overlay(bed, False, note="healthy own-window %d" % time.time())  # a new release: a tuning to cut short
     with Answering(bed) as ct129:
         playbook(bed, "playbooks/services.yml", bed["base"] / "killed-own-window.json", kill_at="Measure it: ", kill_after=1, extra=extra)
         killed_at = time.monotonic()
