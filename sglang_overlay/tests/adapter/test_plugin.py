@@ -1,5 +1,11 @@
-"""Plugin mechanics, each in a fresh interpreter: discovery, registration, version refusal,
-the plain-directory (PYTHONPATH + .dist-info) layout and the SGLANG_PLUGINS whitelist."""
+"""Plugin mechanics, each in an interpreter of its own: discovery, registration, version refusal,
+the plain-directory (PYTHONPATH + .dist-info) layout and the SGLANG_PLUGINS whitelist.
+
+The probes run with run_probe: a child forked off a server that has imported torch and the other
+third-party modules only, given the sys.path, environment and flags a fresh interpreter would have
+(see _helpers.py); SGLang, its plugin discovery and the overlay load in the child, from nothing. The
+one probe whose point is interpreters started by something else (SGLang's spawned scheduler
+processes) starts real fresh interpreters."""
 
 from __future__ import annotations
 
@@ -12,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ._helpers import OVERLAY_ROOT, last_json_line, requires_sglang, run_python
+from ._helpers import OVERLAY_ROOT, last_json_line, requires_sglang, run_probe, site_packages
 
 pytestmark = [requires_sglang, pytest.mark.slow]
 
@@ -64,21 +70,21 @@ def test_load_plugin_takes_no_arguments():
 
 
 def test_installed_distribution_is_discovered_and_registers_ddtree():
-    proc = run_python(PROBE)
+    proc = run_probe(PROBE)
     out = last_json_line(proc)
     assert out["ddtree"] == {"is_dflash": True, "is_dflash_family": True, "type": "DDTreeSpecAlgo"}, proc.stderr
     assert DDTREE_HOOK_TARGETS <= set(out["patched"])
 
 
 def test_without_the_plugin_ddtree_is_unknown():
-    proc = run_python(PROBE, env={"SGLANG_PLUGINS": "some-other-plugin"})
+    proc = run_probe(PROBE, env={"SGLANG_PLUGINS": "some-other-plugin"})
     out = last_json_line(proc)
     assert "Unknown speculative algorithm name: DDTREE" in out["ddtree"]["error"]
     assert not (DDTREE_HOOK_TARGETS & set(out["patched"]))
 
 
 def test_sglang_plugins_whitelist_naming_ddtree_loads_it():
-    proc = run_python(PROBE, env={"SGLANG_PLUGINS": "ddtree"})
+    proc = run_probe(PROBE, env={"SGLANG_PLUGINS": "ddtree"})
     assert last_json_line(proc)["ddtree"]["is_dflash"] is True
 
 
@@ -89,7 +95,7 @@ sglang.version.__version__ = "0.5.22"   # what another SGLang release would repo
 
 
 def test_refuses_another_sglang_version_with_a_logged_error():
-    proc = run_python(FAKE_VERSION_PROBE)
+    proc = run_probe(FAKE_VERSION_PROBE)
     out = last_json_line(proc)
     assert "Unknown speculative algorithm name: DDTREE" in out["ddtree"]["error"]
     assert not (DDTREE_HOOK_TARGETS & set(out["patched"])), "nothing may be patched"
@@ -106,7 +112,7 @@ load_plugins()
 from sglang.srt.server_args import prepare_server_args
 prepare_server_args(["--model-path", "m", "--speculative-ddtree-budget", "4"])
 """
-    proc = run_python(code)
+    proc = run_probe(code)
     assert proc.returncode == 2, proc.stderr
     assert "unrecognized arguments: --speculative-ddtree-budget" in proc.stderr
 
@@ -141,16 +147,17 @@ def overlay_site_dir(tmp_path_factory) -> Path:
 
 
 def _site_packages() -> str:
-    import sglang
-
-    return str(Path(sglang.__file__).resolve().parents[1])
+    return site_packages()
 
 
 def test_plain_directory_on_pythonpath_is_discovered(overlay_site_dir):
     # -S: no .pth processing, so this venv's own (editable) install of the overlay cannot be
     # imported; the only importable sglang_overlay is the one in the directory.
+    # Forked, this still proves it: the probe server runs with -S too (and sees nothing of this
+    # checkout), the child's sys.path is the one a fresh `python -S` with this PYTHONPATH reports,
+    # and the .dist-info is found by load_plugins() scanning that sys.path, in the child.
     env = {"PYTHONPATH": f"{overlay_site_dir}:{_site_packages()}"}
-    proc = run_python(PROBE, env=env, python_flags=("-S",))
+    proc = run_probe(PROBE, env=env, python_flags=("-S",))
     out = last_json_line(proc)
     assert out["ddtree"].get("is_dflash") is True, proc.stderr
     assert out["overlay_file"].startswith(str(overlay_site_dir))
@@ -159,15 +166,15 @@ def test_plain_directory_on_pythonpath_is_discovered(overlay_site_dir):
 
 def test_plain_directory_respects_the_whitelist(overlay_site_dir):
     env = {"PYTHONPATH": f"{overlay_site_dir}:{_site_packages()}"}
-    proc = run_python(PROBE, env={**env, "SGLANG_PLUGINS": "ddtree"}, python_flags=("-S",))
+    proc = run_probe(PROBE, env={**env, "SGLANG_PLUGINS": "ddtree"}, python_flags=("-S",))
     assert last_json_line(proc)["ddtree"].get("is_dflash") is True, proc.stderr
-    proc = run_python(PROBE, env={**env, "SGLANG_PLUGINS": "not-ddtree"}, python_flags=("-S",))
+    proc = run_probe(PROBE, env={**env, "SGLANG_PLUGINS": "not-ddtree"}, python_flags=("-S",))
     assert "error" in last_json_line(proc)["ddtree"]
 
 
 def test_without_the_directory_nothing_provides_ddtree():
     # The negative control of the test above: same flags, no overlay directory.
-    proc = run_python(PROBE, env={"PYTHONPATH": _site_packages()}, python_flags=("-S",))
+    proc = run_probe(PROBE, env={"PYTHONPATH": _site_packages()}, python_flags=("-S",))
     out = last_json_line(proc)
     assert "error" in out["ddtree"]
     assert out["overlay_file"] is None
@@ -175,6 +182,9 @@ def test_without_the_directory_nothing_provides_ddtree():
 
 def test_child_processes_inherit_the_plugin(overlay_site_dir):
     # SGLang's scheduler processes are spawned children that call load_plugins() themselves.
+    # Kept a real fresh interpreter (not run_probe): the point is what multiprocessing's spawn
+    # starts from the parent's own start-up (its flags, its sys.path, the script as __main__), and
+    # the spawned child, the costly part, is a fresh interpreter either way.
     code = r"""
 import json, multiprocessing as mp
 

@@ -8,13 +8,22 @@ import sys
 
 import pytest
 
-from ._helpers import SRC, requires_sglang, run_python
+from ._helpers import SRC, requires_sglang, run_probe
 
 pytestmark = [requires_sglang, pytest.mark.slow]
 
 
+# Every program here runs in an interpreter of its own that starts with no SGLang imported:
+# run_probe, a child forked off a server that has imported only torch and other third-party
+# modules, with the sys.path and environment of a fresh interpreter (_helpers.py). What the two
+# CLI tests prove holds there as in a fresh `python -c`: the file run by path and the module run as
+# __main__ both go through runpy in the child, and nothing of the overlay or SGLang is imported
+# before (so "runs on its own" is no weaker; the deploy tooling runs this file forked the same way,
+# plugins/module_utils/forked_jobs.py).
+
+
 def _matrix(*args: str, env=None) -> tuple[dict, int, str]:
-    proc = run_python(
+    proc = run_probe(
         "import sys; from sglang_overlay.predicates import main; sys.exit(main(sys.argv[1:]))",
         args=("--json", *args),
         env=env,
@@ -106,7 +115,7 @@ def test_ddtree_problem_spots_a_wrong_predicate(with_plugin):
 
 def test_the_file_runs_on_its_own():
     # The deploy tooling may run a copy of the file, outside the package.
-    proc = run_python(
+    proc = run_probe(
         "import runpy, sys; sys.argv = ['predicates.py', '--json', '--no-plugins'];"
         f"runpy.run_path({str(SRC / 'sglang_overlay' / 'predicates.py')!r}, run_name='__main__')"
     )
@@ -115,7 +124,7 @@ def test_the_file_runs_on_its_own():
 
 
 def test_module_cli_is_python_dash_m():
-    proc = run_python("import runpy; runpy.run_module('sglang_overlay.predicates', run_name='__main__')",
+    proc = run_probe("import runpy; runpy.run_module('sglang_overlay.predicates', run_name='__main__')",
                       args=("--json", "--check-ddtree"))
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["algorithms"]["DDTREE"]["known"] is True
