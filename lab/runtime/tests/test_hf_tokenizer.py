@@ -5,13 +5,14 @@ import pytest
 from ddtree_lab_runtime.hf_tokenizer import write
 from ddtree_lab_runtime.tokenizer import ByteTokenizer
 
-transformers = pytest.importorskip("transformers")
-
 TEXTS = ["def fibonacci(n):", "Grüße, 今日は!  x\n\ty", "<|im_start|>user\nhi<|im_end|>\n", "!!!!", ""]
 
 
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
+    # Here, not at the top: every xdist worker collects this file, and importing transformers costs
+    # ~2 CPU s in a worker that runs none of these tests. Without transformers they skip, as before.
+    transformers = pytest.importorskip("transformers")
     directory = tmp_path_factory.mktemp("lab-tokenizer")
     write(str(directory))
     return transformers.AutoTokenizer.from_pretrained(str(directory))

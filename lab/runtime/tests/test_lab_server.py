@@ -8,6 +8,7 @@ transformers, no torchvision). Each test then talks HTTP to one of them.
 from __future__ import annotations
 
 import http.client
+import importlib.util
 import json
 import os
 import pathlib
@@ -23,7 +24,11 @@ import pytest
 
 from ._harness import DRAFT, Runtime, make_broken_plugin, make_lab_stack_shadow
 
-pytest.importorskip("sglang")
+# Whether the test venv has SGLang, without importing it here: the runtimes are subprocesses, and
+# SGLang imports torch and (installed in the test venv) transformers, ~8 CPU s in every xdist worker,
+# each of which collects this file. A broken SGLang still fails every runtime below.
+if importlib.util.find_spec("sglang") is None:
+    pytest.skip("could not import 'sglang': not installed", allow_module_level=True)
 pytest.importorskip("uvicorn")
 pytest.importorskip("starlette")
 
