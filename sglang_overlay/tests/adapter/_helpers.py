@@ -36,24 +36,6 @@ _REASON = sglang_missing_reason()
 requires_sglang = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
 
 
-def run_python(
-    code: str,
-    env: Optional[dict] = None,
-    args: tuple = (),
-    python_flags: tuple = (),
-    timeout: int = 240,
-) -> subprocess.CompletedProcess:
-    """Run ``code`` in a fresh interpreter of this venv (own SGLang/plugin state)."""
-    full_env = _probe_env(env)
-    return subprocess.run(
-        [sys.executable, *python_flags, "-c", code, *args],
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def site_packages() -> str:
     """The directory SGLang (and torch) are installed in: the PYTHONPATH of the ``-S`` probes."""
     spec = importlib.util.find_spec("sglang")
@@ -62,7 +44,7 @@ def site_packages() -> str:
 
 # ---- forked probes: a fresh interpreter's answer without paying torch's import every time ----
 #
-# A probe (run_python) is a fresh interpreter that imports SGLang, and SGLang imports torch,
+# A probe in a fresh interpreter (``python FLAGS -c CODE``) imports SGLang, and SGLang imports torch,
 # transformers, scipy, ... first: about 10 CPU seconds, of which SGLang's own modules and the
 # overlay take 1-2 (measured with -X importtime on the 2-core dev machine). run_probe answers the same question from a child forked off a server
 # process that has imported only those third-party modules (PRELOAD), the way the deploy tooling
@@ -70,7 +52,7 @@ def site_packages() -> str:
 # hooks SGLang when it loads, whitelists and version checks act at load_plugins() time, and every
 # probe must start from an SGLang that no plugin has seen.
 #
-# The child is made to look like the fresh interpreter run_python would start:
+# The child is made to look like that fresh interpreter:
 # - the server runs with the probe's interpreter flags (one server per flag set, so ``-S`` means no
 #   site processing, no .pth file run, in the server as in the fresh interpreter);
 # - sys.path is the one a real fresh interpreter with the same flags and environment reports (asked
@@ -83,7 +65,7 @@ def site_packages() -> str:
 # - the code runs as ``__main__`` with sys.argv ``['-c', *args]``; SystemExit, an uncaught
 #   exception and atexit handlers end it as they end an interpreter; stdout/stderr are its own.
 # What forking cannot reproduce is the interpreter's own start-up beyond sys.path (how -m finds a
-# module, multiprocessing's spawned children): such probes keep using run_python.
+# module, multiprocessing's spawned children): such probes start a real fresh interpreter.
 
 PRELOAD = (
     # Third-party modules SGLang imports before (and besides) its own, heaviest first. A name that
@@ -274,7 +256,8 @@ def run_probe(
     python_flags: tuple = (),
     timeout: int = 240,
 ) -> subprocess.CompletedProcess:
-    """What run_python(code, ...) gives, answered by a forked child of a preloaded server (above)."""
+    """What ``python FLAGS -c CODE ARGS`` in ENV (SGLANG_PLUGINS unset unless given) returns, answered by a
+    forked child of a preloaded server (above)."""
     full_env = _probe_env(env)
     sys_path = fresh_sys_path(full_env, python_flags)
     server = _SERVERS.get(python_flags)

@@ -146,17 +146,13 @@ def overlay_site_dir(tmp_path_factory) -> Path:
     return site
 
 
-def _site_packages() -> str:
-    return site_packages()
-
-
 def test_plain_directory_on_pythonpath_is_discovered(overlay_site_dir):
     # -S: no .pth processing, so this venv's own (editable) install of the overlay cannot be
     # imported; the only importable sglang_overlay is the one in the directory.
     # Forked, this still proves it: the probe server runs with -S too (and sees nothing of this
     # checkout), the child's sys.path is the one a fresh `python -S` with this PYTHONPATH reports,
     # and the .dist-info is found by load_plugins() scanning that sys.path, in the child.
-    env = {"PYTHONPATH": f"{overlay_site_dir}:{_site_packages()}"}
+    env = {"PYTHONPATH": f"{overlay_site_dir}:{site_packages()}"}
     proc = run_probe(PROBE, env=env, python_flags=("-S",))
     out = last_json_line(proc)
     assert out["ddtree"].get("is_dflash") is True, proc.stderr
@@ -165,7 +161,7 @@ def test_plain_directory_on_pythonpath_is_discovered(overlay_site_dir):
 
 
 def test_plain_directory_respects_the_whitelist(overlay_site_dir):
-    env = {"PYTHONPATH": f"{overlay_site_dir}:{_site_packages()}"}
+    env = {"PYTHONPATH": f"{overlay_site_dir}:{site_packages()}"}
     proc = run_probe(PROBE, env={**env, "SGLANG_PLUGINS": "ddtree"}, python_flags=("-S",))
     assert last_json_line(proc)["ddtree"].get("is_dflash") is True, proc.stderr
     proc = run_probe(PROBE, env={**env, "SGLANG_PLUGINS": "not-ddtree"}, python_flags=("-S",))
@@ -174,7 +170,7 @@ def test_plain_directory_respects_the_whitelist(overlay_site_dir):
 
 def test_without_the_directory_nothing_provides_ddtree():
     # The negative control of the test above: same flags, no overlay directory.
-    proc = run_probe(PROBE, env={"PYTHONPATH": _site_packages()}, python_flags=("-S",))
+    proc = run_probe(PROBE, env={"PYTHONPATH": site_packages()}, python_flags=("-S",))
     out = last_json_line(proc)
     assert "error" in out["ddtree"]
     assert out["overlay_file"] is None
@@ -203,7 +199,7 @@ if __name__ == "__main__":
 """
     script = overlay_site_dir.parent / "spawn_probe.py"
     script.write_text(code)
-    env = {"PYTHONPATH": f"{overlay_site_dir}:{_site_packages()}"}
+    env = {"PYTHONPATH": f"{overlay_site_dir}:{site_packages()}"}
     proc = subprocess.run(
         [sys.executable, "-S", str(script)], env={**__import__("os").environ, **env},
         capture_output=True, text=True, timeout=240,
