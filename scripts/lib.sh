@@ -55,7 +55,7 @@ prune_stale_venvs() {
 }
 
 lab_image_tag() {
-  printf 'localhost/ddtree-lab-host:%s\n' "$(content_hash "$REPO_ROOT/lab/image/packages.txt" "$REPO_ROOT/lab/image/build")"
+  printf 'localhost/ddtree-lab-host:%s\n' "$(content_hash "$REPO_ROOT/lab/image/packages.txt" "$REPO_ROOT/lab/image/build" "$REPO_ROOT/lab/image/ansiballz_bytecode_cache.py")"
 }
 
 # The lab image with the lab's stack built in (lab/image/build-stacked): keyed by the plain image and

@@ -20,6 +20,8 @@ from ansible_collections.ddtree.sglang.plugins.modules import overlay_build
 
 # A path part or a text that only lab or fault-injection code has.
 LAB_PATH = re.compile(r"(^|/)(lab|lab_runtime|ddtree_lab_runtime|molecule)(/|$)|release_fault|(^|/)faults?\.py$")
+# What galaxy.yml's build_ignore leaves out of the artifact.
+NOT_SHIPPED = re.compile(r"^(lab|molecule|collections|inventories/lab|\.cache|\.gpuwhl)/|__pycache__|\.egg-info|\.pytest_cache")
 LAB_TEXT = re.compile(r"LAB_RUNTIME_FAULT|release_fault|ddtree_lab_runtime|lab_runtime|crash_at_start")
 
 
@@ -70,3 +72,5 @@ def test_the_galaxy_artifact_has_no_lab_or_fault_code(tmp_path):
             members.append((member.name, text))
     assert any(name == "sglang_overlay/src/sglang_overlay/core/tree.py" for name, _text in members)
     assert lab_code(members) == []
+    # The collection alone: none of the checkout's test beds, caches or build output (galaxy.yml's build_ignore).
+    assert [name for name, _text in members if NOT_SHIPPED.search(name)] == []
