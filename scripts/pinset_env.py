@@ -97,18 +97,27 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def touch_and_prune(current: Path) -> None:
-    """Mark a cache entry used now; remove its siblings unused for STALE_DAYS."""
-    (current / ".last-used").touch()
+def touch_and_prune(current: Path, remove: Path | None = None) -> None:
+    """Mark a cache entry used now; remove its siblings unused for STALE_DAYS. With `remove`, `current` is a
+    stamp file of its own (for entries that must not change, such as releases), and a stale stamp's entry is
+    the folder of that name in `remove`."""
+    if remove is None:
+        (current / ".last-used").touch()
+    else:
+        current.parent.mkdir(parents=True, exist_ok=True)
+        current.touch()
     for other in current.parent.iterdir():
-        if other == current or not other.is_dir():
+        if other == current or (remove is None and not other.is_dir()):
             continue
-        stamp = other / ".last-used"
+        stamp = other / ".last-used" if remove is None else other
         used = (stamp if stamp.exists() else other).stat().st_mtime
         if time.time() - used > STALE_DAYS * 86400:
-            log("removing %s (unused for %d days)" % (other, STALE_DAYS))
-            make_writable(other)
-            shutil.rmtree(other, ignore_errors=True)
+            entry = other if remove is None else remove / other.name
+            log("removing %s (unused for %d days)" % (entry, STALE_DAYS))
+            make_writable(entry)
+            shutil.rmtree(entry, ignore_errors=True)
+            if remove is not None:
+                other.unlink(missing_ok=True)
 
 
 def make_writable(path: Path) -> None:
@@ -221,6 +230,11 @@ def stack_venv(lock: Path, interpreter: str, wheels: Path, label: str) -> Path:
             # stack read-only; the checks here run with PYTHONDONTWRITEBYTECODE=1 and write nothing.)
             (venv / ".complete").write_text("%s\n%s\n" % (lock, interpreter))
             log("installed in %.0f s" % (time.time() - start))
+        # The role's completion marker too: the recorded checks record nothing for a stack without one. (Also
+        # for a venv cached before this marker was written here.)
+        marker = venv / ".ddtree-stack-complete"
+        if not marker.exists():
+            marker.write_text(json.dumps({"lock": lock.name, "lock_sha256": file_sha256(lock), "interpreter": interpreter}) + "\n")
         touch_and_prune(venv)
     return venv
 

@@ -16,6 +16,13 @@ For each pin set without `lab: true` in its pinset.yml, and each requirements-py
      example inventory.
 Steps 3-6 run every time; 2 only when its cache is cold. The modules run as Ansible runs them on a
 host (their file, with a JSON args file). Exits 1 naming every problem.
+
+Steps 4 and 6 record a pass as they do on a host (their `state_root`, docs/host-layout.md "Recorded
+checks"), in $DDTREE_CACHE/pinsets/checks, and releases stay in $DDTREE_CACHE/pinsets/releases: a run
+whose venv, release, options and check code are those of a run that passed gets the recorded pass
+instead of importing CUDA torch again (about 130 of the stage's 155 CPU seconds). Any change to one of
+them (a lock, the overlay, pinset.yml's expectation, the modules) checks again; DDTREE_PINSETS_RECHECK=1
+checks everything again, recording nothing.
 """
 
 from __future__ import annotations
@@ -153,8 +160,10 @@ class Stage:
     """Runs the checks of (pin set, Python) pairs, up to `jobs` at once (each is a chain of processes, mostly
     imports of SGLang on one core); downloads and installs, cold only, one at a time."""
 
-    def __init__(self, work: Path):
+    def __init__(self, work: Path, records: Path | None = None, releases: Path | None = None):
         self.work = work
+        self.records = records  # state_root of the recorded checks; None: check every time, record nothing
+        self.releases = releases or work / "releases"
         self.problems: list[str] = []
         self.passed = 0
         self.wheel: dict | None = None
@@ -259,7 +268,8 @@ class Stage:
         if spec["expect"].get("torch_cuda"):
             with self.lock:
                 ensure_ffmpeg()
-        result = run_module("stack_verify", {"stack": str(venv), "expected": expect}, env)
+        result = run_module("stack_verify", dict({"stack": str(venv), "expected": expect}, **self.state_root()), env)
+        self.say_recorded(result)
         facts = result["facts"]
         self.say("        torch %s (CUDA %s), sglang %s, sglang-kernel %s, nvcc %s; imported: %s" % (
             facts["torch"]["version"], facts["torch"]["cuda"], facts["packages"]["sglang"], facts["packages"]["sglang-kernel"],
@@ -270,16 +280,29 @@ class Stage:
         wheel = self.overlay_wheel()
         # The role's stack id: sha256 of the pin set's name and the lock (Ansible's file lookup strips the end).
         stack = stack_id(spec["name"], lock.read_text().rstrip("\n") + "\n")
-        result = run_module("release", {"root": str(self.work / "releases"), "wheel": wheel["wheel"], "stack": str(venv), "stack_id": stack,
+        result = run_module("release", {"root": str(self.releases), "wheel": wheel["wheel"], "stack": str(venv), "stack_id": stack,
                                         "arch": "cpu", "source_hash": wheel["source_hash"], "source_revision": wheel["revision"]})
         self.say("        release %s of overlay %s (%s)" % (result["release_id"], wheel["source_hash"][:12], wheel["revision"]))
+        if self.releases != self.work / "releases":
+            # A stamp beside the releases (a release's own files never change): one unused for a while goes.
+            pinset_env.touch_and_prune(self.releases.with_name("releases-used") / result["release_id"], remove=self.releases)
         return result["release_dir"]
+
+    def state_root(self) -> dict:
+        return {"state_root": str(self.records)} if self.records else {}
+
+    def say_recorded(self, result: dict) -> None:
+        if result.get("recorded"):
+            self.say("        a recorded pass: same venv, release, options and check code as a run that passed "
+                     "(DDTREE_PINSETS_RECHECK=1 checks again)")
 
     def spec_verify(self, venv: Path, release: str, service: dict) -> dict:
         # As the role's verify: the launcher adds --api-key from the service's credential at start.
         flags = service_flags(service) + (["--api-key", "dry-parse-placeholder"] if service.get("api_key") else [])
         environment = service_environment(service)
-        result = run_module("spec_verify", {"stack": str(venv), "release": release, "flags": flags, "environment": environment})
+        result = run_module("spec_verify", dict({"stack": str(venv), "release": release, "flags": flags, "environment": environment},
+                                                **self.state_root()))
+        self.say_recorded(result)
         self.say("        " + "\n        ".join(result["matrix"]))
         self.say("        parsed: %s" % json.dumps(result.get("parsed")))
         return result
@@ -305,7 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="pinsets-stage-") as work:
-        stage = Stage(Path(work))
+        if os.environ.get("DDTREE_PINSETS_RECHECK") == "1":
+            stage = Stage(Path(work))
+        else:
+            stage = Stage(Path(work), records=pinset_env.cache_root() / "checks", releases=pinset_env.cache_root() / "releases")
         pinsets = production_pinsets(options.pinsets_dir)
         if not pinsets:
             stage.problems.append("no production pin set (one without lab: true) in %s" % options.pinsets_dir)

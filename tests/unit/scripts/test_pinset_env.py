@@ -80,3 +80,21 @@ def test_seed_links_only_pinned_versions_from_complete_wheelhouses(env, tmp_path
 ])
 def test_wheel_fits_python(env, name, python, fits):
     assert env.wheel_fits_python(name, python) is fits
+
+
+def test_stamped_entries_go_only_when_their_stamp_is_stale(env, tmp_path):
+    """Releases are never written into: a stamp beside them says when each was last used."""
+    releases, stamps = tmp_path / "releases", tmp_path / "releases-used"
+    for name in ("used-now", "used-lately", "stale"):
+        (releases / name / "site").mkdir(parents=True)
+        (releases / name / "site" / "x.py").write_text("x = 1\n")
+        (releases / name / "site").chmod(0o555)  # read-only, as a release is
+    stamps.mkdir()
+    for name, days in (("used-lately", 1), ("stale", env.STALE_DAYS + 1)):
+        (stamps / name).touch()
+        old = (stamps / name).stat().st_mtime - days * 86400
+        os.utime(stamps / name, (old, old))
+    env.touch_and_prune(stamps / "used-now", remove=releases)
+    assert sorted(path.name for path in releases.iterdir()) == ["used-lately", "used-now"]
+    assert sorted(path.name for path in stamps.iterdir()) == ["used-lately", "used-now"]
+    assert not (releases / "used-now" / ".last-used").exists()  # nothing written into a release
