@@ -232,7 +232,8 @@ def stack_venv(lock: Path, interpreter: str, wheels: Path, label: str) -> Path:
             log("installed in %.0f s" % (time.time() - start))
         # The role's completion marker too: the recorded checks record nothing for a stack without one. (Also
         # for a venv cached before this marker was written here.)
-        marker = venv / ".ddtree-stack-complete"
+        from ansible_collections.ddtree.sglang.plugins.module_utils.layout import STACK_MARKER  # pylint: disable=import-outside-toplevel
+        marker = venv / STACK_MARKER
         if not marker.exists():
             marker.write_text(json.dumps({"lock": lock.name, "lock_sha256": file_sha256(lock), "interpreter": interpreter}) + "\n")
         touch_and_prune(venv)

@@ -30,12 +30,13 @@ import os
 import tempfile
 import time
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.layout import STACK_MARKER
+
 FORMAT = 1
 # Under the state root; not a service name (services.py: lowercase letters, digits and '-').
 RECORDS_DIR = "_checks"
 # Records kept per check: a host sees a handful of stacks and releases at a time.
 KEEP = 100
-STACK_MARKER = ".ddtree-stack-complete"
 RELEASE_MANIFEST = "manifest.json"
 
 
