@@ -163,7 +163,8 @@ class Stage:
     def __init__(self, work: Path, records: Path | None = None, releases: Path | None = None):
         self.work = work
         self.records = records  # state_root of the recorded checks; None: check every time, record nothing
-        self.releases = releases or work / "releases"
+        self.keep_releases = releases is not None  # in the cache, used again by later runs; else in `work`
+        self.releases = releases if self.keep_releases else work / "releases"
         self.problems: list[str] = []
         self.passed = 0
         self.wheel: dict | None = None
@@ -283,7 +284,7 @@ class Stage:
         result = run_module("release", {"root": str(self.releases), "wheel": wheel["wheel"], "stack": str(venv), "stack_id": stack,
                                         "arch": "cpu", "source_hash": wheel["source_hash"], "source_revision": wheel["revision"]})
         self.say("        release %s of overlay %s (%s)" % (result["release_id"], wheel["source_hash"][:12], wheel["revision"]))
-        if self.releases != self.work / "releases":
+        if self.keep_releases:
             # A stamp beside the releases (a release's own files never change): one unused for a while goes.
             pinset_env.touch_and_prune(self.releases.with_name("releases-used") / result["release_id"], remove=self.releases)
         return result["release_dir"]
