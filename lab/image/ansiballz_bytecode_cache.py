@@ -22,13 +22,25 @@ import zipimport
 CACHE_DIR = os.path.join("/var/cache/ddtree-lab/zipimport-bytecode", sys.implementation.cache_tag)
 
 _compile_source = zipimport._compile_source
+# zipimport compiles each module twice per import (find_spec asks for its file name through the code): the
+# second time is answered from here.
+_last_compiled = {}
 
 
 def _compile_source_cached(pathname, source):
+    last = _last_compiled.get(pathname)
+    if last is not None and last[0] == source:
+        return last[1]
+    code = _load_or_compile(pathname, source)
+    _last_compiled[pathname] = (source, code)
+    return code
+
+
+def _load_or_compile(pathname, source):
     path = os.path.join(CACHE_DIR, hashlib.sha256(source).hexdigest())
     try:
         with open(path, "rb") as cached:
-            return marshal.load(cached)
+            return marshal.loads(cached.read())  # one read: marshal.load(file) reads piece by piece
     except (OSError, EOFError, ValueError, TypeError):
         pass
     code = _compile_source(pathname, source)
