@@ -2,7 +2,9 @@
 what compiling its source gives, and the preloaded plugin docs are the ones a worker would parse."""
 
 import importlib.util
-import multiprocessing
+import json
+import subprocess
+import sys
 import zipimport
 from pathlib import Path
 
@@ -67,33 +69,48 @@ def lab_connection():
     return yaml.safe_load((REPO / "inventories/lab/group_vars/lab.yml").read_text())["ansible_connection"]
 
 
-def parses_in_a_fork(loader_name, name):
-    """How many plugin docs a forked child (as a task's worker is) parses to load the plugin."""
-    from ansible.plugins import loader
+# Run in a process of its own: initializing ansible-core's plugin loader in pytest's process would replace
+# the collection loader the other unit tests rely on.
+FORKED_PARSES = """
+import json, multiprocessing, sys
+from ansible.plugins import loader
+loader.init_plugin_loader()
+preload_path, plugins = sys.argv[1], json.loads(sys.argv[2])
 
+def parses_in_a_fork(loader_name, name):
+    # How many plugin docs a forked child (as a task's worker is forked) parses to load the plugin.
     def child(queue):
         parsed = []
         original = loader.yaml.load
         loader.yaml.load = lambda *args, **kwargs: parsed.append(1) or original(*args, **kwargs)
         getattr(loader, loader_name).get(name, class_only=True)
         queue.put(len(parsed))
-
-    queue = multiprocessing.get_context("fork").SimpleQueue()
-    process = multiprocessing.get_context("fork").Process(target=child, args=(queue,))
+    context = multiprocessing.get_context("fork")
+    queue = context.SimpleQueue()
+    process = context.Process(target=child, args=(queue,))
     process.start()
     process.join(60)
     return queue.get()
 
+import importlib.util
+spec = importlib.util.spec_from_file_location("plugin_docs_preload", preload_path)
+preload = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(preload)
+preload.CallbackModule()
+print(json.dumps({"preloaded": [name for _, names in preload.PRELOADED for name in names],
+                  "parses": [parses_in_a_fork(loader_name, name) for loader_name, name in plugins]}))
+"""
+
 
 def test_a_worker_forked_after_the_preload_parses_no_plugin_docs_for_the_lab_connection():
-    from ansible.plugins.loader import connection_loader, init_plugin_loader
-
-    init_plugin_loader()
-    preload = load("plugin_docs_preload", "lab/callback_plugins/plugin_docs_preload.py")
     connection = lab_connection()
-    assert connection in dict(preload.PRELOADED)[connection_loader]
-    preload.CallbackModule()
-    assert parses_in_a_fork("connection_loader", connection) == 0
-    assert parses_in_a_fork("lookup_loader", "ansible.builtin.env") == 0
-    # Not preloaded: a worker parses it (the check above can see a parse).
-    assert parses_in_a_fork("lookup_loader", "ansible.builtin.url") > 0
+    plugins = [["connection_loader", connection], ["lookup_loader", "ansible.builtin.env"],
+               # Not preloaded: a worker parses it (the check can see a parse).
+               ["lookup_loader", "ansible.builtin.url"]]
+    out = subprocess.run([sys.executable, "-c", FORKED_PARSES, str(REPO / "lab/callback_plugins/plugin_docs_preload.py"),
+                          json.dumps(plugins)], capture_output=True, text=True, check=True).stdout
+    answer = json.loads(out)
+    assert connection in answer["preloaded"]
+    connection_parses, env_parses, url_parses = answer["parses"]
+    assert connection_parses == 0 and env_parses == 0
+    assert url_parses > 0
