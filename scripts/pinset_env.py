@@ -97,27 +97,36 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def touch_and_prune(current: Path, remove: Path | None = None) -> None:
-    """Mark a cache entry used now; remove its siblings unused for STALE_DAYS. With `remove`, `current` is a
-    stamp file of its own (for entries that must not change, such as releases), and a stale stamp's entry is
-    the folder of that name in `remove`."""
-    if remove is None:
-        (current / ".last-used").touch()
-    else:
-        current.parent.mkdir(parents=True, exist_ok=True)
-        current.touch()
+def touch_and_prune(current: Path) -> None:
+    """Mark a cache entry used now; remove its siblings unused for STALE_DAYS."""
+    (current / ".last-used").touch()
     for other in current.parent.iterdir():
-        if other == current or (remove is None and not other.is_dir()):
+        if other == current or not other.is_dir():
             continue
-        stamp = other / ".last-used" if remove is None else other
-        used = (stamp if stamp.exists() else other).stat().st_mtime
-        if time.time() - used > STALE_DAYS * 86400:
-            entry = other if remove is None else remove / other.name
-            log("removing %s (unused for %d days)" % (entry, STALE_DAYS))
-            make_writable(entry)
-            shutil.rmtree(entry, ignore_errors=True)
-            if remove is not None:
-                other.unlink(missing_ok=True)
+        stamp = other / ".last-used"
+        if unused_for_long(stamp if stamp.exists() else other):
+            remove_entry(other)
+
+
+def stamp_and_prune(stamp: Path, entries: Path) -> None:
+    """The same for entries that must not be written into (releases): `stamp` is a file of its own, beside
+    the others in its folder, named as its entry in `entries`; a stale stamp's entry goes, then the stamp."""
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.touch()
+    for other in stamp.parent.iterdir():
+        if other != stamp and unused_for_long(other):
+            remove_entry(entries / other.name)
+            other.unlink(missing_ok=True)
+
+
+def unused_for_long(path: Path) -> bool:
+    return time.time() - path.stat().st_mtime > STALE_DAYS * 86400
+
+
+def remove_entry(entry: Path) -> None:
+    log("removing %s (unused for %d days)" % (entry, STALE_DAYS))
+    make_writable(entry)
+    shutil.rmtree(entry, ignore_errors=True)
 
 
 def make_writable(path: Path) -> None:

@@ -286,7 +286,7 @@ class Stage:
         self.say("        release %s of overlay %s (%s)" % (result["release_id"], wheel["source_hash"][:12], wheel["revision"]))
         if self.keep_releases:
             # A stamp beside the releases (a release's own files never change): one unused for a while goes.
-            pinset_env.touch_and_prune(self.releases.with_name("releases-used") / result["release_id"], remove=self.releases)
+            pinset_env.stamp_and_prune(self.releases.with_name("releases-used") / result["release_id"], self.releases)
         return result["release_dir"]
 
     def state_root(self) -> dict:

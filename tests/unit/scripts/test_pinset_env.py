@@ -94,7 +94,7 @@ def test_stamped_entries_go_only_when_their_stamp_is_stale(env, tmp_path):
         (stamps / name).touch()
         old = (stamps / name).stat().st_mtime - days * 86400
         os.utime(stamps / name, (old, old))
-    env.touch_and_prune(stamps / "used-now", remove=releases)
+    env.stamp_and_prune(stamps / "used-now", releases)
     assert sorted(path.name for path in releases.iterdir()) == ["used-lately", "used-now"]
     assert sorted(path.name for path in stamps.iterdir()) == ["used-lately", "used-now"]
     assert not (releases / "used-now" / ".last-used").exists()  # nothing written into a release
