@@ -55,7 +55,9 @@ prune_stale_venvs() {
 }
 
 lab_image_tag() {
-  printf 'localhost/ddtree-lab-host:%s\n' "$(content_hash "$REPO_ROOT/lab/image/packages.txt" "$REPO_ROOT/lab/image/build" "$REPO_ROOT/lab/image/ansiballz_bytecode_cache.py")"
+  local image="$REPO_ROOT/lab/image"
+  printf 'localhost/ddtree-lab-host:%s\n' "$(content_hash "$image/packages.txt" "$image/build" "$image/ansiballz_bytecode_cache.py" \
+    "$image/module_zygote.py" "$image/module_zygote_client.py" "$image/ddtree-lab-module-zygote.service")"
 }
 
 # The lab image with the lab's stack built in (lab/image/build-stacked): keyed by the plain image and
