@@ -109,7 +109,15 @@ class Zygote:
         finally:
             sys.path.remove(preload)
         # The rest of the wrapper's imports (ansible/_internal/_ansiballz/_wrapper.py), and what runpy needs.
-        import base64, datetime, importlib, resource, runpy, shutil, tempfile, threading, traceback  # noqa: E401,F401
+        import base64  # noqa: F401
+        import datetime  # noqa: F401
+        import importlib  # noqa: F401
+        import resource  # noqa: F401
+        import runpy  # noqa: F401
+        import shutil  # noqa: F401
+        import tempfile  # noqa: F401
+        import threading  # noqa: F401
+        import traceback  # noqa: F401
         _loader.run_module = _checked_run_module(_loader.run_module)
         return index
 
@@ -137,18 +145,18 @@ class Zygote:
         self.selector.register(self.listener, selectors.EVENT_READ)
         log("ready (%d preloaded files, from %s)" % (len(self.preloaded), self.preload))
         while True:
-            for key, _ in self.selector.select():
+            for key, _events in self.selector.select():
                 if key.fileobj is self.listener:
                     self._accept()
                 else:
                     self._reap(key.fd)
 
     def _accept(self):
-        connection, _ = self.listener.accept()
+        connection, _address = self.listener.accept()
         fds = []
         try:
             connection.settimeout(10)
-            _, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            _pid, uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
             if uid != os.getuid():  # the socket is root's alone (0600): no other user reaches this
                 raise ValueError("a client of uid %d" % uid)
             request, fds = self._receive(connection)
@@ -174,7 +182,7 @@ class Zygote:
 
     @staticmethod
     def _receive(connection):
-        message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+        message, fds, _flags, _address = socket.recv_fds(connection, 1 << 20, 3)
         while len(message) < HEADER.size or len(message) < HEADER.size + HEADER.unpack_from(message)[0]:
             more = connection.recv(1 << 20)
             if not more:
@@ -203,7 +211,7 @@ class Zygote:
         pid, connection = self.running.pop(pidfd)
         self.selector.unregister(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
+        status = os.waitpid(pid, 0)[1]
         code = os.waitstatus_to_exitcode(status)
         try:
             self._reply(connection, *(("signal", -code) if code < 0 else ("exit", code)))
@@ -405,7 +413,7 @@ _SERVER = None
 
 def main():
     global _SERVER
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser("serve")
     serve.add_argument("--socket", required=True)

@@ -1,5 +1,5 @@
-#!/usr/bin/python3 -IS
-"""Lab hosts only: the lab's `ansible_python_interpreter` (/usr/local/libexec/ddtree-lab/python).
+"""Lab hosts only: the lab's `ansible_python_interpreter` (/usr/local/libexec/ddtree-lab/python, which
+lab/image/build writes with the shebang `#!/usr/bin/python3 -IS`: no site, no environment).
 
 Hands `python3 [script [args]]` (a script on standard input when none is named: Ansible's pipelining) to
 the host's module zygote (module_zygote.py says why), with this process's environment, working directory,

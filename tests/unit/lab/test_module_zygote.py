@@ -119,7 +119,7 @@ def current_umask():
 
 def test_a_run_whose_start_up_variables_differ_gets_a_fresh_interpreter(zygote, payloads):
     completed = zygote.run(payloads["probe"], env=dict(os.environ, PYTHONHASHSEED="7"))
-    _, module_cmdline, *_ = probe_result(completed)
+    module_cmdline = probe_result(completed)[1]
     assert module_cmdline == [PYTHON, str(payloads["probe"])]
     assert "fresh interpreter: the run sets PYTHONHASHSEED differently" in zygote.log.read_text()
 
@@ -138,7 +138,7 @@ def test_a_payload_of_another_ansible_core_runs_in_a_fresh_interpreter(payloads,
         completed = server.run(stdin=payloads["probe"].read_bytes())
     finally:
         server.stop()
-    result, module_cmdline, *_ = probe_result(completed)
+    result, module_cmdline = probe_result(completed)[:2]
     assert module_cmdline == [PYTHON] and result["rc"] == 3
     assert "fresh interpreter: the payload's ansible/module_utils/basic.py differs" in server.log.read_text()
 
@@ -146,7 +146,7 @@ def test_a_payload_of_another_ansible_core_runs_in_a_fresh_interpreter(payloads,
 def test_without_a_zygote_the_interpreter_is_plain_python(payloads, tmp_path):
     completed = subprocess.run([PYTHON, "-IS", str(CLIENT), str(payloads["probe"])], capture_output=True, check=False,
                                env=dict(os.environ, DDTREE_LAB_MODULE_ZYGOTE=str(tmp_path / "none.sock")))
-    _, module_cmdline, *_ = probe_result(completed)
+    module_cmdline = probe_result(completed)[1]
     assert module_cmdline == [PYTHON, str(payloads["probe"])]
 
 
