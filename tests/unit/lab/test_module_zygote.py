@@ -30,23 +30,23 @@ pytestmark = [
 ]
 
 
-def kept_payload(tmp_path_factory, module, args):
-    """An AnsiballZ payload as the controller's ansible-core builds it, kept on disk."""
-    keep = tmp_path_factory.mktemp("payload")
-    environment = dict(os.environ, ANSIBLE_KEEP_REMOTE_FILES="1", ANSIBLE_REMOTE_TMP=str(keep), ANSIBLE_PIPELINING="0",
-                       ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
-    ran = subprocess.run([str(Path(sys.executable).parent / "ansible"), "localhost", "-c", "local", "-m", module,
-                          *(["-a", json.dumps(args)] if args else []), "-e", "ansible_python_interpreter=" + PYTHON],
-                         env=environment, cwd=keep, capture_output=True, text=True, check=False)
-    payload = next(keep.rglob("AnsiballZ_*.py"), None)
-    assert payload, ran.stdout + ran.stderr
-    return payload
-
-
 @pytest.fixture(scope="module")
 def payloads(tmp_path_factory):
-    return {"ping": kept_payload(tmp_path_factory, "ansible.builtin.ping", {}),
-            "probe": kept_payload(tmp_path_factory, "ansible.builtin.command", {"argv": PROBE})}
+    """AnsiballZ payloads as the controller's ansible-core builds them, kept on disk: `ping`, and `probe`
+    (the command module running PROBE). One ansible-playbook run for both."""
+    keep = tmp_path_factory.mktemp("payloads")
+    playbook = keep / "payloads.yml"
+    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"ansible.builtin.ping": {}},
+        {"ansible.builtin.command": {"argv": PROBE}, "ignore_errors": True}]}]))
+    environment = dict(os.environ, ANSIBLE_KEEP_REMOTE_FILES="1", ANSIBLE_REMOTE_TMP=str(keep / "tmp"), ANSIBLE_PIPELINING="0",
+                       ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
+    ran = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+                          "-e", "ansible_python_interpreter=" + PYTHON, str(playbook)],
+                         env=environment, cwd=keep, capture_output=True, text=True, check=False)
+    found = {path.name: path for path in (keep / "tmp").rglob("AnsiballZ_*.py")}
+    assert {"AnsiballZ_ping.py", "AnsiballZ_command.py"} <= set(found), ran.stdout + ran.stderr
+    return {"ping": found["AnsiballZ_ping.py"], "probe": found["AnsiballZ_command.py"]}
 
 
 class Zygote:
@@ -88,6 +88,7 @@ def probe_result(completed):
     """The command module's result, and what the probe printed: the module process's command line, the
     environment's DDTREE_PROBE, the working directory and the umask."""
     result = json.loads(completed.stdout)
+    assert "stdout" in result, "the module did not run: %s" % result.get("msg", result)
     module_cmdline, value, cwd, umask = result["stdout"].splitlines()
     return result, module_cmdline.split(), value, cwd, umask
 
