@@ -48,9 +48,13 @@ MODULE_UTILS_STUB = "from pkgutil import extend_path\n__path__=extend_path(__pat
 _LOG_FD = 2
 
 
+def is_startup_variable(name):
+    return name in STARTUP_ENVIRONMENT or name.startswith("PYTHON")
+
+
 def startup_variables(environment):
     """The variables of an environment that Python reads as it starts."""
-    return {name: value for name, value in environment.items() if name in STARTUP_ENVIRONMENT or name.startswith("PYTHON")}
+    return {name: value for name, value in environment.items() if is_startup_variable(name)}
 
 
 def log(message):
@@ -342,34 +346,35 @@ def _checked_run_module(run_module):
 
     def checked(**arguments):
         modlib = arguments.get("modlib_path")
-        reason = _payload_mismatch(modlib)
+        reason, folders = _read_payload(modlib)
         if reason:
             _restart_fresh(modlib, reason)
-        _extend_package_paths(modlib)
+        _extend_package_paths(modlib, folders)
         return run_module(**arguments)
 
     return checked
 
 
-def _payload_mismatch(modlib):
+def _read_payload(modlib):
+    """From the payload's zip directory (read once): why it cannot use the preloaded files, or None; and
+    its folders."""
     if not modlib:
-        return "no payload path"
+        return "no payload path", set()
     try:
         with zipfile.ZipFile(modlib) as archive:
-            for info in archive.infolist():
-                kept = _SERVER.preloaded.get(info.filename)
-                if kept is not None and kept != (info.CRC, info.file_size):
-                    return "the payload's %s differs from the controller's preloaded one" % info.filename
+            entries = archive.infolist()
     except (OSError, zipfile.BadZipFile) as error:
-        return "the payload cannot be read (%s)" % error
-    return None
+        return "the payload cannot be read (%s)" % error, set()
+    for info in entries:
+        kept = _SERVER.preloaded.get(info.filename)
+        if kept is not None and kept != (info.CRC, info.file_size):
+            return "the payload's %s differs from the controller's preloaded one" % info.filename, set()
+    return None, {info.filename.rsplit("/", 1)[0] for info in entries if "/" in info.filename}
 
 
-def _extend_package_paths(modlib):
+def _extend_package_paths(modlib, folders):
     """What pkgutil.extend_path gives these packages when the payload is on sys.path as they are imported:
     their folders in the payload come after the preloaded ones (ansible.modules, say, is only there)."""
-    with zipfile.ZipFile(modlib) as archive:
-        folders = {name.rsplit("/", 1)[0] for name in archive.namelist() if "/" in name}
     for name, module in list(sys.modules.items()):
         path = getattr(module, "__path__", None)
         folder = name.replace(".", "/")
@@ -403,7 +408,7 @@ def start_with(environment_file):
     with open(environment_file) as listed:
         wanted = json.load(listed)
     if startup_variables(os.environ) != startup_variables(wanted):
-        environment = {name: value for name, value in os.environ.items() if not startup_variables({name: value})}
+        environment = {name: value for name, value in os.environ.items() if not is_startup_variable(name)}
         environment.update(startup_variables(wanted))
         os.execve(sys.executable, [sys.executable] + sys.argv, environment)
 
