@@ -15,7 +15,7 @@ description:
   - Hashes the overlay's source (C(pyproject.toml) and C(src/)), and builds its wheel into
     C(<dest>/<source_hash>/) unless a wheel for that content is there.
   - Builds with the build backend the source's C(pyproject.toml) names (PEP 517, called through
-    C(pyproject_hooks)) in the controller's own Python, without an isolated build environment: no
+    C(pyproject_hooks)) in the controller's own Python, without an isolated build environment. No
     package index is needed, and a build costs about a tenth of C(pip wheel)'s, which filled a fresh
     environment for every build. The backend's requirements (C(setuptools>=77) for the overlay) must
     be installed beside ansible-core; the module fails naming any that is not, before building.
@@ -24,8 +24,8 @@ description:
   - Runs on the controller (C(delegate_to=localhost), C(run_once=true)).
 requirements:
   - Python >= 3.11 on the controller (C(tomllib)).
-  - pyproject_hooks and packaging, and the source's build requirements (C(setuptools>=77) for the overlay):
-    C(requirements/ee-python.txt) for an execution environment; C(scripts/bootstrap)'s venv has them.
+  - pyproject_hooks and packaging, and the source's build requirements (C(setuptools>=77) for the overlay),
+    as C(requirements/ee-python.txt) lists them for an execution environment; C(scripts/bootstrap)'s venv has them.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
