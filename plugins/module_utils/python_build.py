@@ -33,8 +33,9 @@ except ImportError:
 else:
     BUILD_IMPORT_ERROR = None
 
-# PEP 517's default when pyproject.toml names no backend.
-DEFAULT_BUILD_SYSTEM = {"requires": ["setuptools>=40.8.0"], "build-backend": "setuptools.build_meta:__legacy__"}
+# PEP 517's fallback when pyproject.toml names no backend, and PEP 518's requirements when it names none.
+LEGACY_BACKEND = "setuptools.build_meta:__legacy__"
+DEFAULT_REQUIRES = ("setuptools>=40.8.0",)
 
 
 def build_system(pyproject_text):
@@ -42,9 +43,7 @@ def build_system(pyproject_text):
     if tomllib is None:
         raise ValueError("reading pyproject.toml needs Python >= 3.11 (tomllib) on the controller")
     table = tomllib.loads(pyproject_text).get("build-system") or {}
-    if "build-backend" not in table:
-        return dict(DEFAULT_BUILD_SYSTEM, **{key: value for key, value in table.items() if key == "requires"})
-    return {"requires": list(table.get("requires", [])), "build-backend": table["build-backend"],
+    return {"requires": list(table.get("requires", DEFAULT_REQUIRES)), "build-backend": table.get("build-backend", LEGACY_BACKEND),
             "backend-path": table.get("backend-path")}
 
 

@@ -21,7 +21,8 @@ def test_build_system_reads_the_backend_and_its_requirements():
 def test_build_system_without_a_backend_is_pep_517s_default():
     assert build_system('[project]\nname = "x"\n')["build-backend"] == "setuptools.build_meta:__legacy__"
     assert build_system('[build-system]\nrequires = ["setuptools>=70"]\n') == {
-        "requires": ["setuptools>=70"], "build-backend": "setuptools.build_meta:__legacy__"}
+        "requires": ["setuptools>=70"], "build-backend": "setuptools.build_meta:__legacy__", "backend-path": None}
+    assert build_system('[project]\nname = "x"\n')["requires"] == ["setuptools>=40.8.0"]
 
 
 def test_build_system_names_a_broken_file():
