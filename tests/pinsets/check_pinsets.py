@@ -158,7 +158,7 @@ def libcuda_stub(venv: Path, work: Path) -> Path | None:
 
 class Stage:
     """Runs the checks of (pin set, Python) pairs, up to `jobs` at once (each is a chain of processes, mostly
-    imports of SGLang on one core); downloads and installs, cold only, one at a time."""
+    imports of SGLang on one core); cold only, downloads one at a time and installs one at a time."""
 
     def __init__(self, work: Path, records: Path | None = None, releases: Path | None = None):
         self.work = work
@@ -169,7 +169,10 @@ class Stage:
         self.passed = 0
         self.wheel: dict | None = None
         self.lock = threading.Lock()          # counters, the overlay wheel, FFmpeg
-        self.install_lock = threading.Lock()  # one pip download or install at a time
+        # One download at a time (a later wheelhouse is seeded from the files of an earlier one: the CUDA
+        # wheels fit every Python) and one install at a time, but one pair's install beside the next one's download.
+        self.download_lock = threading.Lock()
+        self.install_lock = threading.Lock()
         self.local = threading.local()
 
     def say(self, text: str) -> None:
@@ -221,9 +224,10 @@ class Stage:
         interpreter = self.step(label, "find a Python %s" % python, lambda: pinset_env.find_python(python))
         if interpreter is None:
             return
-        with self.install_lock:
+        with self.download_lock:
             wheels = self.step(label, "wheelhouse of %s (cached per lock, hash-checked)" % lock.name,
                                lambda: pinset_env.wheelhouse(lock, python, spec["glibc"], spec["name"]))
+        with self.install_lock:
             venv = wheels and self.step(label, "install %s as the role does (cached per lock and recipe)" % lock.name,
                                         lambda: pinset_env.stack_venv(lock, interpreter, wheels, spec["name"]))
         if not venv:
