@@ -69,3 +69,10 @@ lab_stacked_image_tag() {
           | sha256sum | cut -c1-12)"
   printf 'localhost/ddtree-lab-host-stacked:%s\n' "$key"
 }
+
+# Where the stacks of a lab image with stacks live (beside the image, not in it: lab/image/build-stacked
+# says why), and whether that image and its stacks are both complete.
+lab_stacks_dir() { printf '%s/lab-image/stacks-%s\n' "$DDTREE_CACHE" "${1##*:}"; }
+lab_stacked_image_ready() {
+  podman image exists "$1" 2>/dev/null && [ -f "$(lab_stacks_dir "$1")/complete" ]
+}
