@@ -10,6 +10,9 @@ A=1,B=0; `none`: no
 a change that is still an opt-in switch.
 PERF_TARGET picks the target (scenario.SHAPES): `tiny` (default; MODELS holds the tiny pair) or
 `qwen3-8b` (MODELS holds make_shaped.py's configs; random weights, random drafter: equal acceptance).
+PERF_DDTREE="15;63;1:63,4:31,16:15,48:7" measures one DDTREE server per budget or schedule instead of the
+before/after pair (names perf-ddtree-<i>; PERF_TOP_K sets their top-k, default the overlay's for the budget);
+PERF_DRAFTER names the drafter directory under MODELS for every speculative server (default the shape's).
 PERF_STEP_TIMING=N sets DDTREE_STEP_TIMING=N on both DDTREE servers (host ms per part of the tree step,
 logged every N steps; the last lines land in results-perf.json). NONE starts first (it
 fills the JIT cache), then the other three together; then the measurements run one server at a time
@@ -55,23 +58,34 @@ def main():
     prompts = sl.greedy_prompts(lang)
     shape = os.environ.get("PERF_TARGET", "tiny")
     before_env = os.environ.get("PERF_BEFORE_ENV", "DDTREE_EAGER_TREE_STAGE=1")
+    drafter = os.environ.get("PERF_DRAFTER") or None
     servers = [sc.Server("perf-none", "NONE", sc.RELEASE, 30100, out, models, shape=shape),
-               sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models, shape=shape)]
-    if before_env != "none":
-        before = sc.Server("perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models, shape=shape)
-        before.set_env(before_env)
-        servers.append(before)
-    after = sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models, shape=shape)
-    # PERF_AFTER_ENV: the change measured is an opt-in switch (e.g. DDTREE_IN_PLACE_TREE_MASK=1).
-    if os.environ.get("PERF_AFTER_ENV", "none") != "none":
-        after.set_env(os.environ["PERF_AFTER_ENV"])
-    servers.append(after)
+               sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models, shape=shape, drafter=drafter)]
+    settings = [item.strip() for item in os.environ.get("PERF_DDTREE", "").split(";") if item.strip()]
+    if settings:
+        top_k = int(os.environ["PERF_TOP_K"]) if os.environ.get("PERF_TOP_K") else None
+        for i, budget in enumerate(settings):
+            server = sc.Server("perf-ddtree-%d" % i, "DDTREE", sc.RELEASE, 30102 + i, out, models, shape=shape,
+                               drafter=drafter, budget=budget, top_k=top_k)
+            server.info["ddtree_setting"] = budget
+            servers.append(server)
+    else:
+        if before_env != "none":
+            before = sc.Server("perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models, shape=shape,
+                               drafter=drafter)
+            before.set_env(before_env)
+            servers.append(before)
+        after = sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models, shape=shape, drafter=drafter)
+        # PERF_AFTER_ENV: the change measured is an opt-in switch (e.g. DDTREE_IN_PLACE_TREE_MASK=1).
+        if os.environ.get("PERF_AFTER_ENV", "none") != "none":
+            after.set_env(os.environ["PERF_AFTER_ENV"])
+        servers.append(after)
     ddtree = [s for s in servers if s.algo == "DDTREE"]
     if os.environ.get("PERF_STEP_TIMING"):
         for s in ddtree:
             s.env["DDTREE_STEP_TIMING"] = os.environ["PERF_STEP_TIMING"]
     t0 = time.time()
-    doc = {"plan": "perf", "target": shape, "rounds": rounds, "requests": CONCURRENCY, "new_tokens": sc.GREEDY_NEW,
+    doc = {"plan": "perf", "target": shape, "drafter": drafter, "rounds": rounds, "requests": CONCURRENCY, "new_tokens": sc.GREEDY_NEW,
            "repeat": int(os.environ.get("PERF_REPEAT", "1")),
            "servers": {s.name: s.info for s in servers}, "runs": [], "outputs": {}}
 
@@ -110,7 +124,8 @@ def main():
                 s.info["graph_decode_batches"] = len(re.findall(r"cuda graph: True", log))
                 s.info["eager_decode_batches"] = len(re.findall(r"cuda graph: False", log))
                 s.info["ddtree_ready_line"] = (re.findall(r"DDTREE worker ready[^\n]*", log) or [None])[0]
-                s.info["ddtree_graph_line"] = (re.findall(r"DDTREE tree verify:[^\n]*", log) or [None])[0]
+                s.info["ddtree_graph_line"] = re.findall(r"DDTREE tree verify[^\n]*", log) or None
+                s.info["ddtree_errors"] = re.findall(r"(?:Traceback|Error|error)[^\n]*", log)[-12:]
                 s.info["step_timing"] = re.findall(r"DDTREE step timing[^\n]*", log)[-40:]
             except OSError:
                 pass
@@ -140,7 +155,7 @@ def print_table(doc):
         cells = ["%s (%s)" % (med.get((name, c)), ", ".join(str(x) for x in by.get((name, c), []))) for c in CONCURRENCY]
         a = acc.get(name)
         print("| %s | %s | %s |" % (name, " | ".join(cells), ("%.2f" % (sum(a) / len(a))) if a else "-"))
-    for name in [n for n in ("perf-ddtree-before", "perf-ddtree") if n in doc["servers"]]:
+    for name in [n for n in doc["servers"] if n.startswith("perf-ddtree")]:
         for c in CONCURRENCY:
             d, t = med.get(("perf-dflash", c)), med.get((name, c))
             if d and t:
@@ -148,7 +163,7 @@ def print_table(doc):
                 print("%s / DFLASH at c%d: %.3f (per round %s)" % (name, c, t / d, runs))
     # Greedy agreement against the DDTREE "before" server, else against DFLASH (three-server runs).
     outs = doc["outputs"]
-    ref_name = "perf-ddtree-before" if "perf-ddtree-before" in doc["servers"] else "perf-dflash"
+    ref_name = "perf-ddtree-before" if "perf-ddtree-before" in doc["servers"] else "perf-none"
     for c in (1, 16):
         ref = outs.get("%s/c%d" % (ref_name, c))
         for name in [n for n in doc["servers"] if n != ref_name]:

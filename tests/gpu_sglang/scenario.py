@@ -55,13 +55,16 @@ def flags(models, port, tp=1, seed=1, shape="tiny"):
 
 def spec_flags(models, algo, shape="tiny", drafter=None, budget=15, top_k=8):
     """The speculative flags of a server: the shape's drafter unless `drafter` names another directory under
-    MODELS; DDTREE's budget and top-k (15 and 8 unless given)."""
+    MODELS; DDTREE's budget (an int or a schedule such as "1:63,16:15") and top-k (15 and 8 unless given;
+    top_k None leaves the overlay's default for the budget)."""
     if algo == "NONE":
         return []
     _target, draft, _extra, spec = SHAPES[shape]
     out = ["--speculative-algorithm", algo, "--speculative-draft-model-path", os.path.join(models, drafter or draft)] + spec
     if algo == "DDTREE":
-        out += ["--speculative-ddtree-budget", str(budget), "--speculative-ddtree-top-k", str(top_k)]
+        out += ["--speculative-ddtree-budget", str(budget)]
+        if top_k is not None:
+            out += ["--speculative-ddtree-top-k", str(top_k)]
     return out
 
 

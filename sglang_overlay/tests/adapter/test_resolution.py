@@ -102,7 +102,7 @@ def test_ddtree_runs_dflash_setup(env, draft_dir):
     sources = [src for src, _ in args._resolved_overrides]
     assert sources[0] == "ddtree" and "_handle_dflash" in sources
     assert args.speculative_algorithm == "DDTREE"  # the operator's raw input is kept
-    assert args._ddtree == {"budget": 15, "top_k": 8, "allow_hybrid_unsafe": False, "window": 16}
+    assert args._ddtree == {"budget": 15, "top_k": 8, "allow_hybrid_unsafe": False, "window": 16, "draft_block": 16, "schedule": ()}
 
 
 def test_ddtree_resolution_equals_dflash_plus_the_ddtree_declaration(env, draft_dir):
@@ -121,7 +121,7 @@ def test_speculative_step_alone_still_canonicalizes(env, draft_dir):
 def test_flags_and_env_reach_the_resolved_settings(env, draft_dir):
     env.setenv(s.ENV_TOP_K, "3")
     args = resolve(base(draft_dir, "DDTREE", "--speculative-ddtree-budget", "6"))
-    assert args._ddtree == {"budget": 6, "top_k": 3, "allow_hybrid_unsafe": False, "window": 16}
+    assert args._ddtree == {"budget": 6, "top_k": 3, "allow_hybrid_unsafe": False, "window": 16, "draft_block": 16, "schedule": ()}
 
 
 def test_window_follows_the_dflash_block_size(env, draft_dir):
@@ -132,10 +132,28 @@ def test_window_follows_the_dflash_block_size(env, draft_dir):
     assert args._ddtree["budget"] == 7 and args._ddtree["window"] == 8
 
 
-def test_budget_beyond_the_window_fails_naming_the_flag(env, draft_dir):
-    with pytest.raises(s.DDTreeConfigError) as err:
-        resolve(base(draft_dir, "DDTREE", "--speculative-ddtree-budget", "16"))
-    assert "--speculative-ddtree-budget 16" in str(err.value) and "15" in str(err.value)
+def test_budget_beyond_the_block_widens_sglangs_verify_window(env, draft_dir):
+    args = resolve(base(draft_dir, "DDTREE", "--speculative-ddtree-budget", "63"))
+    # SGLang reserves KV and captures the target's verify graphs for 64 tokens a request ...
+    assert resolved(args)["speculative_num_draft_tokens"] == 64
+    assert args._resolved_overrides[-1] == ("ddtree", {"speculative_num_draft_tokens": 64})
+    # ... and the drafter keeps its block of 16.
+    assert (args._ddtree["window"], args._ddtree["draft_block"], args._ddtree["budget"]) == (64, 16, 63)
+
+
+def test_a_schedule_resolves_to_its_widest_window(env, draft_dir):
+    args = resolve(base(draft_dir, "DDTREE", "--speculative-ddtree-budget", "1:31,16:15,48:7"))
+    assert resolved(args)["speculative_num_draft_tokens"] == 32
+    assert args._ddtree["schedule"] == ((1, 31), (16, 15), (48, 7))
+    got = s.ResolvedDDTree.from_dict(args._ddtree)
+    assert [got.for_batch(bs).window for bs in (1, 2, 16, 17)] == [32, 16, 16, 8]
+
+
+def test_bad_budget_flag_exits_2_naming_it(env, draft_dir, capsys):
+    with pytest.raises(SystemExit) as err:
+        resolve(base(draft_dir, "DDTREE", "--speculative-ddtree-budget", "1:15,1:7"))
+    assert err.value.code == 2
+    assert "--speculative-ddtree-budget" in capsys.readouterr().err
 
 
 def test_dflash_checks_apply_to_ddtree(env, draft_dir):
@@ -182,7 +200,7 @@ def test_settings_travel_to_child_processes_with_the_record(env, draft_dir):
 
     from sglang_overlay.adapter.resolution import resolved_settings
 
-    assert resolved_settings(copy) == s.ResolvedDDTree(15, 8, False, 16)
+    assert resolved_settings(copy) == s.ResolvedDDTree(15, 8, False, 16, 16)
 
 
 # ---- the worker selection hook and the algorithm object ------------------------------------

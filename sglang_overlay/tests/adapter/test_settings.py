@@ -12,7 +12,7 @@ from sglang_overlay.adapter import settings as s
 def test_defaults_without_flags_or_env():
     got = s.resolve_settings({}, environ={})
     assert got == s.DDTreeSettings()
-    assert got.budget is None and got.top_k == 8 and got.allow_hybrid_unsafe is False
+    assert got.budget is None and got.top_k is None and got.allow_hybrid_unsafe is False
     assert (got.budget_source, got.top_k_source, got.allow_hybrid_unsafe_source) == ("default",) * 3
 
 
@@ -38,7 +38,7 @@ def test_flag_not_given_falls_back_to_env():
 
 def test_empty_env_means_unset():
     got = s.resolve_settings({}, environ={s.ENV_BUDGET: "", s.ENV_TOP_K: "  "})
-    assert got.budget is None and got.top_k == s.DEFAULT_TOP_K
+    assert got.budget is None and got.top_k is None
 
 
 @pytest.mark.parametrize(
@@ -82,18 +82,75 @@ def test_window_explicit_budget_and_effective_top_k():
     assert (got.budget, got.verify_width, got.effective_top_k) == (4, 5, 4)
 
 
-def test_budget_beyond_the_window_names_its_source():
-    req = s.resolve_settings({s.DEST_BUDGET: 16}, environ={})
+def test_budget_beyond_the_block_widens_the_verify_window():
+    got = s.resolve_for_window(s.resolve_settings({s.DEST_BUDGET: 63}, environ={}), 16)
+    assert (got.budget, got.window, got.block, got.verify_width) == (63, 64, 16, 64)
+    assert got.top_k == 8 and got.for_batch(7) is got
+    wide = s.resolve_for_window(s.resolve_settings({}, environ={s.ENV_BUDGET: "255"}), 16)
+    assert (wide.window, wide.top_k) == (256, 32)
+
+
+def test_budget_limits_name_the_flag_and_value():
     with pytest.raises(s.DDTreeConfigError) as err:
-        s.resolve_for_window(req, 16)
-    assert s.FLAG_BUDGET in str(err.value) and "16" in str(err.value) and "15" in str(err.value)
-    req = s.resolve_settings({}, environ={s.ENV_BUDGET: "40"})
-    with pytest.raises(s.DDTreeConfigError, match=s.ENV_BUDGET):
-        s.resolve_for_window(req, 16)
+        s.resolve_settings({s.DEST_BUDGET: 512}, environ={})
+    assert s.FLAG_BUDGET in str(err.value) and "512" in str(err.value) and str(s.MAX_BUDGET) in str(err.value)
+    with pytest.raises(s.DDTreeConfigError, match=s.ENV_TOP_K):
+        s.resolve_settings({}, environ={s.ENV_TOP_K: "65"})
 
 
-def test_window_must_exist():
-    with pytest.raises(s.DDTreeConfigError, match="window"):
+@pytest.mark.parametrize(
+    "raw",
+    ["1:127,4:63,16:15,48:7", " 16:15 , 1:127,48:7,4:63", '{"1": 127, "4": 63, "16": 15, "48": 7}',
+     {1: 127, 4: 63, 16: 15, 48: 7}, [[1, 127], [4, 63], [16, 15], [48, 7]]],
+)
+def test_schedule_spellings(raw):
+    assert s.parse_budget(raw, "X") == ((1, 127), (4, 63), (16, 15), (48, 7))
+
+
+@pytest.mark.parametrize(
+    "raw, words",
+    [("1:127,1:63", "appears twice"), ("1:127,4", "BATCH_SIZE:BUDGET"), ("0:15", "batch size"),
+     ("4:0", "budget for batch size 4"), ("1:600", "at most"), ("{nope", "JSON object"), ("", "integer")],
+)
+def test_bad_schedules_say_what_is_wrong(raw, words):
+    with pytest.raises(s.DDTreeConfigError) as err:
+        s.parse_budget(raw, s.FLAG_BUDGET)
+    assert words in str(err.value) and s.FLAG_BUDGET in str(err.value)
+
+
+def test_schedule_windows_by_batch_size():
+    req = s.resolve_settings({s.DEST_BUDGET: "1:127,4:63,16:15,48:7"}, environ={})
+    got = s.resolve_for_window(req, 16)
+    assert (got.window, got.block, got.budget, got.top_k) == (128, 16, 127, 16)
+    windows = {bs: got.for_batch(bs).window for bs in (1, 2, 4, 5, 16, 17, 48, 64)}
+    assert windows == {1: 128, 2: 64, 4: 64, 5: 16, 16: 16, 17: 8, 48: 8, 64: 8}
+    assert got.for_batch(20).block == 16 and got.for_batch(20).schedule == ()
+    assert got.window_batch_sizes([1, 2, 3, 4, 8, 16, 24, 32, 48]) == {128: [1], 64: [2, 3, 4], 16: [8, 16],
+                                                                    8: [24, 32, 48]}
+    assert s.ResolvedDDTree.from_dict(json.loads(json.dumps(got.to_dict()))) == got
+    assert s.format_budget(got.schedule) == "1:127,4:63,16:15,48:7"
+
+
+def test_verify_memory_refusal_names_the_flag_the_limit_and_what_fits():
+    resolved = s.resolve_for_window(s.resolve_settings({s.DEST_BUDGET: 511}, environ={}), 16)
+    gib = 1 << 30
+    with pytest.raises(s.DDTreeConfigError) as err:
+        s.check_verify_memory(resolved, s.FLAG_BUDGET, 48, 40960, 151936, 4 * gib)
+    text = str(err.value)
+    assert s.FLAG_BUDGET in text and "511" in text and "4.0 GiB" in text and "largest single budget" in text
+    fits = int(text.split("largest single budget that fits is ")[1].split(";")[0])
+    one = s.ResolvedDDTree(fits, 8, False, fits + 1, 16)
+    assert s.check_verify_memory(one, "X", 48, 40960, 151936, 4 * gib) <= 4 * gib
+    over = s.ResolvedDDTree(fits + 1, 8, False, fits + 2, 16)
+    with pytest.raises(s.DDTreeConfigError):
+        s.check_verify_memory(over, "X", 48, 40960, 151936, 4 * gib)
+    # A schedule that gives the wide window to one request only fits where the single budget did not.
+    sched = s.resolve_for_window(s.resolve_settings({s.DEST_BUDGET: "1:127,48:7"}, environ={}), 16)
+    assert s.windows_with_batch_sizes(sched, 48) == {128: 48, 8: 48}
+
+
+def test_block_must_exist():
+    with pytest.raises(s.DDTreeConfigError, match="block"):
         s.resolve_for_window(s.DDTreeSettings(), None)
 
 

@@ -49,9 +49,13 @@ class ToyTarget:
 
 
 class ToyPorts:
-    def __init__(self, target: ToyTarget, prompts: list[list[int]], window: int, noise: float, sgl, seed: int):
+    def __init__(
+        self, target: ToyTarget, prompts: list[list[int]], window: int, noise: float, sgl, seed: int,
+        block: int | None = None,
+    ):
         self.target = target
         self.window = window
+        self.block = window if block is None else block
         self.noise = noise
         self.sgl = sgl
         self.gen = torch.Generator().manual_seed(seed)
@@ -65,10 +69,10 @@ class ToyPorts:
     def draft_hidden(self, root_tokens, prefix_lens):
         bs = len(self.committed)
         assert prefix_lens.tolist() == [len(c) for c in self.committed]
-        out = torch.zeros(bs, self.window, VOCAB)
+        out = torch.zeros(bs, self.block, VOCAB)
         for b in range(bs):
             ctx = self.committed[b] + [int(root_tokens[b])]
-            for d in range(1, self.window):
+            for d in range(1, self.block):
                 logits = self.target.logits(ctx)
                 out[b, d] = logits + self.noise * torch.randn(VOCAB, generator=self.gen)
                 ctx.append(int(out[b, d].argmax()))
@@ -157,9 +161,49 @@ def test_tree_steps_reproduce_greedy_decoding(sgl, budget, top_k, window, noise)
         assert steps < want
 
 
-def test_drafter_width_must_match_the_window(sgl):
+@pytest.mark.parametrize(
+    "budget, top_k, block, noise",
+    [(40, 4, 8, 1.5), (23, 6, 6, 2.5)],
+)
+def test_trees_wider_than_the_drafter_block_stay_lossless(sgl, budget, top_k, block, noise):
+    # The verify window (budget + 1) exceeds the drafter's block: the tree is no deeper than the
+    # block's draft positions, but spends its nodes on siblings.
+    target = ToyTarget(seed=budget)
+    prompts = [[1, 2, 3], [5], [7, 7, 7, 7, 2]]
+    want = 24
+    window = budget + 1
+    ports = ToyPorts(target, prompts, window, noise, sgl, seed=5, block=block)
+    settings = ResolvedDDTree(budget, top_k, False, window, draft_block=block)
+    steps = 0
+    while min(len(e) for e in ports.emitted) < want:
+        prefix = torch.tensor([len(c) for c in ports.committed])
+        result = run_tree_step(ports, settings, ports.roots, prefix, prefix_lens_cpu=prefix.clone())
+        assert int(result.tensors.tree.num_nodes.max()) <= budget
+        assert int(result.tensors.tree.depths.max()) <= block - 1
+        assert int(result.step.accept_lens.max()) <= block
+        steps += 1
+        assert steps < 200
+    for prompt, emitted in zip(prompts, ports.emitted):
+        assert emitted[:want] == target.greedy(prompt, want)
+
+
+def test_a_schedule_steps_each_batch_size_with_its_window(sgl):
+    target = ToyTarget(seed=11)
+    settings = ResolvedDDTree(30, 4, False, 31, draft_block=8, schedule=((1, 30), (4, 5)))
+    for prompts, window in (([[1, 2, 3]], 31), ([[1, 2], [4], [6, 6]], 6), ([[3]] * 6, 6)):
+        step_settings = settings.for_batch(len(prompts))
+        assert step_settings.window == window and step_settings.block == 8
+        ports = ToyPorts(target, prompts, window, 1.0, sgl, seed=1, block=8)
+        for _ in range(4):
+            prefix = torch.tensor([len(c) for c in ports.committed])
+            run_tree_step(ports, step_settings, ports.roots, prefix, prefix_lens_cpu=prefix.clone())
+        for prompt, emitted in zip(prompts, ports.emitted):
+            assert emitted == target.greedy(prompt, len(emitted))
+
+
+def test_drafter_width_must_match_its_block(sgl):
     target = ToyTarget(seed=0)
     ports = ToyPorts(target, [[1, 2]], window=8, noise=0.1, sgl=sgl, seed=0)
     settings = ResolvedDDTree(budget=5, top_k=2, allow_hybrid_unsafe=False, window=6)
-    with pytest.raises(RuntimeError, match="verify window 6"):
+    with pytest.raises(RuntimeError, match="block of 6"):
         run_tree_step(ports, settings, ports.roots, torch.tensor([1]))

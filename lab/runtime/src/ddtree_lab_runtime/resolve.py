@@ -194,7 +194,7 @@ def plan_from_args(server_args: Any) -> DecodePlan:
                 tree = dd_settings.resolve_for_window(dd_settings.resolve_settings({}, os.environ), window)
                 budget, top_k = tree.budget, tree.effective_top_k
             except dd_settings.DDTreeConfigError:
-                budget, top_k = window - 1, dd_settings.DEFAULT_TOP_K
+                budget, top_k = window - 1, dd_settings.default_top_k(window - 1)
             return DecodePlan(
                 "no_hidden_capture", draft_len=window - 1, budget=budget, top_k=top_k, num_draft_tokens=window,
                 hidden_capture=False,
@@ -214,8 +214,11 @@ def plan_from_args(server_args: Any) -> DecodePlan:
         else:
             tree = resolved_settings(server_args)
         if tree is not None:
-            return DecodePlan("ddtree", draft_len=window - 1, budget=tree.budget, top_k=tree.effective_top_k,
-                              num_draft_tokens=window, note="DDTREE (adapter-resolved) on the DFlash drafter", **common)
+            # The lab serves one request at a time: the schedule's budget for one request.
+            single = tree.for_batch(1)
+            return DecodePlan("ddtree", draft_len=tree.block - 1, budget=single.budget, top_k=single.effective_top_k,
+                              num_draft_tokens=single.window, note="DDTREE (adapter-resolved) on the DFlash drafter",
+                              **common)
         return DecodePlan("dflash", draft_len=window - 1, budget=window - 1, top_k=1, num_draft_tokens=window, **common)
     if algo.is_eagle() or algo.is_standalone() or algo.is_frozen_kv_mtp():
         steps, topk, tokens = int(cfg.speculative_num_steps), int(cfg.speculative_eagle_topk), int(cfg.speculative_num_draft_tokens)

@@ -30,6 +30,15 @@ def _positive_int_arg(raw: str) -> int:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {raw!r}") from None
 
 
+def _budget_arg(raw: str) -> Any:
+    try:
+        return s.parse_budget(raw, "value")
+    except s.DDTreeConfigError as err:
+        raise argparse.ArgumentTypeError(
+            f"must be an integer in 1..{s.MAX_BUDGET} or a schedule BATCH_SIZE:BUDGET,... ({err}), got {raw!r}"
+        ) from None
+
+
 def add_ddtree_cli_args(parser: argparse.ArgumentParser) -> None:
     """Add the DDTree flags to ``parser`` (idempotent)."""
     if any(s.FLAG_BUDGET in action.option_strings for action in parser._actions):
@@ -40,12 +49,14 @@ def add_ddtree_cli_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         s.FLAG_BUDGET,
         dest=s.DEST_BUDGET,
-        type=_positive_int_arg,
+        type=_budget_arg,
         default=None,
-        metavar="N",
+        metavar="N|BS:N,...",
         help=(
-            "Tree node budget besides the root (int >= 1). Default: fill the DFlash verify "
-            f"window (speculative_num_draft_tokens - 1, 15 for block size 16). Env: {s.ENV_BUDGET}."
+            f"Tree node budget besides the root (1..{s.MAX_BUDGET}), or a schedule by batch size such as "
+            "'1:127,4:63,16:15,48:7' (a step of bs requests takes the first entry with BS >= bs, the "
+            "last above them all, and verifies N + 1 tokens per request). Default: the DFlash block "
+            f"- 1 (15 for block size 16). Env: {s.ENV_BUDGET}."
         ),
     )
     group.add_argument(
@@ -55,8 +66,8 @@ def add_ddtree_cli_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="K",
         help=(
-            "Candidates per draft position the tree may branch over (int >= 1). "
-            f"Default: {s.DEFAULT_TOP_K}. Env: {s.ENV_TOP_K}."
+            f"Candidates per draft position the tree may branch over (1..{s.MAX_TOP_K}). "
+            f"Default: {s.DEFAULT_TOP_K} up to budget 64, then about budget / 8 (at most 32). Env: {s.ENV_TOP_K}."
         ),
     )
     group.add_argument(

@@ -89,9 +89,9 @@ def canonicalize_ddtree(server_args: Any, environ: Optional[dict] = None) -> boo
     logger.info(
         "DDTREE: resolving as DFLASH (DFlash drafter and setup) with tree verification; "
         "requested budget=%s (%s), top_k=%s (%s).",
-        "auto" if requested.budget is None else requested.budget,
+        s.format_budget(requested.budget),
         requested.budget_source,
-        requested.top_k,
+        "auto" if requested.top_k is None else requested.top_k,
         requested.top_k_source,
     )
     return True
@@ -134,19 +134,55 @@ def finalize_ddtree(server_args: Any) -> Optional[s.ResolvedDDTree]:
             "--speculative-algorithm DDTREE does not support: " + "; ".join(refused)
         )
     resolved = s.resolve_for_window(requested, cfg.speculative_num_draft_tokens)
+    _check_memory(cfg, resolved, requested.budget_source)
+    if resolved.window != resolved.block:
+        # SGLang sizes everything target-side from speculative_num_draft_tokens: the KV reserved
+        # per decode step, the target's verify graphs and their buffers, the logits rows. The
+        # drafter keeps its block: the worker builds DFlash's draft side with it (worker.py).
+        _declare(server_args, speculative_num_draft_tokens=resolved.window)
     setattr(server_args, RESOLVED_ATTR, resolved.to_dict())
     logger.info(
-        "DDTREE: budget=%d, top_k=%d (effective %d), verify window=%d tokens per request "
-        "(tree %d + %d inert padding); the tree verify replays the target's CUDA graphs, "
-        "captured with the tree mask.",
-        resolved.budget,
+        "DDTREE: budget=%s, top_k=%d (effective %d), drafter block=%d, verify window=%d tokens per "
+        "request%s; the tree verify replays the target's CUDA graphs, captured with the tree mask.",
+        s.format_budget(resolved.schedule or resolved.budget),
         resolved.top_k,
         resolved.effective_top_k,
+        resolved.block,
         resolved.window,
-        resolved.verify_width,
-        resolved.window - resolved.verify_width,
+        " (per batch size: %s)" % s.format_budget(
+            [(bs, res.window) for bs, res in ((b, resolved.for_batch(b)) for b, _ in resolved.schedule)]
+        ) if resolved.schedule else "",
     )
     return resolved
+
+
+def _model_config(cfg: Any) -> dict:
+    return s.read_local_hf_config(getattr(cfg, "model_path", None)) or {}
+
+
+def _check_memory(cfg: Any, resolved: s.ResolvedDDTree, source: str) -> None:
+    """Refuse windows whose verify buffers would not fit beside the KV pool (before any process starts).
+
+    Needs the GPU's memory (SGLang's own query) and a local model config for the context and the
+    vocabulary; without them nothing is refused here.
+    """
+    if resolved.window <= resolved.block:
+        return
+    try:
+        from sglang.srt.utils.common import get_device_memory_capacity
+
+        gpu_mib = get_device_memory_capacity(getattr(cfg, "device", None))
+    except Exception:  # noqa: BLE001 (no GPU query: SGLang's start-up reports memory itself)
+        gpu_mib = None
+    model = _model_config(cfg)
+    context_len = getattr(cfg, "context_length", None) or model.get("max_position_embeddings")
+    vocab = model.get("vocab_size")
+    fraction = getattr(cfg, "mem_fraction_static", None)
+    if not gpu_mib or not context_len or not vocab or fraction is None:
+        return
+    limit = int(gpu_mib * (1 << 20) * (1.0 - float(fraction)) / 2)
+    max_bs = int(getattr(cfg, "max_running_requests", None) or 48)
+    s.check_verify_memory(resolved, source, max_bs, int(context_len), int(vocab), limit)
 
 
 # ---- resolution-hook wrappers (fn(server_args, previous)) --------------------------------------

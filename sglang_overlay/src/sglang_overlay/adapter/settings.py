@@ -13,7 +13,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 # ---- names -------------------------------------------------------------------------------
 
@@ -34,13 +34,19 @@ ALGORITHM_NAME = "DDTREE"
 
 # ---- defaults ----------------------------------------------------------------------------
 
-# Budget: None means "the whole DFlash verify window": window - 1 nodes besides the root
-# (15 for the usual DFlash block size 16). DDTree then verifies exactly as many tokens per
-# request as DFlash does, so every buffer, KV reservation and graph shape stays DFlash's.
+# Budget: None means "the drafter's block": block - 1 nodes besides the root (15 for the usual
+# DFlash block size 16). DDTree then verifies exactly as many tokens per request as DFlash does.
+# A budget is an int, or a schedule of budgets by batch size (``BudgetSchedule``).
 DEFAULT_BUDGET: Optional[int] = None
-# Per-position candidates kept from the drafter. A best-first tree of B nodes never uses a
-# rank >= B, and ranks past 8 almost never win at the default budget.
+#: The largest budget: the tree kernel keeps up to 512 frontier entries in registers
+#: (``kernels.tree_build.MAX_BUDGET``) and the verify window is budget + 1.
+MAX_BUDGET = 511
+# Per-position candidates kept from the drafter when --speculative-ddtree-top-k is not given: a
+# best-first tree of B nodes never uses a rank >= B, ranks past 8 almost never win within 16
+# nodes, and a wider tree spreads over more ranks (``default_top_k``).
 DEFAULT_TOP_K = 8
+#: Largest top-k (``kernels.tree_build.MAX_TOP_K``).
+MAX_TOP_K = 64
 DEFAULT_ALLOW_HYBRID_UNSAFE = False
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
@@ -55,12 +61,14 @@ class DDTreeConfigError(ValueError):
 class DDTreeSettings:
     """DDTree settings as asked for (before the verify window is known).
 
-    ``budget`` None means "fill the verify window". ``*_source`` says where each value came from:
-    the flag, the environment variable, or ``"default"``.
+    ``budget`` None means "the drafter's block"; an int, or a schedule as
+    ``((max_batch_size, budget), ...)`` (``parse_budget``). ``top_k`` None means ``default_top_k``
+    of the budget. ``*_source`` says where each value came from: the flag, the environment
+    variable, or ``"default"``.
     """
 
-    budget: Optional[int] = DEFAULT_BUDGET
-    top_k: int = DEFAULT_TOP_K
+    budget: Any = DEFAULT_BUDGET
+    top_k: Optional[int] = None
     allow_hybrid_unsafe: bool = DEFAULT_ALLOW_HYBRID_UNSAFE
     budget_source: str = "default"
     top_k_source: str = "default"
@@ -71,21 +79,30 @@ class DDTreeSettings:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "DDTreeSettings":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if isinstance(values.get("budget"), (list, tuple)):
+            values["budget"] = _schedule_tuple(values["budget"])
+        return cls(**values)
 
 
 @dataclass(frozen=True)
 class ResolvedDDTree:
-    """DDTree settings once the DFlash verify window (``speculative_num_draft_tokens``) is known.
+    """DDTree settings once the drafter's block (DFlash's ``speculative_num_draft_tokens``) is known.
 
-    ``verify_width`` = ``budget`` + 1 (the root) <= ``window``; the verify forward carries
-    ``window`` tokens per request, the tail past ``verify_width`` being inert padding.
+    ``window`` is the server's verify window: the tokens per request SGLang reserves KV for and
+    captures its target verify graphs with. ``draft_block`` is the drafter's block (None: equal to
+    ``window``); the tree's depth is at most ``draft_block - 1``. ``schedule`` (empty for one
+    budget) holds ``(max_batch_size, budget)`` pairs by ascending batch size: a step of ``bs``
+    requests takes the first entry whose ``max_batch_size >= bs`` (the last entry above them all)
+    and verifies ``budget + 1`` tokens per request (``for_batch``).
     """
 
     budget: int
     top_k: int
     allow_hybrid_unsafe: bool
     window: int
+    draft_block: Optional[int] = None
+    schedule: tuple = ()
 
     @property
     def verify_width(self) -> int:
@@ -95,12 +112,39 @@ class ResolvedDDTree:
     def effective_top_k(self) -> int:
         return min(self.top_k, self.budget)
 
+    @property
+    def block(self) -> int:
+        """The drafter's block (its draft positions are ``block - 1``)."""
+        return self.window if self.draft_block is None else self.draft_block
+
+    def for_batch(self, batch_size: int) -> "ResolvedDDTree":
+        """The settings a step of ``batch_size`` requests runs with (itself without a schedule)."""
+        if not self.schedule:
+            return self
+        budget = budget_for_batch(self.schedule, batch_size)
+        return ResolvedDDTree(
+            budget=budget,
+            top_k=self.top_k,
+            allow_hybrid_unsafe=self.allow_hybrid_unsafe,
+            window=budget + 1,
+            draft_block=self.block,
+        )
+
+    def window_batch_sizes(self, batch_sizes: Sequence[int]) -> dict[int, list[int]]:
+        """Which of ``batch_sizes`` (e.g. the captured ones) each verify window serves."""
+        out: dict[int, list[int]] = {}
+        for bs in sorted({int(b) for b in batch_sizes if int(b) > 0}):
+            out.setdefault(self.for_batch(bs).window, []).append(bs)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ResolvedDDTree":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        values["schedule"] = _schedule_tuple(values.get("schedule") or ())
+        return cls(**values)
 
 
 # ---- value parsing -------------------------------------------------------------------------
@@ -121,6 +165,75 @@ def parse_positive_int(raw: Any, name: str) -> int:
     if value < 1:
         raise DDTreeConfigError(f"{name} must be an integer >= 1, got {raw!r}")
     return value
+
+
+def _schedule_tuple(pairs: Any) -> tuple:
+    return tuple((int(bs), int(budget)) for bs, budget in pairs)
+
+
+def _check_budget(value: int, name: str, raw: Any) -> int:
+    if value > MAX_BUDGET:
+        raise DDTreeConfigError(
+            f"{name} must be at most {MAX_BUDGET} (the tree kernel's frontier), got {raw!r}"
+        )
+    return value
+
+
+def parse_budget(raw: Any, name: str) -> Any:
+    """A budget: an integer in 1..MAX_BUDGET, or a schedule of budgets by batch size.
+
+    A schedule is ``"1:127,4:63,16:15,48:7"`` (or a mapping / JSON object of the same pairs):
+    batch sizes up to 1 take 127 nodes, 2-4 take 63, 5-16 take 15, 17 and more take 7. Returned as
+    ``((1, 127), (4, 63), (16, 15), (48, 7))``, sorted by batch size. Errors name ``name`` and the value.
+    """
+    if isinstance(raw, (list, tuple)) and raw and isinstance(raw[0], (list, tuple)):
+        pairs = list(raw)
+    elif isinstance(raw, Mapping):
+        pairs = list(raw.items())
+    else:
+        text = str(raw).strip()
+        if text.startswith("{"):
+            try:
+                loaded = json.loads(text)
+            except ValueError:
+                raise DDTreeConfigError(f"{name}: a schedule must be a JSON object or 'BS:BUDGET,...', got {raw!r}") from None
+            return parse_budget(loaded, name)
+        if ":" not in text:
+            return _check_budget(parse_positive_int(raw, name), name, raw)
+        pairs = []
+        for item in text.split(","):
+            bs, sep, budget = item.partition(":")
+            if not sep:
+                raise DDTreeConfigError(
+                    f"{name}: schedule entry {item.strip()!r} is not BATCH_SIZE:BUDGET (e.g. '1:127,4:63,16:15')"
+                )
+            pairs.append((bs, budget))
+    if not pairs:
+        raise DDTreeConfigError(f"{name}: an empty schedule, got {raw!r}")
+    schedule = {}
+    for bs, budget in pairs:
+        size = parse_positive_int(bs, f"{name} batch size")
+        if size in schedule:
+            raise DDTreeConfigError(f"{name}: batch size {size} appears twice in {raw!r}")
+        schedule[size] = _check_budget(parse_positive_int(budget, f"{name} budget for batch size {size}"), name, raw)
+    return tuple(sorted(schedule.items()))
+
+
+def budget_for_batch(schedule: Sequence[tuple[int, int]], batch_size: int) -> int:
+    """The budget a schedule gives a step of ``batch_size`` requests (see ``parse_budget``)."""
+    for max_bs, budget in schedule:
+        if batch_size <= max_bs:
+            return int(budget)
+    return int(schedule[-1][1])
+
+
+def default_top_k(budget: int) -> int:
+    """Top-k for a budget when none is given: 8 up to 64 nodes, then about budget / 8, at most 32.
+
+    A node of rank r at some depth costs the tree r siblings before it; in a tree of ``budget``
+    nodes over 15 positions the ranks that can still win grow with the budget.
+    """
+    return max(DEFAULT_TOP_K, min(32, (int(budget) + 7) // 8))
 
 
 def parse_bool(raw: Any, name: str) -> bool:
@@ -154,15 +267,17 @@ def resolve_settings(
 
     budget, budget_source = DEFAULT_BUDGET, "default"
     if flags.get(DEST_BUDGET) is not None:
-        budget, budget_source = parse_positive_int(flags[DEST_BUDGET], FLAG_BUDGET), FLAG_BUDGET
+        budget, budget_source = parse_budget(flags[DEST_BUDGET], FLAG_BUDGET), FLAG_BUDGET
     elif (raw := _env_value(environ, ENV_BUDGET)) is not None:
-        budget, budget_source = parse_positive_int(raw, ENV_BUDGET), ENV_BUDGET
+        budget, budget_source = parse_budget(raw, ENV_BUDGET), ENV_BUDGET
 
-    top_k, top_k_source = DEFAULT_TOP_K, "default"
+    top_k, top_k_source = None, "default"
     if flags.get(DEST_TOP_K) is not None:
         top_k, top_k_source = parse_positive_int(flags[DEST_TOP_K], FLAG_TOP_K), FLAG_TOP_K
     elif (raw := _env_value(environ, ENV_TOP_K)) is not None:
         top_k, top_k_source = parse_positive_int(raw, ENV_TOP_K), ENV_TOP_K
+    if top_k is not None and top_k > MAX_TOP_K:
+        raise DDTreeConfigError(f"{top_k_source} must be at most {MAX_TOP_K}, got {top_k}")
 
     allow, allow_source = DEFAULT_ALLOW_HYBRID_UNSAFE, "default"
     if flags.get(DEST_ALLOW_HYBRID) is not None:
@@ -180,32 +295,118 @@ def resolve_settings(
     )
 
 
-def resolve_for_window(settings: DDTreeSettings, window: Optional[int]) -> ResolvedDDTree:
-    """Fix the budget against the DFlash verify window (``speculative_num_draft_tokens``).
+def resolve_for_window(settings: DDTreeSettings, block: Optional[int]) -> ResolvedDDTree:
+    """Fix the budget against the drafter's block (DFlash's ``speculative_num_draft_tokens``).
 
-    The tree (root + budget nodes) must fit the window DFlash reserves and verifies per request.
+    The tree's depth is at most ``block - 1`` (one drafter position per level); its width is the
+    budget. One budget verifies ``max(budget + 1, block)`` tokens per request (a budget below the
+    block is padded to it, as DFlash verifies its whole block); a schedule verifies each entry's
+    ``budget + 1``, and the server's window is the widest of them and the block.
     """
-    if window is None or int(window) < 2:
+    if block is None or int(block) < 2:
         raise DDTreeConfigError(
-            "DDTREE needs a DFlash verify window (--speculative-num-draft-tokens, i.e. the "
-            f"DFlash block size) of at least 2 tokens, got {window!r}"
+            "DDTREE needs a DFlash drafter block (--speculative-num-draft-tokens, i.e. the "
+            f"DFlash block size) of at least 2 tokens, got {block!r}"
         )
-    window = int(window)
-    budget = window - 1 if settings.budget is None else int(settings.budget)
-    if budget > window - 1:
-        source = settings.budget_source
-        raise DDTreeConfigError(
-            f"{source} {budget} does not fit the DFlash verify window of {window} tokens "
-            f"(--speculative-num-draft-tokens / --speculative-dflash-block-size): the tree holds "
-            f"the root plus at most {window - 1} nodes. Lower {source} to <= {window - 1}, or widen "
-            "the window (which also widens the DFlash drafter's block)."
-        )
+    block = int(block)
+    budget = settings.budget
+    if budget is None:
+        budget = block - 1
+    if isinstance(budget, tuple):
+        schedule = _schedule_tuple(budget)
+        first = schedule[0][1]
+        window = max(block, max(b for _, b in schedule) + 1)
+    else:
+        schedule, first = (), int(budget)
+        window = max(block, first + 1)
+    widest = max([first] + [b for _, b in schedule])
+    top_k = settings.top_k if settings.top_k is not None else default_top_k(widest)
     return ResolvedDDTree(
-        budget=budget,
-        top_k=int(settings.top_k),
+        budget=first,
+        top_k=int(top_k),
         allow_hybrid_unsafe=bool(settings.allow_hybrid_unsafe),
         window=window,
+        draft_block=block,
+        schedule=schedule,
     )
+
+
+def verify_buffer_bytes(window: int, batch_size: int, context_len: int, vocab_size: int) -> int:
+    """GPU memory SGLang's target verify graphs of one window take outside the static KV fraction.
+
+    Per verify token: the Triton backend's graph KV-index buffer (int64 over the context), its
+    verify-mask buffer (a byte per prefix + window column) and a float32 logits row.
+    """
+    tokens = int(window) * int(batch_size)
+    return tokens * (8 * int(context_len) + int(context_len) + int(window) + 4 * int(vocab_size))
+
+
+def windows_with_batch_sizes(resolved: ResolvedDDTree, max_batch_size: int) -> dict[int, int]:
+    """Each verify window the server captures graphs for, with the largest batch size it serves.
+
+    The server's window (SGLang's own target graphs) serves every batch size; a schedule's other
+    windows serve their entries' batch sizes only.
+    """
+    out = {resolved.window: int(max_batch_size)}
+    for size in range(1, int(max_batch_size) + 1):
+        window = resolved.for_batch(size).window
+        if window != resolved.window:
+            out[window] = max(out.get(window, 0), size)
+    return out
+
+
+def check_verify_memory(
+    resolved: ResolvedDDTree,
+    source: str,
+    max_batch_size: int,
+    context_len: int,
+    vocab_size: int,
+    limit_bytes: int,
+) -> int:
+    """Refuse windows whose verify graph buffers exceed ``limit_bytes``; return the bytes they take.
+
+    The error names the flag or variable, the estimate, the limit and the largest budget that fits.
+    """
+    def total(res: ResolvedDDTree) -> int:
+        return sum(
+            verify_buffer_bytes(w, bs, context_len, vocab_size)
+            for w, bs in windows_with_batch_sizes(res, max_batch_size).items()
+        )
+
+    need = total(resolved)
+    if need <= limit_bytes:
+        return need
+    fits = 0
+    for budget in range(resolved.block - 1, 0, -1):
+        single = ResolvedDDTree(budget, resolved.top_k, resolved.allow_hybrid_unsafe, max(budget + 1, resolved.block),
+                                resolved.block)
+        if total(single) <= limit_bytes:
+            fits = budget
+            break
+    for budget in range(resolved.block, MAX_BUDGET + 1):
+        single = ResolvedDDTree(budget, resolved.top_k, resolved.allow_hybrid_unsafe, budget + 1, resolved.block)
+        if total(single) > limit_bytes:
+            break
+        fits = budget
+    gib = 1 << 30
+    raise DDTreeConfigError(
+        f"{source} {format_budget(resolved.schedule or resolved.budget)} needs verify windows of "
+        f"{sorted(windows_with_batch_sizes(resolved, max_batch_size))} tokens; their CUDA-graph buffers for "
+        f"{max_batch_size} requests at context {context_len} take {need / gib:.1f} GiB, over the "
+        f"{limit_bytes / gib:.1f} GiB this GPU leaves outside --mem-fraction-static (half of it). "
+        f"The largest single budget that fits is {fits}; lower {source}, give large budgets to small "
+        "batch sizes only (a schedule such as '1:127,4:63,16:15'), or lower --context-length / "
+        "--max-running-requests."
+    )
+
+
+def format_budget(budget: Any) -> str:
+    """A budget or schedule as the flag takes it (``"1:127,4:63"``); "auto" for None."""
+    if budget is None:
+        return "auto"
+    if isinstance(budget, (list, tuple)):
+        return ",".join(f"{int(bs)}:{int(b)}" for bs, b in budget)
+    return str(int(budget))
 
 
 # ---- hybrid / linear-attention targets -------------------------------------------------------

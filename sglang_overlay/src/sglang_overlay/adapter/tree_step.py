@@ -4,9 +4,11 @@ The worker (``worker.py``) implements the ports with SGLang 0.5.23's DFlash mach
 the tests implement them with toy models on CPU and SGLang's own Triton verify kernel, which is
 how the step's control flow is exercised here (a real GPU server could not be run).
 
-Order of one step (``bs`` requests, verify window ``W``, drafter block ``L + 1 == W``):
+Order of one step (``bs`` requests, drafter block ``L + 1``, verify window ``W``: the tree's
+``budget + 1`` slots, at least the block for one budget; ``W`` may exceed the block, the tree's
+depth never does):
 
-1. ``draft_hidden``: DFlash's draft forward over ``[root, MASK x L]`` -> hidden ``[bs, W, H]``.
+1. ``draft_hidden``: DFlash's draft forward over ``[root, MASK x L]`` -> hidden ``[bs, L + 1, H]``.
 2. ``head_topk``: rows 1..L through the target LM head -> per-position top-k log-probs.
 3. core: best-first tree per request under the budget, padded to ``W`` slots; SGLang's FULL
    custom mask, positions ``prefix + depth`` and EAGLE verify links (``tree_verify``).
@@ -42,7 +44,7 @@ from .tree_verify import (
 
 class TreeStepPorts(Protocol):
     def draft_hidden(self, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
-        """``[bs, W, H]`` the drafter's hidden states over the block ``[root, MASK, ...]``."""
+        """``[bs, L + 1, H]`` the drafter's hidden states over its block ``[root, MASK, ...]``."""
 
     def head_topk(self, hidden_rows: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``[N, H]`` -> ``([N, k]`` float32 log-probs descending, ``[N, k]`` int64 ids)."""
@@ -93,6 +95,7 @@ def tree_stage(
     """
 
     def stage(hidden: torch.Tensor, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> TreeLayout:
+        # hidden: [bs, L + 1, H] over the drafter's block; the layout is padded to settings.window.
         log_probs, token_ids = draft_topk_from_hidden(head_topk, hidden, settings.effective_top_k)
         layout = tree_layout(
             log_probs,
@@ -133,10 +136,10 @@ def run_tree_step(
     sync when ``prefix_lens_cpu`` is not known.
     """
     hidden = ports.draft_hidden(root_tokens, prefix_lens)
-    if int(hidden.shape[1]) != settings.window:
+    if int(hidden.shape[1]) != settings.block:
         raise RuntimeError(
-            f"DDTREE: drafter returned {int(hidden.shape[1])} rows per request, expected the "
-            f"verify window {settings.window}"
+            f"DDTREE: drafter returned {int(hidden.shape[1])} rows per request, expected its "
+            f"block of {settings.block}"
         )
     if stage is None:
         stage = tree_stage(ports.head_topk, settings, builder)

@@ -20,8 +20,12 @@ What is DFlash's and what is new:
   ``move_accept_tokens_to_target_kvcache`` compacts the target KV -> DFlash writes the drafter's
   KV for the committed path from the target's hidden states of the accepted rows.
 
-The verify window stays DFlash's block size (``speculative_num_draft_tokens``), so every KV
-reservation, buffer and shape the scheduler sizes for DFLASH holds for DDTREE.
+The drafter's block and the verify window are two numbers. The drafter always drafts its own
+block (``ResolvedDDTree.block``: DFlash's draft side is built with it, ``_drafter_block``); the
+server's ``speculative_num_draft_tokens`` is the widest verify window (resolution.py), so SGLang
+reserves KV, sizes its logits rows and captures its target verify graphs for it. With a budget
+schedule each other window gets a target state of its own (an attention backend and verify graphs
+for the batch sizes it serves, ``_WindowState``), and a step verifies with its batch size's window.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from sglang.srt.model_executor.forward_batch_info import (
     ForwardMode,
     enable_num_token_non_padded,
 )
-from sglang.srt.runtime_context import get_parallel
+from sglang.srt.runtime_context import get_context, get_exec, get_parallel, get_spec
 from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.dflash_worker_v2 import (
     DFlashWorkerV2,
@@ -69,7 +73,7 @@ from ..kernels.kv_move import kv_move_available, move_path_kv
 from .diagnostics import SyncWatch
 from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard, install_tree_attention
 from .resolution import resolved_settings
-from .settings import DDTreeConfigError, ResolvedDDTree
+from .settings import DDTreeConfigError, ResolvedDDTree, format_budget
 from .tree_stage import GraphedTreeStage, backend_mask_buffer, eager_tree_stage
 from .tree_step import run_tree_step, tree_stage
 from .tree_verify import (
@@ -152,22 +156,57 @@ class _Verified:
     accept_index: Optional[torch.Tensor] = None
 
 
+@contextlib.contextmanager
+def _spec_width(source: str, num_draft_tokens: int, cuda_graph_bs: Optional[list] = None):
+    """SGLang's ``speculative_num_draft_tokens`` (and decode graph sizes) set for the block inside.
+
+    SGLang's runners and attention backends read these from the published configuration when they
+    are built; each is restored on exit, as SGLang's adaptive EAGLE builds its per-width states.
+    """
+    saved = {"speculative_num_draft_tokens": get_spec().speculative_num_draft_tokens}
+    fields: dict = {"speculative_num_draft_tokens": int(num_draft_tokens)}
+    if cuda_graph_bs is not None:
+        saved["cuda_graph_bs_decode"] = get_exec().graph.cuda_graph_bs_decode
+        fields["cuda_graph_bs_decode"] = list(cuda_graph_bs)
+    if all(saved[k] == v for k, v in fields.items()):
+        yield
+        return
+    get_context().override(f"ddtree.{source}", **fields)
+    try:
+        yield
+    finally:
+        get_context().override(f"ddtree.{source}_restore", **saved)
+
+
+@dataclass
+class _WindowState:
+    """A verify window's target side: the attention backend and verify graph runner it runs with."""
+
+    window: int
+    attn_backend: Any
+    graph_runner: Any  # None: eager verify
+    batch_sizes: list
+
+
 class _WorkerPorts:
     """``tree_step.TreeStepPorts`` on SGLang's machinery, for one batch."""
 
-    def __init__(self, worker: "DDTreeWorker", batch: ScheduleBatch, grammar_barrier, on_publish):
+    def __init__(self, worker: "DDTreeWorker", batch: ScheduleBatch, grammar_barrier, on_publish, window: int):
         self.worker = worker
         self.batch = batch
         self.grammar_barrier = grammar_barrier
         self.on_publish = on_publish
+        self.window = window
         self.kv_loc_plan = None
-        self.window_loc_2d: Optional[torch.Tensor] = None
+        self.draft_loc_2d: Optional[torch.Tensor] = None  # [bs, block]: the drafter's KV slots
+        self.window_loc_2d: Optional[torch.Tensor] = None  # [bs, window]: the target verify's slots
 
     # 1. draft
     def draft_hidden(self, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> torch.Tensor:
-        hidden, self.kv_loc_plan, self.window_loc_2d = self.worker._draft_block_hidden(
+        hidden, self.kv_loc_plan, self.draft_loc_2d = self.worker._draft_block_hidden(
             self.batch, root_tokens, prefix_lens
         )
+        self.window_loc_2d = self.worker._verify_locations(self.batch, prefix_lens, self.draft_loc_2d, self.window)
         return hidden
 
     # 2. drafter distributions
@@ -176,7 +215,7 @@ class _WorkerPorts:
 
     # 4. verify
     def verify(self, tensors: TreeVerifyTensors) -> _Verified:
-        return self.worker._verify_tree(self.batch, tensors, self.window_loc_2d)
+        return self.worker._verify_tree(self.batch, tensors, self.window_loc_2d, self.window)
 
     # 5. accept
     def accept(self, tensors: TreeVerifyTensors, verified: _Verified):
@@ -185,7 +224,7 @@ class _WorkerPorts:
     # 6. commit
     def commit(self, tensors: TreeVerifyTensors, verified: _Verified, step: AcceptedStep) -> None:
         self.worker._commit_path(
-            self.batch, tensors, verified, step, self.kv_loc_plan, self.window_loc_2d, self.on_publish
+            self.batch, tensors, verified, step, self.kv_loc_plan, self.draft_loc_2d, self.on_publish
         )
 
 
@@ -199,12 +238,15 @@ class DDTreeWorker(DFlashWorkerV2):
                 "DDTreeWorker needs a server_args record resolved with --speculative-algorithm "
                 "DDTREE (it carries no DDTree settings)"
             )
-        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        # DFlash's draft side (draft runner, its graphs and attention backend, block buffers) is
+        # built for the drafter's block; the target's side was built for the verify window.
+        with _spec_width("drafter_block", settings.block):
+            super().__init__(server_args, gpu_id, nccl_port, target_worker)
         self.ddtree: ResolvedDDTree = settings
-        if int(self.block_size) != settings.window:
+        if int(self.block_size) != settings.block:
             raise DDTreeConfigError(
-                f"DDTREE: the DFlash block size is {self.block_size} but the resolved verify "
-                f"window is {settings.window}"
+                f"DDTREE: the DFlash block size is {self.block_size} but the resolved drafter "
+                f"block is {settings.block}"
             )
         if self.selector is not None or self.lilicorr is not None or self._is_domino:
             raise DDTreeConfigError(
@@ -221,20 +263,92 @@ class DDTreeWorker(DFlashWorkerV2):
         # The grouped tree-verify attention kernel (hooks.install_tree_attention; DDTREE_TREE_ATTENTION=0:
         # SGLang's); also applied before the target's verify graphs are captured, in after_get_spec_info.
         install_tree_attention(getattr(self.target_worker.model_runner, "attn_backend", None))
-        self._graph_use_logged = False
-        self._tree_stage: Optional[GraphedTreeStage] = None
-        self._tree_mask_buffer: Optional[torch.Tensor] = None
+        self._graph_use_logged: set = set()  # the windows whose first step was logged
+        self._tree_stages: dict[int, GraphedTreeStage] = {}
+        self._tree_mask_buffers: dict[int, Optional[torch.Tensor]] = {}
+        self._window_states: dict[int, _WindowState] = self._build_window_states()
         self._step_timer = StepTimer.from_env()
         self._sync_watch = SyncWatch.from_env(log=get_parallel().tp_rank == 0)
         self._path_kv_pool = None  # path_kv_pool's answer (False: SGLang's move), at the first commit
         self._context_len = int(self.target_worker.model_runner.model_config.context_len)
         if get_parallel().tp_rank == 0:
             logger.info(
-                "DDTREE worker ready: budget=%d, top_k=%d, window=%d.",
-                settings.budget,
+                "DDTREE worker ready: budget=%s, top_k=%d, drafter block=%d, verify windows %s.",
+                format_budget(settings.schedule or settings.budget),
                 settings.effective_top_k,
-                settings.window,
+                settings.block,
+                {w: state.batch_sizes for w, state in self._window_states.items()} or [settings.window],
             )
+
+    # ---- verify windows ---------------------------------------------------------------------
+
+    def _target_capture_bs(self) -> list[int]:
+        runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
+        return [int(b) for b in (getattr(runner, "capture_bs", None) or [])]
+
+    def _window_batch_sizes(self, window: int) -> list[int]:
+        """The captured batch sizes a window serves, and its schedule entry's own largest size.
+
+        Batches pad up to these sizes, so the top of each window's range is among them.
+        """
+        sizes = self._target_capture_bs()
+        if not sizes:
+            return []
+        served = set(self.ddtree.window_batch_sizes(sizes).get(window, []))
+        for max_bs, budget in self.ddtree.schedule:
+            if budget + 1 == window and max_bs <= max(sizes):
+                served.add(int(max_bs))
+        return sorted(served)
+
+    def _build_window_states(self) -> dict[int, "_WindowState"]:
+        """A target state for each scheduled window other than the server's (SGLang built that one).
+
+        Each gets an attention backend of its own (its buffers are sized by the window) and, where
+        the target has decode graphs, a verify graph runner captured with the tree mask for the
+        batch sizes the window serves.
+        """
+        if not self.ddtree.schedule:
+            return {}
+        model_runner = self.target_worker.model_runner
+        graphs = getattr(model_runner, "decode_cuda_graph_runner", None) is not None
+        windows = sorted({res.window for res in (self.ddtree.for_batch(bs) for bs, _ in self.ddtree.schedule)})
+        states = {}
+        for window in windows:
+            if window == self.ddtree.window:
+                continue
+            sizes = self._window_batch_sizes(window)
+            with _spec_width("verify_window", window, sizes if graphs and sizes else None):
+                saved_workspace = model_runner.init_new_workspace
+                try:
+                    backend = model_runner._get_attention_backend(init_new_workspace=True)
+                finally:
+                    model_runner.init_new_workspace = saved_workspace
+                install_tree_attention(backend)
+                runner = None
+                if graphs and sizes:
+                    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+                    runner = DecodeCudaGraphRunner(
+                        model_runner, attn_backend=backend, speculative_num_draft_tokens=window
+                    )
+            states[window] = _WindowState(window=window, attn_backend=backend, graph_runner=runner, batch_sizes=sizes)
+        return states
+
+    @contextlib.contextmanager
+    def _target_window(self, window: int):
+        """The target runs with the window's attention backend and verify graphs inside the block."""
+        state = self._window_states.get(window)
+        if state is None:
+            yield
+            return
+        model_runner = self.target_worker.model_runner
+        saved = (model_runner.attn_backend, model_runner.decode_cuda_graph_runner)
+        model_runner.attn_backend = state.attn_backend
+        model_runner.decode_cuda_graph_runner = state.graph_runner
+        try:
+            yield
+        finally:
+            model_runner.attn_backend, model_runner.decode_cuda_graph_runner = saved
 
     # The drafter's LM head must stay eager: DDTree needs its distributions, not a greedy chain.
     def _maybe_build_draft_sampler(self):
@@ -268,37 +382,42 @@ class DDTreeWorker(DFlashWorkerV2):
         draft_input = batch.spec_info
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         prefix_lens = batch.seq_lens
-        ports = _WorkerPorts(self, batch, grammar_barrier, on_publish)
+        step_settings = self.ddtree.for_batch(len(batch.seq_lens))
+        window = step_settings.window
+        ports = _WorkerPorts(self, batch, grammar_barrier, on_publish, window)
         timer = self._step_timer
         if timer is not None:
             ports = timer.wrap(ports)
         with self._sync_watch.step() if self._sync_watch is not None else contextlib.nullcontext():
+            stage = self._graphed_tree_stage(step_settings)
             result = run_tree_step(
                 ports,
-                self.ddtree,
+                step_settings,
                 root_tokens=draft_input.bonus_tokens.view(-1),
                 prefix_lens=prefix_lens,
                 prefix_lens_cpu=batch.seq_lens_cpu,
-                mask_size_bound=mask_size_bound(batch, self.ddtree.window, self._context_len),
-                stage=self._graphed_tree_stage() if timer is None else timer.wrap_stage(self._graphed_tree_stage()),
+                mask_size_bound=mask_size_bound(batch, window, self._context_len),
+                stage=stage if timer is None else timer.wrap_stage(stage),
             )
         if timer is not None:
             timer.end_step(len(batch.seq_lens))
         step = result.step
         can_run_graph = bool(result.verified.target_out.can_run_cuda_graph)
-        if not self._graph_use_logged and get_parallel().tp_rank == 0:
+        if window not in self._graph_use_logged and get_parallel().tp_rank == 0:
             # The target's graphs are captured after this worker is built: say once what happened.
-            runner = getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
+            state = self._window_states.get(window)
+            runner = state.graph_runner if state is not None else getattr(
+                self.target_worker.model_runner, "decode_cuda_graph_runner", None
+            )
             logger.info(
-                "DDTREE tree verify: CUDA graph replay %s (target verify graphs %s the tree mask); "
+                "DDTREE tree verify (window %d): CUDA graph replay %s (target verify graphs %s the tree mask); "
                 "tree stage: %s; FULL mask: %s; KV move: %s; verify attention: %s.",
+                window,
                 "on" if can_run_graph else "off for this batch",
                 "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
-                "CUDA graphs for batch sizes %s" % self._tree_stage.captured_sizes
-                if self._tree_stage.enabled
-                else "eager",
+                "CUDA graphs for batch sizes %s" % stage.captured_sizes if stage.enabled else "eager",
                 "written by the stage into the attention backend's buffer"
-                if self._tree_mask_buffer is not None
+                if self._tree_mask_buffers.get(window) is not None
                 else "allocated per step",
                 "the path only, per request" if self._path_kv_pool else "SGLang's",
                 "the grouped tree kernel"
@@ -306,7 +425,7 @@ class DDTreeWorker(DFlashWorkerV2):
                                    "extend_attention_fwd", None), "_ddtree_tree_attention", False)
                 else "SGLang's extend kernel",
             )
-            self._graph_use_logged = True
+            self._graph_use_logged.add(window)
         new_seq_lens = prefix_lens + step.accept_lens.to(prefix_lens.dtype)
         # (on_publish ran inside the commit, before the drafter-KV writes, as in DFlash.)
         logits_output = result.verified.logits_output
@@ -321,18 +440,17 @@ class DDTreeWorker(DFlashWorkerV2):
             accept_lens=step.accept_lens,
             can_run_cuda_graph=can_run_graph,
             next_draft_input=next_draft_input,
-            speculative_num_draft_tokens=int(self.block_size),
+            speculative_num_draft_tokens=int(window),
             new_seq_lens=new_seq_lens,
             routed_experts_output=result.verified.target_out.routed_experts_output,
             indexer_topk_output=result.verified.target_out.indexer_topk_output,
         )
 
-    def _graphed_tree_stage(self) -> GraphedTreeStage:
+    def _graphed_tree_stage(self, step_settings: ResolvedDDTree) -> GraphedTreeStage:
         """Steps 2-3 of the tree step, replayed from CUDA graphs where the target has decode graphs.
 
-        Built at the first decode step (the target's graphs are captured after this worker), for
-        the batch sizes the target captured (``capture_bs``; batches are padded up to them, larger
-        ones run eagerly). Eager with ``DDTREE_EAGER_TREE_STAGE=1``, without target graphs, and at
+        One per verify window, built at its first decode step, for the batch sizes its target graphs
+        serve (``_window_batch_sizes``; batches are padded up to them, larger ones run eagerly). Eager with ``DDTREE_EAGER_TREE_STAGE=1``, without target graphs, and at
         TP > 1 (the vocab-parallel head all-gathers across ranks).
 
         Where the target's attention backend has a FULL-layout verify-mask buffer
@@ -341,18 +459,22 @@ class DDTreeWorker(DFlashWorkerV2):
         onto itself. Each step's stage and verify are enqueued on one stream, so a step's write
         never overtakes the previous step's verify reading the buffer.
         """
-        if self._tree_stage is None:
+        window = step_settings.window
+        stage = self._tree_stages.get(window)
+        if stage is None:
+            state = self._window_states.get(window)
             model_runner = self.target_worker.model_runner
-            runner = getattr(model_runner, "decode_cuda_graph_runner", None)
-            sizes = [int(b) for b in (getattr(runner, "capture_bs", None) or [])]
+            backend = state.attn_backend if state is not None else getattr(model_runner, "attn_backend", None)
+            sizes = self._window_batch_sizes(window) if self.ddtree.schedule else self._target_capture_bs()
             enabled = bool(sizes) and not eager_tree_stage() and int(get_parallel().tp_group.world_size) == 1
-            self._tree_mask_buffer = backend_mask_buffer(getattr(model_runner, "attn_backend", None))
-            self._tree_stage = GraphedTreeStage(
-                tree_stage(self._head_topk, self.ddtree, mask_out=self._tree_mask_buffer),
+            mask_buffer = backend_mask_buffer(backend)
+            self._tree_mask_buffers[window] = mask_buffer
+            stage = self._tree_stages[window] = GraphedTreeStage(
+                tree_stage(self._head_topk, step_settings, mask_out=mask_buffer),
                 batch_sizes=sizes,
                 enabled=enabled,
             )
-        return self._tree_stage
+        return stage
 
     # ---- 1. draft (DFlash's draft forward, eager block preparation) -------------------------
 
@@ -444,6 +566,22 @@ class DDTreeWorker(DFlashWorkerV2):
             raise RuntimeError("DDTREE: the DFlash draft model returned no hidden states")
         return hidden.view(bs, block, -1), kv_loc_plan, loc_2d
 
+    def _verify_locations(self, batch: ScheduleBatch, prefix_lens, draft_loc_2d, window: int) -> torch.Tensor:
+        """``[bs, window]`` KV slots the target verify writes (the drafter's when the widths match)."""
+        bs = len(batch.seq_lens)
+        if int(draft_loc_2d.shape[1]) == window:
+            return draft_loc_2d
+        loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices,
+            req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=prefix_lens,
+            end_offset=prefix_lens + window,
+            batch_size=bs,
+            draft_token_num=window,
+            device=self.device,
+        )
+        return loc.view(bs, window)
+
     # ---- 2. drafter distributions through the target LM head --------------------------------
 
     def _head_topk(self, hidden_rows: torch.Tensor, k: int):
@@ -481,7 +619,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # ---- 4. target verify over the tree (eager, custom mask) --------------------------------
 
-    def _verify_tree(self, batch: ScheduleBatch, tensors: TreeVerifyTensors, window_loc_2d) -> _Verified:
+    def _verify_tree(self, batch: ScheduleBatch, tensors: TreeVerifyTensors, window_loc_2d, window: int) -> _Verified:
         batch.out_cache_loc = window_loc_2d.reshape(-1)
         batch.input_ids = tensors.draft_token
         batch.forward_mode = ForwardMode.TARGET_VERIFY
@@ -495,9 +633,10 @@ class DDTreeWorker(DFlashWorkerV2):
             retrieve_next_sibling=tensors.retrieve_next_sibling,
             draft_token_num=tensors.window,
         )
-        target_out = self.target_worker.forward_batch_generation(
-            batch, is_verify=True, capture_hidden_mode=CaptureHiddenMode.FULL
-        )
+        with self._target_window(window):
+            target_out = self.target_worker.forward_batch_generation(
+                batch, is_verify=True, capture_hidden_mode=CaptureHiddenMode.FULL
+            )
         logits_output = target_out.logits_output
         target_lp = self._target_logits_processor
         if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
@@ -536,7 +675,7 @@ class DDTreeWorker(DFlashWorkerV2):
     # ---- 6. commit the path: target KV compaction, drafter KV from target hidden states ------
 
     def _commit_path(
-        self, batch, tensors, verified: _Verified, step: AcceptedStep, kv_loc_plan, window_loc_2d, on_publish
+        self, batch, tensors, verified: _Verified, step: AcceptedStep, kv_loc_plan, draft_loc_2d, on_publish
     ):
         accept_index = verified.accept_index  # [bs, W] flat verify rows, -1 after the path
         if self._need_mamba_verify_commit:
@@ -563,17 +702,19 @@ class DDTreeWorker(DFlashWorkerV2):
         if on_publish is not None:
             on_publish(batch.seq_lens + step.accept_lens.to(batch.seq_lens.dtype))
         # Drafter KV for the committed path, from the target hidden states of the path's rows
-        # (DFlash's own writer; rows past accept_lens are never written).
+        # (DFlash's own writer over the drafter's block: a path is at most a block long, the root
+        # and one node per draft position; rows past accept_lens are never written).
         hidden = verified.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify needs the target's hidden states, got None")
-        hidden = hidden.view(-1, hidden.shape[-1])[step.path_rows.reshape(-1)]
+        block = int(draft_loc_2d.shape[1])
+        hidden = hidden.view(-1, hidden.shape[-1])[step.path_rows[:, :block].reshape(-1)]
         cache_loc = self._draft_write_ids(kv_loc_plan)
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=hidden,
             cache_loc=cache_loc,
-            cache_loc_2d=cache_loc.view(window_loc_2d.shape),
-            positions=step.path_positions.reshape(-1),
+            cache_loc_2d=cache_loc.view(draft_loc_2d.shape),
+            positions=step.path_positions[:, :block].reshape(-1),
             commit_lens=step.accept_lens,
         )
 
