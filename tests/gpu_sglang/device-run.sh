@@ -38,6 +38,11 @@ MODELS=$REPO/.cache/gpu-sglang/models; [ -d "$MODELS" ] || MODELS=$W/models
 if [ ! -d "$MODELS" ] && [ -f "$REPO/docs/evidence/gpu-sglang/models.tgz" ]; then
   tar xzf "$REPO/docs/evidence/gpu-sglang/models.tgz" -C "$W"; MODELS=$W/models
 fi
+# Drafters kept beside the carry (.cache/gpu-sglang/drafters/NAME.tgz, e.g. a `weak` step's
+# weak-drafter.tgz) join MODELS, so a later call needs no training.
+if [ -d "$REPO/.cache/gpu-sglang/drafters" ] && [ "$MODELS" = "$W/models" ]; then
+  for tgz in "$REPO"/.cache/gpu-sglang/drafters/*.tgz; do [ -f "$tgz" ] && tar xzf "$tgz" -C "$MODELS"; done
+fi
 for step in "$@"; do
   stamp "step $step"
   case $step in

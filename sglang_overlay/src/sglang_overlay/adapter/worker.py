@@ -266,18 +266,19 @@ class DDTreeWorker(DFlashWorkerV2):
         self._graph_use_logged: set = set()  # the windows whose first step was logged
         self._tree_stages: dict[int, GraphedTreeStage] = {}
         self._tree_mask_buffers: dict[int, Optional[torch.Tensor]] = {}
-        self._window_states: dict[int, _WindowState] = self._build_window_states()
+        # Built at the first decode step: the target's KV pools and graphs do not exist yet here.
+        self._window_states: Optional[dict[int, _WindowState]] = None
         self._step_timer = StepTimer.from_env()
         self._sync_watch = SyncWatch.from_env(log=get_parallel().tp_rank == 0)
         self._path_kv_pool = None  # path_kv_pool's answer (False: SGLang's move), at the first commit
         self._context_len = int(self.target_worker.model_runner.model_config.context_len)
         if get_parallel().tp_rank == 0:
             logger.info(
-                "DDTREE worker ready: budget=%s, top_k=%d, drafter block=%d, verify windows %s.",
+                "DDTREE worker ready: budget=%s, top_k=%d, drafter block=%d, verify window=%d.",
                 format_budget(settings.schedule or settings.budget),
                 settings.effective_top_k,
                 settings.block,
-                {w: state.batch_sizes for w, state in self._window_states.items()} or [settings.window],
+                settings.window,
             )
 
     # ---- verify windows ---------------------------------------------------------------------
@@ -332,12 +333,22 @@ class DDTreeWorker(DFlashWorkerV2):
                         model_runner, attn_backend=backend, speculative_num_draft_tokens=window
                     )
             states[window] = _WindowState(window=window, attn_backend=backend, graph_runner=runner, batch_sizes=sizes)
+        if get_parallel().tp_rank == 0:
+            logger.info(
+                "DDTREE verify windows: %d for batch sizes %s (SGLang's target graphs); %s.",
+                self.ddtree.window,
+                self._window_batch_sizes(self.ddtree.window),
+                "; ".join(
+                    "%d for %s (%s)" % (w, s.batch_sizes, "graphs" if s.graph_runner is not None else "eager")
+                    for w, s in states.items()
+                ),
+            )
         return states
 
     @contextlib.contextmanager
     def _target_window(self, window: int):
         """The target runs with the window's attention backend and verify graphs inside the block."""
-        state = self._window_states.get(window)
+        state = (self._window_states or {}).get(window)
         if state is None:
             yield
             return
@@ -382,6 +393,8 @@ class DDTreeWorker(DFlashWorkerV2):
         draft_input = batch.spec_info
         batch.seq_lens.record_stream(torch.get_device_module(self.device).current_stream())
         prefix_lens = batch.seq_lens
+        if self._window_states is None:
+            self._window_states = self._build_window_states()
         step_settings = self.ddtree.for_batch(len(batch.seq_lens))
         window = step_settings.window
         ports = _WorkerPorts(self, batch, grammar_barrier, on_publish, window)
