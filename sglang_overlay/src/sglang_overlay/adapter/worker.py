@@ -720,14 +720,15 @@ class DDTreeWorker(DFlashWorkerV2):
         hidden = verified.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE verify needs the target's hidden states, got None")
-        block = int(draft_loc_2d.shape[1])
-        hidden = hidden.view(-1, hidden.shape[-1])[step.path_rows[:, :block].reshape(-1)]
-        cache_loc = self._draft_write_ids(kv_loc_plan)
+        # A path has at most min(window, block) tokens: the columns written are those.
+        cols = min(int(draft_loc_2d.shape[1]), int(step.path_rows.shape[1]))
+        hidden = hidden.view(-1, hidden.shape[-1])[step.path_rows[:, :cols].reshape(-1)]
+        cache_loc_2d = self._draft_write_ids(kv_loc_plan).view(draft_loc_2d.shape)[:, :cols].contiguous()
         self._append_target_hidden_to_draft_kv_by_loc(
             target_hidden=hidden,
-            cache_loc=cache_loc,
-            cache_loc_2d=cache_loc.view(draft_loc_2d.shape),
-            positions=step.path_positions[:, :block].reshape(-1),
+            cache_loc=cache_loc_2d.reshape(-1),
+            cache_loc_2d=cache_loc_2d,
+            positions=step.path_positions[:, :cols].reshape(-1),
             commit_lens=step.accept_lens,
         )
 
