@@ -1,0 +1,119 @@
+"""Add a perf run's measurements to the scoreboard: one row per DDTREE setting and concurrency.
+
+Usage (here, after a device call): python tests/gpu_sglang/scoreboard.py RESULTS_PERF_JSON COMMIT
+    [--scoreboard docs/evidence/gpu-sglang/scoreboard.json] [--shape NAME] [--layers N] [--drafter NAME]
+    [--source FILE]
+
+A row compares one DDTREE server with the DFLASH and NONE servers of the same run, at one concurrency:
+tokens/s (medians of the rounds), DDTREE / DFLASH as the median of the per-round ratios and every round's
+ratio (each round measures every server once, one at a time), and the acceptance lengths. ``shape`` and
+``layers`` default to what the run's target says (``PERF_TARGET``, see ``SHAPES``). Rows already in the
+scoreboard for the same source file and commit are replaced, so re-running the script is harmless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from typing import Any
+
+#: PERF_TARGET -> (shape, layers, tp): what the scoreboard calls the target of a run.
+SHAPES = {
+    "tiny": ("tiny-qwen3 (trained, 4 layers)", 4, 1),
+    "qwen3-8b": ("Qwen3-8B (random weights)", 36, 1),
+    "embedded-qwen3-8b": ("Qwen3-8B (tiny pair embedded)", 36, 1),
+    "qwen3-30b-a3b": ("Qwen3-Coder-30B-A3B (random weights)", 48, 1),
+    "embedded-qwen3-30b-a3b": ("Qwen3-Coder-30B-A3B (tiny pair embedded)", 48, 1),
+}
+
+
+def _by(runs: list[dict], server: str, concurrency: int, key: str) -> list[Any]:
+    rows = [r for r in runs if r.get("server") == server and r.get("concurrency") == concurrency]
+    return [r.get(key) for r in sorted(rows, key=lambda r: r.get("round", 0))]
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 3) if values else None
+
+
+def rows_from_perf(doc: dict, commit: str, source: str, shape: str | None = None, layers: int | None = None,
+                   drafter: str | None = None) -> list[dict]:
+    """The scoreboard rows of one perf.py result (``results-perf.json``)."""
+    target = doc.get("target", "tiny")
+    default_shape, default_layers, tp = SHAPES.get(target, (target, None, 1))
+    runs = doc.get("runs", [])
+    servers = doc.get("servers", {})
+    ddtree = [name for name, info in servers.items() if info.get("algorithm") == "DDTREE"]
+    out = []
+    for name in ddtree:
+        info = servers[name]
+        for concurrency in sorted({r["concurrency"] for r in runs if r.get("server") == name}):
+            dflash = _by(runs, "perf-dflash", concurrency, "tokens_per_s")
+            mine = _by(runs, name, concurrency, "tokens_per_s")
+            per_round = [round(a / b, 3) for a, b in zip(mine, dflash) if a and b]
+            out.append({
+                "shape": shape or default_shape,
+                "layers": layers or default_layers,
+                "tp": info.get("tp", tp),
+                "drafter": drafter or doc.get("drafter") or "the shape's",
+                "accept_dflash": _median(_by(runs, "perf-dflash", concurrency, "mean_accept")),
+                "accept_ddtree": _median(_by(runs, name, concurrency, "mean_accept")),
+                "ddtree_setting": info.get("ddtree_setting") or _flag(info.get("flags", []), "--speculative-ddtree-budget"),
+                "top_k": _flag(info.get("flags", []), "--speculative-ddtree-top-k") or "auto",
+                "concurrency": concurrency,
+                "tokens_per_s": {
+                    "NONE": _median(_by(runs, "perf-none", concurrency, "tokens_per_s")),
+                    "DFLASH": _median(dflash),
+                    "DDTREE": _median(mine),
+                },
+                "ddtree_over_dflash": _median(per_round),
+                "per_round": per_round,
+                "rounds": len(per_round),
+                "errors": [r.get("error") for r in runs if r.get("server") == name and r.get("error")][:3],
+                "commit": commit,
+                "source": source,
+            })
+    return out
+
+
+def _flag(flags: list, name: str) -> str | None:
+    return flags[flags.index(name) + 1] if name in flags else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("results")
+    parser.add_argument("commit")
+    parser.add_argument("--scoreboard", default=os.path.join(os.path.dirname(__file__), "..", "..", "docs",
+                                                             "evidence", "gpu-sglang", "scoreboard.json"))
+    parser.add_argument("--shape")
+    parser.add_argument("--layers", type=int)
+    parser.add_argument("--drafter")
+    parser.add_argument("--source", help="the evidence file the rows come from (default: the results path)")
+    args = parser.parse_args()
+    with open(args.results, encoding="utf-8") as fh:
+        doc = json.load(fh)
+    source = args.source or os.path.basename(args.results)
+    rows = rows_from_perf(doc, args.commit, source, args.shape, args.layers, args.drafter)
+    board = {"rows": []}
+    if os.path.exists(args.scoreboard):
+        with open(args.scoreboard, encoding="utf-8") as fh:
+            board = json.load(fh)
+    board["rows"] = [r for r in board["rows"] if (r.get("source"), r.get("commit")) != (source, args.commit)] + rows
+    with open(args.scoreboard, "w", encoding="utf-8") as fh:
+        json.dump(board, fh, indent=1)
+        fh.write("\n")
+    print("| shape | drafter | setting | c | accept DFLASH / DDTREE | NONE | DFLASH | DDTREE | DDTREE/DFLASH (rounds) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        t = r["tokens_per_s"]
+        print("| %s | %s | %s | %d | %s / %s | %s | %s | %s | %s (%s) |" % (
+            r["shape"], r["drafter"], r["ddtree_setting"], r["concurrency"], r["accept_dflash"], r["accept_ddtree"],
+            t["NONE"], t["DFLASH"], t["DDTREE"], r["ddtree_over_dflash"], ", ".join(str(x) for x in r["per_round"])))
+
+
+if __name__ == "__main__":
+    main()
