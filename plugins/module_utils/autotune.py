@@ -8,7 +8,8 @@ the grid it spans, the key that says when to tune again, the choice, and what th
 A service declares `speculative: {algorithm: DDTREE, autotune: {budgets, top_k, concurrency, min_gain}}`.
 For a candidate release, DFLASH and every DDTREE (budget, top_k) of the grid are measured at every
 declared concurrency (tokens/s, all requests together); a DDTREE setting is chosen only when it beats
-DFLASH by min_gain at every declared concurrency, else the service runs DFLASH. docs/autotune.md says
+DFLASH by min_gain at every declared concurrency, else the service runs DFLASH. A setting is one budget,
+or a schedule of the budgets measured fastest at each declared concurrency (a budget per load, one top_k). docs/autotune.md says
 why each rule is what it is. Plain functions, data in and data out: the module
 (ddtree.sglang.service_autotune) reads and writes the state file.
 """
@@ -20,9 +21,11 @@ import hashlib
 import json
 import math
 
-# The declaration's fields and their defaults: `autotune: {}` tunes the issue's example grid at one
-# request at a time. Budgets up to 15 fit the 16-token verify window of the DFlash drafters in use;
-# a setting the drafter cannot run fails its measurement and is never chosen.
+from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import parse_budget, schedule_from_levels
+
+# The declaration's fields and their defaults: `autotune: {}` tunes a small grid at one request at a
+# time. Budgets past the drafter's block (e.g. 31, 63) widen the verify window; a setting the server
+# cannot run fails its measurement and is never chosen.
 DEFAULTS = {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1], "min_gain": 0.03}
 # Where the settings are measured: a temporary instance of the service on spare GPUs of the host
 # (`gpus`, as many as the service's own) and a port of its own, or, with `own_gpus: true`, on the
@@ -302,7 +305,32 @@ def _rank(verdict: dict) -> tuple:
     memory for the same speed), then the smaller top_k."""
     ratios = [1.0 + gain for gain in verdict["gain_over_dflash"].values()]
     mean = math.exp(sum(math.log(ratio) for ratio in ratios) / len(ratios))
-    return (-min(ratios), -mean, verdict["budget"], verdict["top_k"])
+    # A schedule ranks like the single budget of its widest window (the memory it takes).
+    budget = verdict["budget"] if isinstance(verdict["budget"], int) else max(verdict["levels"].values())
+    return (-min(ratios), -mean, budget, verdict["top_k"])
+
+
+def _schedule_verdict(top_k: int, verdicts: list, tuning: dict) -> dict | None:
+    """The schedule of one top_k: at each declared concurrency, the budget measured fastest there.
+
+    Each concurrency level is measured with the single-budget server whose window the schedule gives
+    that load, so the level's numbers are the schedule's. None when fewer than two budgets would make
+    it (then it is one of the single settings) or a level has no measurement.
+    """
+    levels, speeds, gains = {}, {}, {}
+    for concurrency in tuning["concurrency"]:
+        key = str(concurrency)
+        measured = [item for item in verdicts if item["top_k"] == top_k and key in item["tokens_per_second"]]
+        if not measured:
+            return None
+        best = max(measured, key=lambda item: (item["tokens_per_second"][key], -item["budget"]))
+        levels[key], speeds[key], gains[key] = best["budget"], best["tokens_per_second"][key], best["gain_over_dflash"][key]
+    if len(set(levels.values())) < 2:
+        return None
+    slow = ["%s over DFLASH at concurrency %s, less than min_gain %s" % (_percent(gain), key, _percent(tuning["min_gain"]))
+            for key, gain in gains.items() if gain + EPSILON < tuning["min_gain"]]
+    return dict(setting("DDTREE", schedule_from_levels(levels), top_k), status="too_slow" if slow else "qualifies",
+                tokens_per_second=speeds, gain_over_dflash=gains, reasons=slow, levels=levels)
 
 
 def choose(tuning: dict, measurements: list) -> dict:
@@ -336,7 +364,8 @@ def choose(tuning: dict, measurements: list) -> dict:
         if measurement and _tokens_per_second(measurement):
             none[concurrency] = _tokens_per_second(measurement)
     verdicts = [_verdict(item, tuning, by_identity, dflash) for item in candidate_settings(tuning)[1:]]
-    qualifying = sorted((item for item in verdicts if item["status"] == "qualifies"), key=_rank)
+    schedules = [item for item in (_schedule_verdict(top_k, verdicts, tuning) for top_k in tuning["top_k"]) if item]
+    qualifying = sorted((item for item in verdicts + schedules if item["status"] == "qualifies"), key=_rank)
     if qualifying:
         best = qualifying[0]
         chosen = setting("DDTREE", best["budget"], best["top_k"])
@@ -344,6 +373,9 @@ def choose(tuning: dict, measurements: list) -> dict:
         reason = "%s is the fastest setting that beats DFLASH by min_gain %s at every declared concurrency (%s)" % (
             setting_name(best), _percent(tuning["min_gain"]),
             ", ".join("%s at concurrency %s" % (_percent(gain), concurrency) for concurrency, gain in best["gain_over_dflash"].items()))
+        if best.get("levels"):
+            reason += "; a budget per load: %s" % ", ".join(
+                "%s at concurrency up to %s" % (budget, level) for level, budget in best["levels"].items())
         status = "ddtree"
     else:
         chosen = setting("DFLASH")
@@ -381,10 +413,13 @@ def tuned_service(service: dict, choice: dict) -> dict:
     service = copy.deepcopy(service)
     spec = service.get("speculative") or {}
     if algorithm == "DDTREE":
-        for field in ("budget", "top_k"):
-            if not isinstance(choice.get(field), int) or isinstance(choice.get(field), bool) or choice[field] < 1:
-                raise ValueError("%s: the tuned DDTREE choice has %s %r, not an integer >= 1"
-                                 % (service.get("name"), field, choice.get(field)))
+        top_k = choice.get("top_k")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
+            raise ValueError("%s: the tuned DDTREE choice has top_k %r, not an integer >= 1" % (service.get("name"), top_k))
+        try:
+            parse_budget(choice.get("budget"))
+        except ValueError as err:
+            raise ValueError("%s: the tuned DDTREE choice's budget: %s" % (service.get("name"), err)) from None
         resolved = {"algorithm": "DDTREE", "budget": choice["budget"], "top_k": choice["top_k"]}
         if spec.get("allow_hybrid_unsafe"):
             resolved["allow_hybrid_unsafe"] = True

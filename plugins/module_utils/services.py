@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import TRIAL_SUFFIX, autotune_problems
+from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import MAX_BUDGET, format_budget, parse_budget
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
     CANDIDATE,
     OVERLAY_ALGORITHMS,
@@ -214,10 +215,15 @@ def _speculative_problems(label, service):
     if algorithm in NEEDS_DRAFT_MODEL and not service.get("draft_model_path"):
         problems.append("%s: speculative.algorithm %s needs draft_model_path (its drafter model)" % (label, algorithm))
     if algorithm == "DDTREE":
-        for key in ("budget", "top_k"):
-            value = spec.get(key)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                problems.append("%s: speculative.%s is %r; DDTREE needs an integer >= 1" % (label, key, value))
+        value = spec.get("top_k")
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            problems.append("%s: speculative.top_k is %r; DDTREE needs an integer >= 1" % (label, value))
+        if spec.get("budget") is not None:
+            try:
+                parse_budget(spec["budget"])
+            except ValueError as err:
+                problems.append("%s: speculative.budget: %s; DDTREE takes a number of tree nodes (1-%d) or a "
+                                "schedule by batch size such as {1: 63, 16: 15, 48: 7}" % (label, err, MAX_BUDGET))
     for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
         value = spec.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -243,7 +249,7 @@ def service_flags(service):
             flags += ["--speculative-draft-model-path", service["draft_model_path"]]
         if algorithm == "DDTREE":
             if spec.get("budget") is not None:
-                flags += ["--speculative-ddtree-budget", str(spec["budget"])]
+                flags += ["--speculative-ddtree-budget", format_budget(spec["budget"])]
             if spec.get("top_k") is not None:
                 flags += ["--speculative-ddtree-top-k", str(spec["top_k"])]
             if spec.get("allow_hybrid_unsafe"):

@@ -16,6 +16,9 @@ description:
     release - the DDTREE (budget, top_k) of its grid that beats DFLASH by C(min_gain) at every declared
     concurrency and is the fastest of those (best worst-case gain), else DFLASH - and records every
     measurement, the choice and the tuning key in the service's state file.
+  - With several declared concurrency levels the choice may be a budget per load - for one top_k, the
+    budget measured fastest at each level, as a schedule C(budget) such as C(1:63,16:15,64:7) (the
+    overlay verifies each batch size with its range's tree) - when that beats every single budget.
   - Tunes only when the tuning key changed - the model, the drafter, the release, the tensor-parallel
     size or GPU count, the grid and declared load, the measuring workload, or the server's other settings -
     or when O(force) is set. Otherwise it returns the recorded choice and changes nothing, whatever

@@ -30,7 +30,7 @@ def test_good_services_have_no_problems():
     "service_list, message",
     [
         ([with_changes(CODER, speculative_algorithm="DDTRE")], "speculative.algorithm 'DDTRE' is not one of NONE, EAGLE"),
-        ([with_changes(CODER, speculative_budget=0)], "speculative.budget is 0; DDTREE needs an integer >= 1"),
+        ([with_changes(CODER, speculative_budget=0)], "speculative.budget: the budget is 0; it must be >= 1"),
         ([with_changes(CODER, speculative_top_k=0)], "speculative.top_k is 0; DDTREE needs an integer >= 1"),
         ([with_changes(CODER, gpus=[9], tp_size=1)], "GPU index 9 does not exist on ct200, which has GPUs 0, 1, 2, 3, 4, 5, 6, 7"),
         ([CODER, with_changes(CHAT, gpus=[1])], "sglang_services[1] (chat): GPU 1 is also used by service coder"),

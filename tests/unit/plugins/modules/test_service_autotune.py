@@ -12,7 +12,7 @@ CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/m
                          "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1, 16], "gpus": [1], "port": 30100}}}
 
 
-def measure(dflash=(100.0, 1000.0), b4=(110.0, 1100.0), b8=(125.0, 1050.0)):
+def measure(dflash=(100.0, 1000.0), b4=(110.0, 1100.0), b8=(105.0, 1050.0)):
     rows = []
     for concurrency, index in ((1, 0), (16, 1)):
         # With the evidence autotune_measure.measure_setting adds (requests, completion_tokens, seconds).
@@ -36,7 +36,7 @@ def test_first_it_says_what_to_measure_then_it_decides_and_records(tmp_path, cap
     assert not state.exists()
     code, result = run_module(service_autotune, args(tmp_path, measurements=measure()), capsys)
     assert code == 0 and result["changed"] is True and result["tuned"] is True
-    # budget 8 is faster at one request, but only +5% at 16; budget 4 is +10% at both: the better worst case.
+    # budget 4 is +10% at both loads, budget 8 +5%: budget 4 (the fastest at every load, so no schedule).
     choice = result["choice"]
     assert (choice["algorithm"], choice["budget"], choice["top_k"], choice["speed_floor"]) == ("DDTREE", 4, 4, 88.0)
     recorded = json.loads(state.read_text())
