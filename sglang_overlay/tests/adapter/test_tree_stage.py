@@ -71,7 +71,7 @@ class StandInGraphs(GraphedTreeStage):
     def _can_capture(self, hidden):
         return True
 
-    def _capture(self, static):
+    def _capture(self, static, stream=None):
         out = self.stage(*static)
 
         def replay():
@@ -114,7 +114,7 @@ def test_graphed_stage_runs_eagerly_where_it_cannot_capture():
         return stage(*args)
 
     class FailingCapture(StandInGraphs):
-        def _capture(self, static):
+        def _capture(self, static, stream=None):
             raise RuntimeError("operation not permitted when stream is capturing")
 
     want = stage(hidden, roots, prefix)
@@ -198,3 +198,34 @@ def test_backend_mask_buffer_only_for_a_full_layout_buffer_of_the_triton_backend
     # Off unless asked for (not yet proven on the GPU).
     monkeypatch.delenv(IN_PLACE_MASK_ENV)
     assert backend_mask_buffer(triton_backend(buffer)) is None
+
+
+def test_every_capture_runs_inside_the_capture_context_on_its_stream():
+    # At TP > 1 the worker passes SGLang's graph_capture: entered once around all captures, whose
+    # stream every capture uses (the vocab-parallel all-gather inside the graph needs it).
+    events, seen_streams = [], []
+
+    class Context:
+        stream = "the capture stream"
+
+        def __enter__(self):
+            events.append("enter")
+            return self
+
+        def __exit__(self, *exc):
+            events.append("exit")
+            return False
+
+    class Recording(StandInGraphs):
+        def _capture(self, static, stream=None):
+            seen_streams.append(stream)
+            events.append("capture %d" % static[0].shape[0])
+            return super()._capture(static, stream)
+
+    hidden, weight, roots, prefix = inputs(3, seed=5)
+    graphed = Recording(tree_stage(head(weight), SETTINGS), batch_sizes=[1, 4], capture_context=Context)
+    got = graphed(hidden, roots, prefix)
+    assert events == ["enter", "capture 4", "capture 1", "exit"]
+    assert seen_streams == ["the capture stream"] * 2
+    want = tree_stage(head(weight), SETTINGS)(hidden, roots, prefix)
+    assert torch.equal(got.tree.tokens, want.tree.tokens)

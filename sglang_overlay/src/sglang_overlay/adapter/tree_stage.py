@@ -24,10 +24,11 @@ Torch only; capture needs CUDA (``GraphedTreeStage`` runs the eager function els
 from __future__ import annotations
 
 import bisect
+import contextlib
 import logging
 import os
 from dataclasses import fields, replace
-from typing import Callable, Optional, Sequence
+from typing import Callable, ContextManager, Optional, Sequence
 
 import torch
 
@@ -122,8 +123,18 @@ class GraphedTreeStage:
     stage runs eagerly from then on.
     """
 
-    def __init__(self, stage: StageFn, batch_sizes: Sequence[int], enabled: bool = True):
+    def __init__(
+        self,
+        stage: StageFn,
+        batch_sizes: Sequence[int],
+        enabled: bool = True,
+        capture_context: Optional[Callable[[], ContextManager]] = None,
+    ):
         self.stage = stage
+        # Entered once around every capture (SGLang's ``graph_capture``: under tensor parallelism the
+        # vocab-parallel head's all-gather then runs through the communicator that graphs can hold, as
+        # in SGLang's own decode graphs); its ``stream``, when it has one, is the capture stream.
+        self.capture_context = capture_context
         self.batch_sizes = sorted({int(b) for b in batch_sizes if int(b) > 0})
         self.enabled = bool(enabled) and bool(self.batch_sizes)
         self._graphs: dict[int, _Captured] = {}
@@ -165,14 +176,16 @@ class GraphedTreeStage:
         self._captured = True
         tail = tuple(hidden.shape[1:])
         try:
-            for size in reversed(self.batch_sizes):  # the largest first: the pool's size is set once
-                static = (
-                    hidden.new_zeros((size, *tail)),
-                    root_tokens.new_zeros((size,)),
-                    prefix_lens.new_zeros((size,)),
-                )
-                replay, out = self._capture(static)
-                self._graphs[size] = _Captured(replay, *static, out)
+            with self.capture_context() if self.capture_context is not None else contextlib.nullcontext() as ctx:
+                stream = getattr(ctx, "stream", None)
+                for size in reversed(self.batch_sizes):  # the largest first: the pool's size is set once
+                    static = (
+                        hidden.new_zeros((size, *tail)),
+                        root_tokens.new_zeros((size,)),
+                        prefix_lens.new_zeros((size,)),
+                    )
+                    replay, out = self._capture(static, stream)
+                    self._graphs[size] = _Captured(replay, *static, out)
         except Exception:  # noqa: BLE001 (the stage still runs, eagerly)
             logger.exception("DDTREE: could not capture the tree stage in CUDA graphs; it runs eagerly")
             self._graphs.clear()
@@ -180,10 +193,10 @@ class GraphedTreeStage:
             return
         logger.info("DDTREE tree stage: captured CUDA graphs for batch sizes %s", self.captured_sizes)
 
-    def _capture(self, static: tuple) -> tuple[Callable[[], None], TreeLayout]:
+    def _capture(self, static: tuple, stream=None) -> tuple[Callable[[], None], TreeLayout]:
         device = static[0].device
         # Warm up on a side stream (Triton compiles, cuBLAS picks its kernels) outside the capture.
-        side = torch.cuda.Stream(device=device)
+        side = torch.cuda.Stream(device=device) if stream is None else stream
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             self.stage(*static)
@@ -191,6 +204,6 @@ class GraphedTreeStage:
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(graph, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
             out = self.stage(*static)
         return graph.replay, out

@@ -463,8 +463,8 @@ class DDTreeWorker(DFlashWorkerV2):
         """Steps 2-3 of the tree step, replayed from CUDA graphs where the target has decode graphs.
 
         One per verify window, built at its first decode step, for the batch sizes its target graphs
-        serve (``_window_batch_sizes``; batches are padded up to them, larger ones run eagerly). Eager with ``DDTREE_EAGER_TREE_STAGE=1``, without target graphs, and at
-        TP > 1 (the vocab-parallel head all-gathers across ranks).
+        serve (``_window_batch_sizes``; batches are padded up to them, larger ones run eagerly). Eager with ``DDTREE_EAGER_TREE_STAGE=1`` and without target graphs. At
+        TP > 1 the capture runs inside SGLang's ``graph_capture`` (``_stage_capture_context``).
 
         Where the target's attention backend has a FULL-layout verify-mask buffer
         (``tree_stage.backend_mask_buffer``), the stage writes the step's FULL mask into it, graphed
@@ -479,13 +479,14 @@ class DDTreeWorker(DFlashWorkerV2):
             model_runner = self.target_worker.model_runner
             backend = state.attn_backend if state is not None else getattr(model_runner, "attn_backend", None)
             sizes = self._window_batch_sizes(window) if self.ddtree.schedule else self._target_capture_bs()
-            enabled = bool(sizes) and not eager_tree_stage() and int(get_parallel().tp_group.world_size) == 1
+            enabled = bool(sizes) and not eager_tree_stage()
             mask_buffer = backend_mask_buffer(backend)
             self._tree_mask_buffers[window] = mask_buffer
             stage = self._tree_stages[window] = GraphedTreeStage(
                 tree_stage(self._head_topk, step_settings, mask_out=mask_buffer),
                 batch_sizes=sizes,
                 enabled=enabled,
+                capture_context=self._stage_capture_context(),
             )
         return stage
 
@@ -578,6 +579,24 @@ class DDTreeWorker(DFlashWorkerV2):
         if hidden is None:
             raise RuntimeError("DDTREE: the DFlash draft model returned no hidden states")
         return hidden.view(bs, block, -1), kv_loc_plan, loc_2d
+
+    def _stage_capture_context(self):
+        """What the tree stage's graphs are captured inside: at TP > 1 SGLang's ``graph_capture`` (the
+        vocab-parallel head all-gathers through the communicator its own decode graphs capture), in the
+        drafter's TP context the head runs in; None at TP 1."""
+        if int(get_parallel().tp_group.world_size) == 1:
+            return None
+        from sglang.srt.distributed.parallel_state import graph_capture
+        from sglang.srt.model_executor.runner_utils.pool import get_or_create_global_graph_capture_stream
+
+        layout = self.draft_parallel_layout
+
+        @contextlib.contextmanager
+        def capture():
+            with draft_tp_context(layout), graph_capture(stream=get_or_create_global_graph_capture_stream()) as ctx:
+                yield ctx
+
+        return capture
 
     def _verify_locations(self, batch: ScheduleBatch, prefix_lens, draft_loc_2d, window: int) -> torch.Tensor:
         """``[bs, window]`` KV slots the target verify writes (the drafter's when the widths match)."""
