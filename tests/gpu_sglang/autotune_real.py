@@ -1,4 +1,4 @@
-"""The autotune grid measured and chosen on the device, with real SGLang 0.5.23 servers (issue 13).
+"""The autotune grid measured and chosen on the device, with real SGLang 0.5.23 servers.
 
 Usage (on the device, after device-setup.sh): python autotune_real.py OUT MODELS DRAFTER [ROUNDS]
   DRAFTER: the drafter's directory under MODELS (tiny-qwen3-dflash: the harness's trained drafter;

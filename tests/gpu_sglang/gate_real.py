@@ -423,7 +423,7 @@ def fresh_then_again(server):
 
 def plan_fresh(models, release, servers, threads):
     # GATE_EXTRA_FLAGS: more launch flags (on a CPU try against the lab runtime, whose acceptance is lower
-    # than the tiny model's on the H200, "--decode-log-interval 200" keeps /server_info's average away).
+    # than the tiny model's on the GPU, "--decode-log-interval 200" keeps /server_info's average away).
     server = Server("ddtree", "DDTREE", release, 31030, models, extra=os.environ.get("GATE_EXTRA_FLAGS", "").split())
     server.start()
     servers.append(server)
@@ -462,8 +462,8 @@ def wait_started(servers, limit):
 
 
 # The tiny target's word-level tokenizer has no chat template, and SGLang answers a chat request without
-# one with 400 "Cannot use chat template functions because tokenizer.chat_template is not set" (measured on
-# the H200). The gate talks chat, so the copy the servers load gets the plainest template: the messages'
+# one with 400 "Cannot use chat template functions because tokenizer.chat_template is not set". The gate
+# talks chat, so the copy the servers load gets the plainest template: the messages'
 # contents, space-separated (the chat prompt is then the language's own words).
 CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% if not loop.last %} {% endif %}{% endfor %}"
 

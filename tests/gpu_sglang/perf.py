@@ -3,9 +3,8 @@
 Usage (on the device, after device-setup.sh): python perf.py OUT MODELS [ROUNDS]
 All servers take scenario.py's flags (CUDA graphs on for every one); they differ only in the algorithm
 and, for `ddtree-before`, the environment PERF_BEFORE_ENV names (default DDTREE_EAGER_TREE_STAGE=1: the
-tree stage runs eagerly every step, as before issue 19's second session; DDTREE_EAGER_TREE_VERIFY=1
-measures the tree verify outside the target's graphs, the first session's "before"; several as
-A=1,B=0; `none`: no
+tree stage runs eagerly every step instead of from its CUDA graphs; DDTREE_EAGER_TREE_VERIFY=1 runs the
+tree verify outside the target's graphs as well; several as A=1,B=0; `none`: no
 `ddtree-before` server, three servers only); PERF_AFTER_ENV likewise for `ddtree` (default none), for
 a change that is still an opt-in switch.
 PERF_TARGET picks the target (scenario.SHAPES): `tiny` (default; MODELS holds the tiny pair) or

@@ -35,7 +35,7 @@ T0 = [time.time()]
 # Target shapes (PERF_TARGET in perf.py): the target and drafter directories under MODELS, flags for every
 # server, flags for a speculative one. "tiny": the trained tiny pair (train_models.py) or make_tiny's.
 # "qwen3-8b": make_shaped.py's configs, random weights (SGLang's dummy load format), a smaller KV pool so
-# that four servers share one H200 (each ~17 GB of weights; 32768 tokens of KV are 4.8 GB).
+# that four servers share one GPU of the device (each ~17 GB of weights; 32768 tokens of KV are 4.8 GB).
 SHAPES = {
     "tiny": ("tiny-qwen3", "tiny-qwen3-dflash", ["--max-total-tokens", "131072"], []),
     "qwen3-8b": ("qwen3-8b-shaped", "qwen3-8b-shaped-dflash",

@@ -4,7 +4,7 @@ mask_token_id, block 16), on the target's own hidden states and greedy continuat
 
 Usage: python train_models.py OUTDIR [--quick]   (writes OUTDIR/tiny-qwen3, OUTDIR/tiny-qwen3-dflash and
 OUTDIR/train.json with the losses and the offline DFlash acceptance length on held-out prompts).
-Seeded; on one H200 it takes about two minutes. --quick is a CPU smoke test of the code paths.
+Seeded; on one GPU of the device it takes about two minutes. --quick is a CPU smoke test of the code paths.
 
        python train_models.py OUTDIR --drafter-only NAME STOP_AT
    keeps OUTDIR/tiny-qwen3 (the target trained before) and trains a drafter into OUTDIR/NAME, stopping at

@@ -36,4 +36,8 @@ def test_the_graph_capture_hook_is_registered_only_on_a_cuda_build(monkeypatch, 
     hooks.register_startup_hooks()
     assert (hooks.TARGET_GRAPH_SPEC_INFO in registered) is expected
     # The flag and worker hooks are needed in every process, on every build.
-    assert {hooks.TARGET_ADD_CLI_ARGS, hooks.TARGET_FROM_CLI_ARGS, hooks.TARGET_CREATE_WORKER} <= set(registered)
+    assert {hooks.TARGET_ADD_CLI_ARGS, hooks.TARGET_FROM_CLI_ARGS} <= set(registered)
+    from sglang_overlay.adapter import algorithm
+
+    algorithm.register_worker_selection()
+    assert hooks.TARGET_CREATE_WORKER in registered

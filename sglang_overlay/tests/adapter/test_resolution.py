@@ -17,6 +17,7 @@ import types
 
 import pytest
 
+from sglang_overlay import knobs
 from sglang_overlay.adapter import settings as s
 
 from ._helpers import plugin_in_process, requires_sglang  # noqa: F401 - fixture
@@ -222,7 +223,7 @@ def fake_worker_module(monkeypatch):
 def test_create_worker_hook_picks_the_ddtree_worker_only_for_ddtree_records(env, draft_dir, fake_worker_module):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_overlay.adapter.hooks import around_create_worker
+    from sglang_overlay.adapter.algorithm import around_create_worker
 
     calls = []
 
@@ -241,7 +242,7 @@ def test_create_worker_hook_picks_the_ddtree_worker_only_for_ddtree_records(env,
 def test_the_hook_is_installed_on_sglangs_method(env):
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
-    from sglang_overlay.adapter.hooks import around_create_worker
+    from sglang_overlay.adapter.algorithm import around_create_worker
 
     method = SpeculativeAlgorithm.create_worker
     assert getattr(method, "__wrapped__", None) is not None  # HookRegistry's wrapper
@@ -298,7 +299,7 @@ def _graph_runner(draft_dir, algo="DDTREE", is_draft_worker=False):
 def test_ddtree_target_graphs_are_captured_with_the_tree_mask(env, draft_dir, monkeypatch):
     from sglang_overlay.adapter import hooks
 
-    monkeypatch.delenv(hooks.EAGER_ENV, raising=False)
+    monkeypatch.delenv(knobs.EAGER_TREE_VERIFY.name, raising=False)
     runner = _graph_runner(draft_dir)
     dummy = hooks.after_get_spec_info(types.SimpleNamespace(custom_mask=None), runner, 64)
     assert dummy.custom_mask == "BUF" and getattr(runner, hooks.TREE_MASK_CAPTURED) is True
@@ -308,11 +309,11 @@ def test_ddtree_target_graphs_are_captured_with_the_tree_mask(env, draft_dir, mo
 def test_other_graph_captures_are_unchanged(env, draft_dir, monkeypatch, case):
     from sglang_overlay.adapter import hooks
 
-    monkeypatch.delenv(hooks.EAGER_ENV, raising=False)
+    monkeypatch.delenv(knobs.EAGER_TREE_VERIFY.name, raising=False)
     algo = "DFLASH" if case == "DFLASH server" else "DDTREE"
     runner = _graph_runner(draft_dir, algo, is_draft_worker=(case == "draft runner"))
     if case == "eager env":
-        monkeypatch.setenv(hooks.EAGER_ENV, "1")
+        monkeypatch.setenv(knobs.EAGER_TREE_VERIFY.name, "1")
     dummy = types.SimpleNamespace() if case == "no custom_mask field" else types.SimpleNamespace(custom_mask=None)
     out = hooks.after_get_spec_info(dummy, runner, 64)
     assert getattr(out, "custom_mask", None) is None

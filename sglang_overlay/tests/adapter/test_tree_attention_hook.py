@@ -12,6 +12,7 @@ import types
 
 import pytest
 
+from sglang_overlay import knobs
 from sglang_overlay.adapter import hooks
 from sglang_overlay.kernels import tree_attention as ta
 
@@ -30,11 +31,11 @@ class FlashInferAttnBackend(TritonAttnBackend):
 
 
 def test_on_by_default_and_off_with_the_switch(monkeypatch):
-    monkeypatch.setenv(hooks.TREE_ATTENTION_ENV, "0")
+    monkeypatch.setenv(knobs.TREE_ATTENTION.name, "0")
     backend = TritonAttnBackend()
     assert hooks.install_tree_attention(backend) == 0
     assert not getattr(backend.extend_attention_fwd, ta.WRAPPED, False)
-    monkeypatch.delenv(hooks.TREE_ATTENTION_ENV, raising=False)
+    monkeypatch.delenv(knobs.TREE_ATTENTION.name, raising=False)
     assert hooks.install_tree_attention(backend, None) == 1
     assert getattr(backend.extend_attention_fwd, ta.WRAPPED, False)
     assert hooks.install_tree_attention(backend) == 0  # never wrapped twice
@@ -42,7 +43,7 @@ def test_on_by_default_and_off_with_the_switch(monkeypatch):
 
 
 def test_other_backends_are_left_alone(monkeypatch):
-    monkeypatch.delenv(hooks.TREE_ATTENTION_ENV, raising=False)
+    monkeypatch.delenv(knobs.TREE_ATTENTION.name, raising=False)
     other = FlashInferAttnBackend()
     assert hooks.install_tree_attention(other) == 0
     assert not getattr(other.extend_attention_fwd, ta.WRAPPED, False)
@@ -51,8 +52,8 @@ def test_other_backends_are_left_alone(monkeypatch):
 @requires_sglang
 @pytest.mark.usefixtures("plugin_in_process")
 def test_the_target_is_wrapped_before_its_verify_graphs_are_captured(env, draft_dir, monkeypatch):  # noqa: F811
-    monkeypatch.delenv(hooks.TREE_ATTENTION_ENV, raising=False)
-    monkeypatch.delenv(hooks.EAGER_ENV, raising=False)
+    monkeypatch.delenv(knobs.TREE_ATTENTION.name, raising=False)
+    monkeypatch.delenv(knobs.EAGER_TREE_VERIFY.name, raising=False)
     runner = _graph_runner(draft_dir)
     runner.attn_backend = TritonAttnBackend()
     runner.model_runner.attn_backend = TritonAttnBackend()

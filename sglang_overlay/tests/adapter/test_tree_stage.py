@@ -11,8 +11,9 @@ from types import SimpleNamespace
 
 import torch
 
+from sglang_overlay import knobs
 from sglang_overlay.adapter.settings import ResolvedDDTree
-from sglang_overlay.adapter.tree_stage import IN_PLACE_MASK_ENV, GraphedTreeStage, backend_mask_buffer
+from sglang_overlay.adapter.tree_stage import GraphedTreeStage, backend_mask_buffer
 from sglang_overlay.adapter.tree_step import tree_stage
 from sglang_overlay.adapter.tree_verify import (
     TreeLayout,
@@ -177,7 +178,7 @@ def triton_backend(buffer, mode="FULL_MASK", is_read=True, name="TritonAttnBacke
 
 
 def test_backend_mask_buffer_only_for_a_full_layout_buffer_of_the_triton_backend(monkeypatch):
-    monkeypatch.setenv(IN_PLACE_MASK_ENV, "1")
+    monkeypatch.setenv(knobs.IN_PLACE_TREE_MASK.name, "1")
     buffer = torch.zeros(64, dtype=torch.uint8)
     assert backend_mask_buffer(triton_backend(buffer)) is buffer
     assert backend_mask_buffer(triton_backend(buffer.view(torch.bool))) is not None
@@ -196,7 +197,7 @@ def test_backend_mask_buffer_only_for_a_full_layout_buffer_of_the_triton_backend
     no_mask.verify_mask = None  # no target CUDA graphs: SGLang allocates none
     assert backend_mask_buffer(no_mask) is None
     # Off unless asked for (not yet proven on the GPU).
-    monkeypatch.delenv(IN_PLACE_MASK_ENV)
+    monkeypatch.delenv(knobs.IN_PLACE_TREE_MASK.name)
     assert backend_mask_buffer(triton_backend(buffer)) is None
 
 

@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 
+from sglang_overlay import knobs
 from sglang_overlay.core.tree import draft_topk
 from sglang_overlay.kernels import draft_topk as fk
 
@@ -178,15 +179,29 @@ def test_fused_refuses_bad_span(span):
         fk.fused_draft_topk(torch.zeros(2, 300), 4, block=64, span=span)
 
 
-def test_default_span_only_on_the_measured_shapes(monkeypatch):
-    monkeypatch.setattr(fk, "_SPAN_FROM_ENV", "")
+def test_default_span_comes_from_the_table_at_the_default_tile(monkeypatch):
+    monkeypatch.delenv(knobs.DRAFT_TOPK_SPAN.name, raising=False)
     args = dict(vocab=151936, k=8, dtype=torch.bfloat16, block=fk.DEFAULT_BLOCK, group=fk.DEFAULT_GROUP)
-    assert fk.default_span(**args) == fk.SPAN_DEFAULT == 8
+    assert fk.default_span(**args) == fk.SPAN_TABLE[(151936, 8, torch.bfloat16)] == 8
     assert fk.default_span(**{**args, "k": 15}) == 8
     for change in ({"k": 4}, {"vocab": 512}, {"dtype": torch.float16}, {"dtype": torch.float32},
                    {"block": 2048}, {"group": 8}):
         assert fk.default_span(**{**args, **change}) == 1, change
-    monkeypatch.setattr(fk, "_SPAN_FROM_ENV", "1")
+
+
+def test_the_knob_sets_the_span_for_every_shape(monkeypatch):
+    args = dict(vocab=151936, k=8, dtype=torch.bfloat16, block=fk.DEFAULT_BLOCK, group=fk.DEFAULT_GROUP)
+    monkeypatch.setenv(knobs.DRAFT_TOPK_SPAN.name, "1")
     assert fk.default_span(**args) == 1
-    monkeypatch.setattr(fk, "_SPAN_FROM_ENV", "4")
+    monkeypatch.setenv(knobs.DRAFT_TOPK_SPAN.name, "4")
     assert fk.default_span(**{**args, "vocab": 512}) == 4
+
+
+@pytest.mark.parametrize("shape", list(fk.SPAN_TABLE))
+def test_every_span_in_the_table_is_one_the_kernel_takes(shape):
+    vocab, k, dtype = shape
+    span = fk.SPAN_TABLE[shape]
+    assert span & (span - 1) == 0 and 1 <= span <= 16, shape
+    assert 1 <= k <= fk.MAX_FUSED_K and vocab > fk.DEFAULT_BLOCK and isinstance(dtype, torch.dtype)
+    # bf16 spans select on int32 keys, which hold an offset within the span in 16 bits.
+    assert dtype != torch.bfloat16 or span * fk.DEFAULT_BLOCK <= 65536, shape

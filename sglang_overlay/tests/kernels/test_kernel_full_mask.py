@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from sglang_overlay.adapter.tree_verify import full_custom_mask
+from sglang_overlay.adapter.tree_verify import full_custom_mask, write_full_mask_torch
 from sglang_overlay.kernels import full_mask as fm
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1" and fm.full_mask_available()
@@ -54,6 +54,6 @@ def test_torch_fallback_writes_the_same_mask():
     anc, prefix = ancestors(3, 8, seed=4), torch.tensor([0, 12, 3])
     want = full_custom_mask(anc, prefix)
     out = torch.zeros(want.numel() + 5, dtype=torch.uint8)
-    fm.write_full_mask_torch(out, anc, prefix)
+    write_full_mask_torch(out, anc, prefix)
     assert torch.equal(out[: want.numel()].bool(), want)
     assert torch.equal(fm.request_starts(prefix, 8), torch.tensor([0, 8 * 8, 8 * 8 + 8 * 20]))

@@ -13,6 +13,7 @@ import os
 import pytest
 import torch
 
+from sglang_overlay import knobs
 from sglang_overlay.adapter.tree_verify import full_custom_mask
 from sglang_overlay.kernels import tree_attention as ta
 
@@ -105,7 +106,7 @@ def test_a_bool_mask_and_its_bytes_read_the_same_and_the_mask_matters():
     # Planted: a causal window mask instead of the tree's gives other rows (the mask is read).
     causal = c["mask"].clone()
     start = 0
-    for b, p in enumerate([12, 7]):
+    for p in [12, 7]:
         rows = causal[start : start + 8 * (p + 8)].view(8, p + 8)
         rows[:, p:] = torch.tril(torch.ones(8, 8, dtype=torch.bool))
         start += 8 * (p + 8)
@@ -123,9 +124,9 @@ def test_launch_shape_groups_heads_of_one_kv_head():
 
 def test_config_from_env():
     assert ta.config_from_env({}) == ta.DEFAULT_CONFIG
-    assert ta.config_from_env({ta.CONFIG_ENV: "32,32,2"}) == (32, 32, 2)
+    assert ta.config_from_env({knobs.TREE_ATTENTION_CONFIG.name: "32,32,2"}) == (32, 32, 2)
     with pytest.raises(ValueError):
-        ta.config_from_env({ta.CONFIG_ENV: "32,32"})
+        ta.config_from_env({knobs.TREE_ATTENTION_CONFIG.name: "32,32"})
 
 
 def test_the_wrapper_passes_every_other_call_to_sglangs_function():

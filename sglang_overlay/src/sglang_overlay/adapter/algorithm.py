@@ -3,10 +3,10 @@
 SGLang 0.5.23 dispatches on ``SpeculativeAlgorithm`` enum members and plugin ``CustomSpecAlgo``
 instances through the same duck-typed methods (``is_*``, ``supports_*``, ``has_draft_kv``,
 ``carries_draft_hidden_states``, ``need_topk``, ``create_future_map``, ...). A plain
-``CustomSpecAlgo`` answers False to every ``is_*`` and lacks several of the others, which is what
-broke earlier hand-made DDTree builds (no target hidden-state capture, ``AttributeError`` in the
-scheduler). DDTREE is DFlash with a different verify, so this class answers every such method
-exactly as ``SpeculativeAlgorithm.DFLASH`` does. The methods are found by introspecting the enum
+``CustomSpecAlgo`` answers False to every ``is_*`` and lacks several of the others: the target's
+hidden states would not be captured and the scheduler would raise ``AttributeError``. DDTREE is
+DFlash with a different verify, so this class answers every such method exactly as
+``SpeculativeAlgorithm.DFLASH`` does. The methods are found by introspecting the enum
 (not listed by hand), so a method SGLang adds is delegated too.
 
 Only two methods differ from DFLASH's:
@@ -83,6 +83,24 @@ def _worker_factory(server_args):
     from .worker import DDTreeWorker  # GPU-side imports only where a worker is made
 
     return DDTreeWorker
+
+
+def around_create_worker(original, self, server_args, *args, **kwargs):
+    """DFLASH + DDTree settings on the record -> the DDTree worker; anything else unchanged."""
+    from .resolution import resolved_settings
+
+    if self is SpeculativeAlgorithm.DFLASH and resolved_settings(server_args) is not None:
+        return _worker_factory(server_args)
+    return original(self, server_args, *args, **kwargs)
+
+
+def register_worker_selection() -> None:
+    """Hook ``SpeculativeAlgorithm.create_worker`` (AROUND) with ``around_create_worker``, in every process."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from .hooks import TARGET_CREATE_WORKER
+
+    HookRegistry.register(TARGET_CREATE_WORKER, around_create_worker, HookType.AROUND)
 
 
 def register_ddtree_algorithm() -> bool:

@@ -8,13 +8,16 @@ DDTree tree-verify input); any other server, built-in algorithms included, runs 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
+
+from .. import knobs
 
 logger = logging.getLogger(__name__)
 
 TARGET_ADD_CLI_ARGS = "sglang.srt.server_args.ServerArgs.add_cli_args"
 TARGET_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
+# Registered by algorithm.register_worker_selection (it returns the DDTree worker, which imports this
+# module: the worker selection lives beside the other worker factory so no import circle forms).
 TARGET_CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
 # Registered lazily by the worker (importing the graph runner pulls in the GPU stack, which
 # tokenizer/detokenizer processes should not pay for).
@@ -36,32 +39,29 @@ TARGET_GRAPH_SPEC_INFO = (
 TREE_VERIFY_MARKER = "ddtree_tree_verify"
 # Set on a decode graph runner whose TARGET_VERIFY graphs read the tree mask (see after_get_spec_info).
 TREE_MASK_CAPTURED = "ddtree_tree_mask_captured"
-# DDTREE_EAGER_TREE_VERIFY=1 in a server's environment: capture DFLASH's causal verify graphs as
-# before and run the tree verify eagerly (the guard refuses every replay). For A/B measurements.
-EAGER_ENV = "DDTREE_EAGER_TREE_VERIFY"
 
 
 def eager_tree_verify() -> bool:
-    return os.environ.get(EAGER_ENV, "") == "1"
+    """``knobs.EAGER_TREE_VERIFY``: capture DFLASH's causal verify graphs as they are and run the tree
+    verify eagerly (the guard refuses every replay). For A/B measurements."""
+    return knobs.EAGER_TREE_VERIFY.get()
 
 
-# The target's tree verify attention runs the overlay's grouped kernel (kernels.tree_attention) instead
-# of SGLang's Triton extend kernel with the FULL mask; DDTREE_TREE_ATTENTION=0 keeps SGLang's kernel
-# (default on since run 8 on the H200, docs/evidence/gpu-sglang/README.md).
-TREE_ATTENTION_ENV = "DDTREE_TREE_ATTENTION"
 #: Attention backends whose ``extend_attention_fwd`` attribute the tree verify calls with SGLang's
 #: FULL mask (``forward_extend`` -> ``_forward_extend_kernel``): the ones the wrapper may replace.
 TREE_ATTENTION_BACKENDS = ("TritonAttnBackend",)
 
 
 def tree_attention_wanted() -> bool:
-    return os.environ.get(TREE_ATTENTION_ENV, "") != "0"
+    """``knobs.TREE_ATTENTION``: the target's tree verify attention runs the overlay's grouped kernel
+    (``kernels.tree_attention``) instead of SGLang's Triton extend kernel with the FULL mask."""
+    return knobs.TREE_ATTENTION.get()
 
 
 def install_tree_attention(*backends: Any) -> int:
     """Route the tree verify attention of these target backends to ``kernels.tree_attention``.
 
-    Not with ``DDTREE_TREE_ATTENTION=0``; only on SGLang's Triton backend, whose ``forward_extend``
+    Not with ``knobs.TREE_ATTENTION`` off; only on SGLang's Triton backend, whose ``forward_extend``
     calls its ``extend_attention_fwd`` attribute (set per instance in its ``__init__``); the wrapper
     (``tree_attention.extend_fn``) passes every call without a custom mask (prefill, and any other
     mode) to SGLang's function unchanged, and is never applied twice. Must run before the target
@@ -85,21 +85,8 @@ def install_tree_attention(*backends: Any) -> int:
         wrapped += 1
     if wrapped:
         logger.info("DDTREE tree verify attention: the grouped kernel on %d backend(s) (%s=0: SGLang's)",
-                    wrapped, TREE_ATTENTION_ENV)
+                    wrapped, knobs.TREE_ATTENTION.name)
     return wrapped
-
-
-def around_create_worker(original, self, server_args, *args, **kwargs):
-    """DFLASH + DDTree settings on the record -> the DDTree worker; anything else unchanged."""
-    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-    from .resolution import resolved_settings
-
-    if self is SpeculativeAlgorithm.DFLASH and resolved_settings(server_args) is not None:
-        from .worker import DDTreeWorker
-
-        return DDTreeWorker
-    return original(self, server_args, *args, **kwargs)
 
 
 def after_get_spec_info(result, self, *args, **kwargs):
@@ -161,14 +148,13 @@ def cuda_build() -> bool:
 
 
 def register_startup_hooks() -> None:
-    """Hooks needed in every process, from the first flag parse on."""
+    """Hooks needed in every process, from the first flag parse on (and ``algorithm.register_worker_selection``)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .flags import after_add_cli_args, around_from_cli_args
 
     HookRegistry.register(TARGET_ADD_CLI_ARGS, after_add_cli_args, HookType.AFTER)
     HookRegistry.register(TARGET_FROM_CLI_ARGS, around_from_cli_args, HookType.AROUND)
-    HookRegistry.register(TARGET_CREATE_WORKER, around_create_worker, HookType.AROUND)
     if cuda_build():
         HookRegistry.register(TARGET_GRAPH_SPEC_INFO, after_get_spec_info, HookType.AFTER)
 

@@ -36,12 +36,13 @@ def load_plugin() -> None:
         logger.error("Failed to load plugin ddtree: %s", problem)
         return
     try:
-        from .algorithm import register_ddtree_algorithm
+        from .algorithm import register_ddtree_algorithm, register_worker_selection
         from .hooks import register_startup_hooks
         from .resolution import register_resolution_hooks
 
         register_ddtree_algorithm()
         register_startup_hooks()
+        register_worker_selection()
         register_resolution_hooks()
     except Exception:
         logger.exception("Failed to load plugin ddtree: could not register DDTREE with SGLang")

@@ -6,8 +6,8 @@ top-k, the tree kernel, the padding to the verify window, SGLang's verify links,
 the ancestor masks, the scatter positions of the FULL mask's tree blocks and, where the target's
 attention backend has a verify-mask buffer that reads SGLang's FULL layout (``backend_mask_buffer``),
 the whole FULL mask written into that buffer (``tree_step.tree_stage`` -> ``tree_verify.TreeLayout``).
-Run eagerly that is about 60 kernel launches and their Python every step (1.7 ms of host time per
-step on the H200, against 0.06 ms replayed); on a small model the step is bound by that host work.
+Run eagerly that is about 60 kernel launches and their Python every step, and on a small model the
+step is bound by that host work (docs/decisions.md, "The tree stage in CUDA graphs").
 Without such a buffer the FULL mask (``prefix + W`` columns per row) is built after the stage: an
 allocation, a fill and a scatter, then the backend's copy into its buffer.
 
@@ -26,32 +26,25 @@ from __future__ import annotations
 import bisect
 import contextlib
 import logging
-import os
 from dataclasses import fields, replace
 from typing import Callable, ContextManager, Optional, Sequence
 
 import torch
 
+from .. import knobs
 from ..core.tree import DDTreeBatch
 from .tree_verify import TreeLayout
 
 logger = logging.getLogger(__name__)
 
-#: ``DDTREE_EAGER_TREE_STAGE=1`` in a server's environment: run the tree stage eagerly every step
-#: (as releases before it did). For A/B measurements, not for operators.
-EAGER_STAGE_ENV = "DDTREE_EAGER_TREE_STAGE"
-
 StageFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], TreeLayout]
 
 
 def eager_tree_stage() -> bool:
-    return os.environ.get(EAGER_STAGE_ENV, "") == "1"
+    """``knobs.EAGER_TREE_STAGE``: run the tree stage eagerly every step. For A/B measurements."""
+    return knobs.EAGER_TREE_STAGE.get()
 
 
-#: ``DDTREE_IN_PLACE_TREE_MASK=1``: write the FULL mask into the backend's verify-mask buffer instead of
-#: building it in a fresh tensor every step. Opt-in: run 4 on the H200 (docs/evidence/gpu-sglang/README.md)
-#: found it bit-for-bit equal and greedy-lossless but no faster at the server, so the default path stays.
-IN_PLACE_MASK_ENV = "DDTREE_IN_PLACE_TREE_MASK"
 #: Attention backends whose verify-mask buffer is known to hold SGLang's unpacked FULL layout, read
 #: by the target verify both eagerly (``spec_info.custom_mask``) and from graphs (the buffer). Others
 #: (FlashInfer packs bits; hybrid wrappers pick a backend per mode) keep the allocated mask.
@@ -61,12 +54,12 @@ FULL_LAYOUT_BACKENDS = ("TritonAttnBackend",)
 def backend_mask_buffer(attn_backend) -> Optional[torch.Tensor]:
     """The target attention backend's verify-mask buffer, where the tree stage may write the FULL mask.
 
-    None unless: ``DDTREE_IN_PLACE_TREE_MASK`` is 1, the backend is one of
+    None unless: ``knobs.IN_PLACE_TREE_MASK`` is on (opt-in, docs/decisions.md), the backend is one of
     ``FULL_LAYOUT_BACKENDS``, it has a ``verify_mask`` (SGLang's ``VerifyMask``: allocated with the
     target's CUDA graphs) in FULL_MASK mode that the verify reads, and its buffer is a flat contiguous
     bool/uint8 tensor. SGLang's own EAGLE tree build writes this buffer in place the same way.
     """
-    if os.environ.get(IN_PLACE_MASK_ENV, "") != "1":
+    if not knobs.IN_PLACE_TREE_MASK.get():
         return None
     if type(attn_backend).__name__ not in FULL_LAYOUT_BACKENDS:
         return None

@@ -30,7 +30,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 
-from ..kernels.full_mask import full_mask_available, write_full_mask, write_full_mask_torch
+from ..kernels.full_mask import full_mask_available, write_full_mask
 from .settings import ResolvedDDTree
 from .tree_verify import (
     AcceptedStep,
@@ -39,6 +39,7 @@ from .tree_verify import (
     accepted_step,
     tree_layout,
     verify_tensors_from_layout,
+    write_full_mask_torch,
 )
 
 

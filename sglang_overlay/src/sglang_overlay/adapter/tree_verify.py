@@ -137,9 +137,9 @@ def vocab_parallel_head_topk(
     ``vocab_start``. At ``world_size`` 1 the shard is the whole vocabulary: ``dense_head_topk`` (the
     fused top-k on CUDA, one pass over the logits). SGLang's head has ``shard_indices`` at TP 1 too, so
     this is the path of every TP-1 server; the partial-and-merge path below costs a ``torch.topk``
-    and a separate logsumexp over the vocabulary (0.85 ms of a 12 ms step at 16 requests on an 8B
-    target, H200 profile run 5). Above 1: each rank's partial (top-k logits, ids, logsumexp), all
-    gathered (``all_gather`` stacks a ``[1, ...]`` tensor of every rank along dim 0) and merged.
+    and a separate logsumexp over the vocabulary (docs/decisions.md, "The fused draft top-k").
+    Above 1: each rank's partial (top-k logits, ids, logsumexp), all gathered (``all_gather`` stacks
+    a ``[1, ...]`` tensor of every rank along dim 0) and merged.
     """
     if int(world_size) == 1 and int(vocab_start) == 0:
         return dense_head_topk(hidden, weight, k, vocab_size=int(num_org))
@@ -295,6 +295,14 @@ def full_custom_mask(
     return out
 
 
+def write_full_mask_torch(out: torch.Tensor, ancestors: torch.Tensor, prefix_lens: torch.Tensor) -> None:
+    """``kernels.full_mask.write_full_mask`` with torch ops (CPU without triton): the same entries,
+    one host sync for the size; entries past ``out`` are dropped."""
+    mask = full_custom_mask(ancestors, prefix_lens)
+    n = min(int(mask.numel()), int(out.numel()))
+    out[:n] = mask[:n].to(out.dtype)
+
+
 def tree_layout(
     log_probs: torch.Tensor,
     token_ids: torch.Tensor,
@@ -387,8 +395,8 @@ def build_tree_verify_tensors(
         prefix_lens_cpu: ``prefix_lens`` on the host when known (avoids a device sync).
         builder: the tree builder, ``build_tree_batched``'s signature and output (default:
             ``sglang_overlay.kernels.build_tree``: the Triton kernel on CUDA tensors, the core's torch
-            builder elsewhere; both give the identical tree). The plug point for a faster builder (e.g. a GPU kernel) that
-            must produce the identical ``DDTreeBatch``.
+            builder elsewhere; both give the identical tree). The plug point for a faster builder (e.g.
+            a GPU kernel) that must produce the identical ``DDTreeBatch``.
     """
     layout = tree_layout(log_probs, token_ids, root_tokens, prefix_lens, budget, top_k, window, builder)
     return verify_tensors_from_layout(layout, prefix_lens, prefix_lens_cpu)

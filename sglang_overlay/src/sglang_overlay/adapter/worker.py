@@ -1,10 +1,13 @@
 """The DDTree worker: SGLang 0.5.23's DFlash worker, drafting a tree instead of a chain.
 
-NOT RUN HERE: importing this module needs SGLang's GPU stack (it subclasses ``DFlashWorkerV2``),
-and a real SGLang GPU server could not be started where this was written. What runs without one
-is tested: the step's control flow (``tree_step.run_tree_step``) with toy models, the tensor glue
-(``tree_verify``) against SGLang's own Triton verify kernel, the worker selection hook and the
-CUDA-graph guard. See docs/adapter.md.
+Importing this module needs SGLang's GPU stack (it subclasses ``DFlashWorkerV2``), so the CPU test
+suite does not import it. On a CPU the suite tests what runs without that stack: the step's control
+flow (``tree_step.run_tree_step``) with toy models, the tensor glue (``tree_verify``) against SGLang's
+own Triton verify kernel, the worker selection hook, the CUDA-graph guard, and, from the installed
+sources, that every SGLang name and keyword this module uses exists (``tests/adapter/
+test_worker_static.py``). The worker itself runs in real SGLang servers on a GPU host
+(``tests/gpu_sglang/``: greedy equality with DFLASH, sampled acceptance, performance). See
+docs/adapter.md.
 
 What is DFlash's and what is new:
 
@@ -32,12 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
@@ -69,8 +70,9 @@ from sglang.srt.speculative.spec_utils import (
     prepare_mamba_track_for_verify,
 )
 
+from .. import knobs
 from ..kernels.kv_move import kv_move_available, move_path_kv
-from .diagnostics import SyncWatch
+from .diagnostics import StepTimer, SyncWatch
 from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard, install_tree_attention
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree, format_budget
@@ -86,27 +88,16 @@ from .tree_verify import (
 
 logger = logging.getLogger(__name__)
 
-#: The commit moves each accepted path's KV with ``kernels.kv_move`` (one program per request, none
-#: when the path is in place already) instead of SGLang's move, which copies all ``bs * W`` entries in
-#: every layer; ``DDTREE_PATH_KV_MOVE=0`` keeps SGLang's move (docs/evidence/gpu-sglang/README.md,
-#: runs 5 and 6: lossless and faster on the H200 with the real server).
-PATH_KV_MOVE_ENV = "DDTREE_PATH_KV_MOVE"
-
-#: ``DDTREE_EXACT_MASK_SIZE=1``: size each step's FULL mask exactly from the device lengths, one host
-#: sync a step (the behaviour before run 6; for measuring and debugging). By default, without host
-#: lengths, the size is ``tree_verify.full_mask_size_bound`` of SGLang's reserved lengths: no sync.
-EXACT_MASK_SIZE_ENV = "DDTREE_EXACT_MASK_SIZE"
-
 
 def mask_size_bound(batch: ScheduleBatch, window: int, context_len: int) -> Optional[int]:
     """The step's FULL-mask size bound from host data (``full_mask_size_bound``), or None.
 
     None where the exact host lengths are known (``batch.seq_lens_cpu``), where SGLang reserved
     nothing on the host (no ``nxt_kv_lens_cpu``: the exact size then costs a sync), or with
-    ``DDTREE_EXACT_MASK_SIZE=1``.
+    ``knobs.EXACT_MASK_SIZE`` on (one sync a step, for measuring and debugging).
     """
     reserved = getattr(batch.spec_info, "nxt_kv_lens_cpu", None)
-    if batch.seq_lens_cpu is not None or reserved is None or os.environ.get(EXACT_MASK_SIZE_ENV, "") == "1":
+    if batch.seq_lens_cpu is not None or reserved is None or knobs.EXACT_MASK_SIZE.get():
         return None
     return full_mask_size_bound(reserved[: len(batch.seq_lens)], window, context_len)
 
@@ -114,11 +105,14 @@ def mask_size_bound(batch: ScheduleBatch, window: int, context_len: int) -> Opti
 def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
     """The KV pool ``kernels.kv_move`` may move the accepted path in, or None (SGLang's move then).
 
+    The kernel moves each accepted path's KV (one program per request, nothing when the path is in
+    place already); SGLang's move copies all ``bs * W`` entries in every layer.
+
     Only ``MHATokenToKVPool`` itself (no subclass: FP4/MXFP8/paged/unified pools move differently), on
-    CUDA, with its Triton copy configured, token-major, without scale buffers; and only with
-    not with ``DDTREE_PATH_KV_MOVE=0`` (``PATH_KV_MOVE_ENV``).
+    CUDA, with its Triton copy configured, token-major, without scale buffers; and not with
+    ``knobs.PATH_KV_MOVE`` off.
     """
-    if os.environ.get(PATH_KV_MOVE_ENV, "") == "0" or not kv_move_available():
+    if not knobs.PATH_KV_MOVE.get() or not kv_move_available():
         return None
     pool = allocator.get_kvcache()
     plain = (
@@ -260,7 +254,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 "branch a recurrent state (--speculative-ddtree-allow-hybrid-unsafe overrides)"
             )
         install_graph_guard()
-        # The grouped tree-verify attention kernel (hooks.install_tree_attention; DDTREE_TREE_ATTENTION=0:
+        # The grouped tree-verify attention kernel (hooks.install_tree_attention; knobs.TREE_ATTENTION off:
         # SGLang's); also applied before the target's verify graphs are captured, in after_get_spec_info.
         install_tree_attention(getattr(self.target_worker.model_runner, "attn_backend", None))
         self._graph_use_logged: set = set()  # the windows whose first step was logged
@@ -268,7 +262,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._tree_mask_buffers: dict[int, Optional[torch.Tensor]] = {}
         # Built at the first decode step: the target's KV pools and graphs do not exist yet here.
         self._window_states: Optional[dict[int, _WindowState]] = None
-        self._step_timer = StepTimer.from_env()
+        self._step_timer = StepTimer.from_env(log=get_parallel().tp_rank == 0)
         self._sync_watch = SyncWatch.from_env(log=get_parallel().tp_rank == 0)
         self._path_kv_pool = None  # path_kv_pool's answer (False: SGLang's move), at the first commit
         self._context_len = int(self.target_worker.model_runner.model_config.context_len)
@@ -463,8 +457,9 @@ class DDTreeWorker(DFlashWorkerV2):
         """Steps 2-3 of the tree step, replayed from CUDA graphs where the target has decode graphs.
 
         One per verify window, built at its first decode step, for the batch sizes its target graphs
-        serve (``_window_batch_sizes``; batches are padded up to them, larger ones run eagerly). Eager with ``DDTREE_EAGER_TREE_STAGE=1`` and without target graphs. At
-        TP > 1 the capture runs inside SGLang's ``graph_capture`` (``_stage_capture_context``).
+        serve (``_window_batch_sizes``; batches are padded up to them, larger ones run eagerly).
+        Eager with ``knobs.EAGER_TREE_STAGE`` and without target graphs. At TP > 1 the capture runs
+        inside SGLang's ``graph_capture`` (``_stage_capture_context``).
 
         Where the target's attention backend has a FULL-layout verify-mask buffer
         (``tree_stage.backend_mask_buffer``), the stage writes the step's FULL mask into it, graphed
@@ -750,95 +745,3 @@ class DDTreeWorker(DFlashWorkerV2):
             positions=step.path_positions[:, :cols].reshape(-1),
             commit_lens=step.accept_lens,
         )
-
-
-class StepTimer:
-    """Host time of the tree step's parts (``DDTREE_STEP_TIMING=N``: log means every N steps).
-
-    A diagnostic for performance work: wall-clock seconds on the host between the parts' entry and
-    exit, no device synchronisation, so a part that waits for the GPU shows up as a long one.
-    """
-
-    ENV = "DDTREE_STEP_TIMING"
-    PARTS = ("draft_hidden", "stage", "mask+verify", "accept", "post", "commit")
-
-    def __init__(self, every: int):
-        self.every = every
-        self.sums = {p: 0.0 for p in self.PARTS + ("step",)}
-        self.steps = 0
-        self.rows = 0
-        self._t0 = None
-        self._last = None
-
-    @classmethod
-    def from_env(cls) -> Optional["StepTimer"]:
-        import os
-
-        raw = os.environ.get(cls.ENV, "")
-        return cls(int(raw)) if raw.isdigit() and int(raw) > 0 else None
-
-    def _mark(self, part: str) -> None:
-        import time
-
-        now = time.perf_counter()
-        if self._t0 is None:
-            self._t0 = now
-        elif part:
-            self.sums[part] += now - self._last
-        self._last = now
-
-    def wrap(self, ports):
-        timer = self
-
-        class _Timed:
-            def draft_hidden(self, *a):
-                timer._t0 = None
-                timer._mark("")
-                out = ports.draft_hidden(*a)
-                timer._mark("draft_hidden")
-                return out
-
-            def head_topk(self, *a):
-                return ports.head_topk(*a)
-
-            def verify(self, *a):
-                out = ports.verify(*a)
-                timer._mark("mask+verify")
-                return out
-
-            def accept(self, *a):
-                out = ports.accept(*a)
-                timer._mark("accept")
-                return out
-
-            def commit(self, *a):
-                timer._mark("post")
-                out = ports.commit(*a)
-                timer._mark("commit")
-                return out
-
-        return _Timed()
-
-    def wrap_stage(self, stage):
-        def timed(*a):
-            out = stage(*a)
-            self._mark("stage")
-            return out
-
-        return timed
-
-    def end_step(self, bs: int) -> None:
-        import time
-
-        self.sums["step"] += time.perf_counter() - self._t0
-        self.steps += 1
-        self.rows += bs
-        if self.steps % self.every == 0 and get_parallel().tp_rank == 0:
-            logger.info(
-                "DDTREE step timing over %d steps (mean bs %.1f), host ms: %s",
-                self.steps,
-                self.rows / self.steps,
-                ", ".join("%s %.3f" % (p, 1e3 * v / self.steps) for p, v in self.sums.items()),
-            )
-            self.sums = {p: 0.0 for p in self.sums}
-            self.steps = self.rows = 0

@@ -7,7 +7,7 @@ Modules:
                 draft_topk_fast (the kernel on CUDA, core.tree.draft_topk elsewhere)
     accept_path accept_path (the accepted path of a tree verify in one launch, Triton)
     full_mask   write_full_mask (SGLang's FULL tree-verify mask written in place, one launch, Triton),
-                write_full_mask_torch, request_starts
+                request_starts (its torch counterpart is adapter.tree_verify.write_full_mask_torch)
     kv_move     move_path_kv (each request's accepted path moved to its window's front in every KV
                 buffer, nothing when it is in place, Triton), move_path_kv_torch
     tree_attention  tree_verify_attention (the target's tree-verify attention grouped by KV head, Triton),
@@ -30,7 +30,7 @@ _LAZY = {
     ),
     "draft_topk": ("MAX_FUSED_K", "fused_draft_topk", "draft_topk_fast", "fused_available"),
     "accept_path": ("accept_path", "accept_path_available"),
-    "full_mask": ("write_full_mask", "write_full_mask_torch", "request_starts", "full_mask_available"),
+    "full_mask": ("write_full_mask", "request_starts", "full_mask_available"),
     "kv_move": ("move_path_kv", "move_path_kv_torch", "kv_move_available"),
     "tree_attention": ("tree_verify_attention", "tree_verify_attention_torch", "tree_attention_available"),
     "warmup": ("warmup_kernels", "WarmupError"),

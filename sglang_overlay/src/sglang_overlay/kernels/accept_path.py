@@ -2,10 +2,10 @@
 
 After SGLang's tree acceptance (``eagle_sample``) the step turns ``predict`` / ``accept_index`` /
 ``accept_lens`` into the tokens emitted, the next root (bonus), the verify rows to commit and their
-KV positions. As torch ops that is about 25 small launches and their Python every decode step; on a
-small model, where the step is bound by host work, that was 0.4 ms of a 3.6 ms step (measured on an
-H200, ``DDTREE_STEP_TIMING``). This kernel does it in one: program ``b`` handles request ``b``'s row
-of ``W`` slots.
+KV positions. As torch ops that is about 25 small launches and their Python every decode step, which
+matters on a small model, where the step is bound by host work (docs/decisions.md, "The accepted
+path in one launch"). This kernel does it in one: program ``b`` handles request ``b``'s row of ``W``
+slots.
 
 Inputs as ``eagle_sample`` returns them: ``accept_index[b, j]`` (``j < accept_lens[b]``) are valid
 flat verify rows; the rest may be -1. Same outputs as the torch code for such inputs (the kernel

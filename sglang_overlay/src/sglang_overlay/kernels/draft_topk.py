@@ -3,9 +3,8 @@
 ``fused_draft_topk(logits, k)`` returns what ``core.tree.draft_topk(logits, k, stable=True)``
 returns -- ``[N, k]`` float32 log-probs sorted descending and their int64 token ids, equal
 log-probs ordered by the smaller token id -- without materializing ``[N, V]`` float32 copies
-(``draft_topk`` makes three: the float32 cast, ``log_softmax`` and the sort's values), which is
-what made it cost 2.7 ms (``torch.topk``) to 11.4 ms (the stable sort) for 960 rows of a
-151936-token vocabulary on an H200.
+(``draft_topk`` makes three: the float32 cast, ``log_softmax`` and the sort's values; their cost is
+in docs/decisions.md, "The fused draft top-k").
 
 Two launches, no host synchronisation (shapes only), so it can sit inside a CUDA graph:
 
@@ -23,9 +22,9 @@ Two launches, no host synchronisation (shapes only), so it can sit inside a CUDA
    ``x - M - log(...)`` (``log_softmax``'s formula) and selects the top ``k`` by the same key built
    on the log-probs.
 
-The chunk programs are bound by the k selection reductions, not by reading the logits (0.53 ms at
-960 rows x k = 8 against 0.07 ms to read them once). ``span > 1`` (``_span_topk_kernel``, the
-default on the measured shapes, see ``default_span``) replaces step 1 by one program per ``span``
+The chunk programs are bound by the k selection reductions, not by reading the logits. ``span > 1``
+(``_span_topk_kernel``; the default span of a shape comes from ``SPAN_TABLE``, see
+``default_span``) replaces step 1 by one program per ``span``
 consecutive chunks: it computes and stores each chunk's max and sum with the very same tile and
 reductions (so the same floats, and the merge the same logsumexp), but runs the two k-selection
 passes once for the span (over the span's group maxima, then the k best groups), on int32 keys for
@@ -33,8 +32,9 @@ bf16 logits (a bf16 value is exact in 16 bits: its order-preserving code high, `
 the span`` low; ``span * block <= 65536``). The merge then sees ``span`` times fewer candidates; the
 row's top k (by logit, then id) lie among them either way, so ids and log-probs are those of
 ``span=1`` bit for bit under the condition below (distinct logits with distinct float32 log-probs
-near the k-th place; otherwise the candidate sets can differ there). Interpreter tests; on the
-H200 for the measured shapes, run 10: 0.53 -> 0.20 ms at 960 x 8.
+near the k-th place; otherwise the candidate sets can differ there). The interpreter tests check it
+against ``span=1``; the table's shapes are the ones checked on a GPU (docs/decisions.md, "Draft
+top-k span").
 
 Exactness against ``draft_topk(stable=True)``: the ids and their order are the same whenever no
 two distinct logits of a row round to the same float32 log-prob near the k-th place (that takes
@@ -50,7 +50,6 @@ their bit pattern says).
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
@@ -62,9 +61,19 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
+from .. import knobs
 from ..core.tree import draft_topk
 
-__all__ = ["MAX_FUSED_K", "DEFAULT_BLOCK", "DEFAULT_GROUP", "SPAN_ENV", "SPAN_DEFAULT", "default_span", "fused_draft_topk", "draft_topk_fast", "fused_available"]
+__all__ = [
+    "MAX_FUSED_K",
+    "DEFAULT_BLOCK",
+    "DEFAULT_GROUP",
+    "SPAN_TABLE",
+    "default_span",
+    "fused_draft_topk",
+    "draft_topk_fast",
+    "fused_available",
+]
 
 #: Largest ``k`` the fused kernel takes (k reductions per chunk; beyond this a sort is cheaper).
 MAX_FUSED_K = 64
@@ -78,28 +87,28 @@ def fused_available() -> bool:
     return triton is not None
 
 
-#: Chunks per selection program (``fused_draft_topk``'s ``span``) when the caller gives none:
-#: ``DDTREE_DRAFT_TOPK_SPAN`` if set (read once, at import; 1 = one selection per chunk, as before
-#: run 10), else ``default_span``'s rule.
-SPAN_ENV = "DDTREE_DRAFT_TOPK_SPAN"
-_SPAN_FROM_ENV = os.environ.get(SPAN_ENV, "").strip()
-#: ``default_span``'s span where it is not 1.
-SPAN_DEFAULT = 8
-#: The shapes ``SPAN_DEFAULT`` was measured and checked bit-equal to ``span=1`` on (H200, run 10 of
-#: docs/evidence/gpu-sglang/README.md): bf16 logits of this vocabulary, these k, default block/group.
-SPAN_MEASURED_VOCAB = 151936
-SPAN_MEASURED_K = (8, 15)
+#: Chunks per selection program (``fused_draft_topk``'s ``span``) by (vocabulary size, k, logits
+#: dtype), at ``DEFAULT_BLOCK`` and ``DEFAULT_GROUP``: the shapes on which a span beats one selection
+#: per chunk on a GPU and gives its result bit for bit (docs/decisions.md, "Draft top-k span").
+#: Every other shape takes span 1. 151936 is Qwen3's vocabulary.
+SPAN_TABLE: dict[tuple[int, int, torch.dtype], int] = {
+    (151936, 8, torch.bfloat16): 8,
+    (151936, 15, torch.bfloat16): 8,
+}
 
 
 def default_span(vocab: int, k: int, dtype: torch.dtype, block: int, group: int) -> int:
-    """Chunks per selection program: ``SPAN_DEFAULT`` on the measured shapes, else 1."""
-    if _SPAN_FROM_ENV:
-        return int(_SPAN_FROM_ENV)
-    measured = (
-        dtype == torch.bfloat16 and int(vocab) == SPAN_MEASURED_VOCAB and int(k) in SPAN_MEASURED_K
-        and int(block) == DEFAULT_BLOCK and int(group) == DEFAULT_GROUP
-    )
-    return SPAN_DEFAULT if measured else 1
+    """Chunks per selection program when the caller gives none.
+
+    ``knobs.DRAFT_TOPK_SPAN`` when set (every shape), else ``SPAN_TABLE``'s entry for the shape at
+    the default block and group, else 1.
+    """
+    forced = knobs.DRAFT_TOPK_SPAN.get()
+    if forced is not None:
+        return int(forced)
+    if int(block) != DEFAULT_BLOCK or int(group) != DEFAULT_GROUP:
+        return 1
+    return SPAN_TABLE.get((int(vocab), int(k), dtype), 1)
 
 
 if triton is not None:

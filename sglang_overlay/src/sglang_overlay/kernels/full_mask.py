@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import torch
 
-try:  # triton is optional: without it the torch code runs (write_full_mask_torch).
+try:  # triton is optional: without it the adapter writes the mask with torch (tree_verify.write_full_mask_torch).
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
-__all__ = ["full_mask_available", "write_full_mask", "write_full_mask_torch", "request_starts"]
+__all__ = ["full_mask_available", "write_full_mask", "request_starts"]
 
 #: Columns per inner iteration of a program (one row spans ``prefix + W`` columns).
 BLOCK = 1024
@@ -81,9 +81,11 @@ def write_full_mask(out: torch.Tensor, ancestors: torch.Tensor, prefix_lens: tor
     All tensors on one device (CUDA, or CPU under ``TRITON_INTERPRET=1``).
     """
     if triton is None:
-        raise RuntimeError("write_full_mask needs triton; use write_full_mask_torch")
+        raise RuntimeError("write_full_mask needs triton; use adapter.tree_verify.write_full_mask_torch")
     if out.dtype not in (torch.bool, torch.uint8) or out.dim() != 1 or not out.is_contiguous():
-        raise ValueError(f"the mask buffer must be a flat contiguous bool/uint8 tensor, got {out.dtype} {tuple(out.shape)}")
+        raise ValueError(
+            f"the mask buffer must be a flat contiguous bool/uint8 tensor, got {out.dtype} {tuple(out.shape)}"
+        )
     bs, width, _ = (int(d) for d in ancestors.shape)
     if bs == 0:
         return
@@ -92,12 +94,3 @@ def write_full_mask(out: torch.Tensor, ancestors: torch.Tensor, prefix_lens: tor
         _bytes(ancestors.contiguous()), prefix_lens.contiguous(), starts, _bytes(out), out.numel(),
         W=width, BLOCK=BLOCK, num_warps=4,
     )
-
-
-def write_full_mask_torch(out: torch.Tensor, ancestors: torch.Tensor, prefix_lens: torch.Tensor) -> None:
-    """``write_full_mask`` with torch ops (CPU without triton): same entries, one host sync for the size."""
-    from ..adapter.tree_verify import full_custom_mask
-
-    mask = full_custom_mask(ancestors, prefix_lens)
-    n = min(int(mask.numel()), int(out.numel()))
-    out[:n] = mask[:n].to(out.dtype)

@@ -4,12 +4,12 @@ After a tree verify, node ``k`` of a request's accepted path (verify row ``accep
 have its KV at the window's slot ``k``. SGLang's move (``move_accept_tokens_to_target_kvcache`` ->
 ``MHATokenToKVPool.move_kv_cache`` -> ``copy_all_layer_kv_cache_tiled``) packs the source and target
 slots of every request into two lists of ``bs * W`` entries (zeros after the packed ones) and copies
-all of them in every layer, each program walking every entry: on an 8B target at 16 requests that
-is 0.73 ms of a 12 ms step (H200 profile, docs/evidence/gpu-sglang/README.md run 5), though only the
-nodes that are not at their slot already move - never the root, nor a path that is a prefix of the
-window. Masking those entries inside SGLang's grid still cost 0.52 ms (each program still walks
-every entry). Here one program per ``(request, layer buffer, byte tile)`` reads its request's path,
-returns at once when no node of it moves (the common case at low acceptance), and otherwise loads
+all of them in every layer, each program walking every entry, though only the nodes that are not at
+their slot already move - never the root, nor a path that is a prefix of the window; masking those
+entries inside SGLang's grid leaves each program walking every entry (docs/decisions.md, "The
+accepted path's KV moved by the overlay"). Here one program per ``(request, layer buffer, byte
+tile)`` reads its request's path, returns at once when no node of it moves (the common case at low
+acceptance), and otherwise loads
 every moving row of its tile before it stores any: a path whose node ``k`` comes from slot ``j``
 that node ``j`` overwrites stays correct. Requests own disjoint slots, so programs never overlap.
 

@@ -1,24 +1,19 @@
 """The target's tree-verify attention, grouped by KV head (Triton), for SGLang's Triton backend.
 
-Why (docs/evidence/gpu-sglang/README.md, run 8): SGLang 0.5.23's Triton extend kernel
-(``extend_attention._fwd_kernel``) runs a verify of ``W`` query rows per request with the prefill
-tile ``BLOCK_M = 128`` rows, 8 warps on Hopper (head dim 128): one program per (request, query
-head), ``W = 16`` of its 128 rows real, and every program of a KV head's ``G`` query heads reads
-the same prefix K/V again. The kernel sits at the 255-register limit and spills (352 bytes of
-stack per thread causal); with a custom mask the extend tile also loads the ``[128, 64]`` mask
-tile, reduces it for its skip test and branches on it: 944 bytes of stack (ptxas, sm_90), the
-tree verify's ``_fwd_kernel`` 2.06 ms against DFLASH's causal 1.38 ms a step at 16 requests.
+Why: SGLang 0.5.23's Triton extend kernel (``extend_attention._fwd_kernel``) runs a verify of ``W``
+query rows per request with the prefill tile ``BLOCK_M = 128`` rows, 8 warps on Hopper (head dim
+128): one program per (request, query head), ``W = 16`` of its 128 rows real, and every program of
+a KV head's ``G`` query heads reads the same prefix K/V again. The kernel sits at the 255-register
+limit and spills; with a custom mask the extend tile also loads the ``[128, 64]`` mask tile,
+reduces it for its skip test and branches on it, and spills more (docs/decisions.md, "The tree
+verify's attention in its own kernel", has the numbers).
 
 This kernel computes the same attention (prefix columns all visible, the window's columns where
 the FULL mask says so) with one program per (request, group of ``HEADS`` query heads of one KV
 head): its tile holds ``HEADS x W`` rows (``4 x 16 = 64`` for Qwen3-8B), so each prefix K/V tile
 is loaded once per KV head, no row is padding, and the softmax is SGLang's (the same online
 update, tile order and scales), so the result can differ from SGLang's kernel only by the rounding
-of the ``tl.dot`` tiles (none at the default tile on the H200: equal bit for bit at 1, 16 and 64
-requests). Measured there (one layer, Qwen3-8B shape, window 16, CUDA-graph replay): 10.1 / 11.9 /
-52.8 us at 1 / 16 / 64 requests against SGLang's 16.4 / 68.6 / 261.8 us with the tree mask and
-12.3 / 50.0 / 190.4 us causal (DFLASH's verify); in the server the tree verify's attention went
-from 2.06 to 0.41 ms a step at 16 requests.
+of the ``tl.dot`` tiles (``benchmarks/tree_attention.py`` compares the two bit for bit on a GPU).
 
 ``extend_fn(original)`` wraps SGLang's ``extend_attention_fwd`` (the backend's
 ``extend_attention_fwd`` attribute): calls this kernel can serve (a custom mask in SGLang's FULL
@@ -29,7 +24,7 @@ or fp8 cache, ``W <= MAX_WINDOW``) run here; every other call runs the original 
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import torch
 
@@ -40,8 +35,9 @@ except ImportError:  # pragma: no cover - exercised only where triton is missing
     triton = None
     tl = None
 
+from .. import knobs
+
 __all__ = [
-    "ENV",
     "MAX_WINDOW",
     "TreeAttentionConfig",
     "config_from_env",
@@ -51,14 +47,9 @@ __all__ = [
     "tree_verify_attention_torch",
 ]
 
-#: ``DDTREE_TREE_ATTENTION``: ``0`` keeps SGLang's kernel for the target's tree verify attention
-#: (the adapter routes it here by default: ``adapter.hooks.install_tree_attention``).
-ENV = "DDTREE_TREE_ATTENTION"
-#: ``DDTREE_TREE_ATTENTION_CONFIG=ROWS,BLOCK_N,WARPS``: the tile (rows per program at most, K/V
-#: columns per tile, warps). For measurements; the default is ``DEFAULT_CONFIG``, which on the H200
-#: was the fastest of seven at 1 and 16 requests and gave SGLang's masked output bit for bit
-#: (``benchmarks/tree_attention.py``, docs/evidence/gpu-sglang/README.md run 8).
-CONFIG_ENV = "DDTREE_TREE_ATTENTION_CONFIG"
+# Switched by ``knobs.TREE_ATTENTION`` (read by ``adapter.hooks.install_tree_attention``); the tile by
+# ``knobs.TREE_ATTENTION_CONFIG`` (``config_from_env``), default ``DEFAULT_CONFIG``.
+
 #: Longest verify window served (query rows per request); longer ones run SGLang's kernel.
 MAX_WINDOW = 64
 
@@ -76,6 +67,8 @@ class TreeAttentionConfig(tuple):
     num_warps = property(lambda self: self[2])
 
 
+#: The tile when ``knobs.TREE_ATTENTION_CONFIG`` is unset: the fastest of the tiles
+#: ``benchmarks/tree_attention.py`` compares, and equal to SGLang's masked output bit for bit.
 DEFAULT_CONFIG = TreeAttentionConfig(64, 64, 8)
 
 
@@ -83,13 +76,15 @@ def tree_attention_available() -> bool:
     return triton is not None
 
 
-def config_from_env(environ=os.environ) -> TreeAttentionConfig:
-    raw = environ.get(CONFIG_ENV, "").strip()
+def config_from_env(environ: Optional[Mapping[str, str]] = None) -> TreeAttentionConfig:
+    """The tile from ``knobs.TREE_ATTENTION_CONFIG`` (``ROWS,BLOCK_N,WARPS``), else ``DEFAULT_CONFIG``."""
+    knob = knobs.TREE_ATTENTION_CONFIG
+    raw = knob.get(environ)
     if not raw:
         return DEFAULT_CONFIG
     parts = [int(p) for p in raw.split(",")]
     if len(parts) != 3 or any(p < 1 for p in parts):
-        raise ValueError(f"{CONFIG_ENV} must be ROWS,BLOCK_N,WARPS (positive integers), got {raw!r}")
+        raise ValueError(f"{knob.name} must be ROWS,BLOCK_N,WARPS (positive integers), got {raw!r}")
     return TreeAttentionConfig(*parts)
 
 
@@ -120,7 +115,7 @@ if triton is not None:
         Q,  # [tokens, q_heads, Lq]
         K_Ext,  # [tokens, kv_heads, Lq]: the window's own K (also written to the cache)
         V_Ext,
-        O,  # [tokens, q_heads, Lv]
+        O,  # noqa: E741 - SGLang's extend kernel's name. [tokens, q_heads, Lv]
         K_Buf,  # the layer's KV cache
         V_Buf,
         qo_indptr,  # [bs + 1]

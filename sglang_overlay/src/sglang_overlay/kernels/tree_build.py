@@ -119,7 +119,7 @@ class KernelConfig(tuple):
 
 
 def default_num_warps(block: int) -> int:
-    """Warps per program for a frontier of ``block`` entries (measured on an H200, docs/kernels.md)."""
+    """Warps per program for a frontier of ``block`` entries (the fastest per size, docs/kernels.md)."""
     if block <= 128:
         return 1
     if block <= 256:
