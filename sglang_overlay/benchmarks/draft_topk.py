@@ -28,6 +28,9 @@ import sys
 
 import torch
 
+#: What each span's result is checked for against ``span=1`` (all must hold for the best span).
+SPAN_CHECKS = ("ids_equal_span1", "lp_bitwise_equal_span1", "graph_replay_equal")
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -59,7 +62,9 @@ def main(argv=None) -> int:
     print()
     head = "| rows | k | stable sort ms | torch.topk ms | " + " | ".join(
         f"fused b{b} ms" for b in blocks) + "".join(f" | fused g{g} ms" for g in groups) + "".join(
-        f" | span{p} ms" for p in spans) + " | best span | best/span1 | best span ids+lp == span1 | fused/stable | fused/topk | read-once ms | ids equal | max lp diff |"
+        f" | span{p} ms" for p in spans) + (
+        " | best span | best/span1 | best span ids+lp == span1 | fused/stable | fused/topk | read-once ms"
+        " | ids equal | max lp diff |")
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -93,7 +98,9 @@ def main(argv=None) -> int:
                     "lp_bitwise_equal_span1": bool(torch.equal(p_lp.view(torch.int32), got_lp.view(torch.int32))),
                     "ids_equal_stable": bool(torch.equal(p_ids, want_ids)),
                     "max_lp_diff_stable": float((p_lp - want_lp).abs().max()),
-                    "graph_replay_equal": bool(torch.equal(g_ids, p_ids) and torch.equal(g_lp.view(torch.int32), p_lp.view(torch.int32))),
+                    "graph_replay_equal": bool(
+                        torch.equal(g_ids, p_ids) and torch.equal(g_lp.view(torch.int32), p_lp.view(torch.int32))
+                    ),
                 }
             best_span = min(t_span, key=t_span.get) if t_span else 1
             ids_equal = bool(torch.equal(got_ids, want_ids))
@@ -119,7 +126,7 @@ def main(argv=None) -> int:
                   + "".join(f" | {t_group[g]:.3f}" for g in groups)
                   + "".join(f" | {t_span[p]:.3f}" for p in spans)
                   + (f" | {best_span} | {t_span[best_span] / best:.3f} | "
-                     f"{all(span_check[best_span][c] for c in ('ids_equal_span1', 'lp_bitwise_equal_span1', 'graph_replay_equal'))}"
+                     f"{all(span_check[best_span][c] for c in SPAN_CHECKS)}"
                      if t_span else " | 1 | 1.000 | True")
                   + f" | {best / t_stable:.3f} | {best / t_topk:.3f} | {copy_ms:.3f} | {ids_equal} | {lp_diff:.2e} |")
     results["all_spans_bit_equal_span1"] = all(

@@ -68,7 +68,8 @@ def main(argv=None) -> int:
     results = {"device": torch.cuda.get_device_name(0), "heads": [qh, kvh, dim], "width": width,
                "prefix": [lo, hi], "timing": "do_bench_cudagraph median ms", "cases": []}
     head = "| bs | sglang causal | sglang mask | " + " | ".join(f"tree {tuple(c)}" for c in configs) + " |"
-    print(f"# tree-verify attention, {results['device']}, q/kv heads {qh}/{kvh}, dim {dim}, W {width}, prefix {lo}-{hi}")
+    print(f"# tree-verify attention, {results['device']}, q/kv heads {qh}/{kvh}, dim {dim}, W {width}, "
+          f"prefix {lo}-{hi}")
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     for bs in (int(b) for b in args.bs.split(",")):
@@ -121,7 +122,8 @@ def main(argv=None) -> int:
                     o_mask = o.clone()
                 entry["max_diff_sglang_mask"] = float((o.float() - o_mask.float()).abs().max())
             case["variants"].append(entry)
-            row.append(f"{ms * 1000:.1f} us" + (f" (d {entry.get('max_diff_sglang_mask', 0):.1e})" if name.startswith("tree") else ""))
+            diff = f" (d {entry.get('max_diff_sglang_mask', 0):.1e})" if name.startswith("tree") else ""
+            row.append(f"{ms * 1000:.1f} us{diff}")
         results["cases"].append(case)
         print("| " + " | ".join(row) + " |")
     if args.json:

@@ -147,13 +147,17 @@ def main(argv=None) -> int:
     def kernel_ms(lp, ids, budget, cap, roots, num_warps=None, n=20):
         """(GPU ms per launch from a graph of n launches, eager wall ms per call)."""
         res = empty_tree_batch(lp.shape[0], budget, dev)
-        fn = (lambda: build_tree_kernel(lp, ids, budget, cap, roots, out=res, num_warps=num_warps))
+        def fn():
+            return build_tree_kernel(lp, ids, budget, cap, roots, out=res, num_warps=num_warps)
+
         if smoke:
             return bench_ms(fn), bench_ms(fn)
         g = capture(fn, n)
         t_gpu = bench_ms(g.replay) / n
         del g
-        fn2 = (lambda: build_tree_kernel(lp, ids, budget, cap, roots, num_warps=num_warps))
+        def fn2():
+            return build_tree_kernel(lp, ids, budget, cap, roots, num_warps=num_warps)
+
         fn2()
         torch.cuda.synchronize()
         reps = 200
@@ -207,7 +211,8 @@ def main(argv=None) -> int:
             t_heap, trees = heap_ms(lp, ids, budget, None, ns.heap_repeats)
             ok, exact = check(tree, trees, budget, roots, batched)
             all_ok &= exact
-            out(f"| {batch} | {budget} | {t_topk:.3f} | {t_fast:.3f} | {t_gpu:.4f} | {t_kernel:.4f} | {t_batched:.2f} | "
+            out(f"| {batch} | {budget} | {t_topk:.3f} | {t_fast:.3f} | {t_gpu:.4f} | {t_kernel:.4f} | "
+                f"{t_batched:.2f} | "
                 f"{t_heap:.2f} | {_ratio(t_heap, t_kernel)} | {_ratio(t_batched, t_kernel)} | "
                 f"{t_heap / batch:.3f} | {ok}/{batch}{'' if exact else ' MISMATCH'} |")
         torch.cuda.empty_cache()
@@ -235,7 +240,8 @@ def main(argv=None) -> int:
                 batched = build_tree_batched(lp, ids, budget, cap, roots)
                 ok, exact = check(tree, trees, budget, roots, batched)
                 all_ok &= exact
-                out(f"| {k} | {cap if cap else 'none'} | {budget} | {w} | {t_gpu:.4f} | {t_kernel:.4f} | {t_heap:.2f} | "
+                out(f"| {k} | {cap if cap else 'none'} | {budget} | {w} | {t_gpu:.4f} | {t_kernel:.4f} | "
+                    f"{t_heap:.2f} | "
                     f"{_ratio(t_heap, t_kernel)} | {ok}/{batch}{'' if exact else ' MISMATCH'} |")
         del logits
         out()

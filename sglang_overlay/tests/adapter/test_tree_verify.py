@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang_overlay.adapter import tree_verify
 from sglang_overlay.adapter.tree_verify import (
     accepted_step,
     build_tree_verify_tensors,
@@ -15,7 +16,6 @@ from sglang_overlay.adapter.tree_verify import (
     shard_topk_partial,
     vocab_parallel_head_topk,
 )
-from sglang_overlay.adapter import tree_verify
 from sglang_overlay.core.tree import build_tree_batched, draft_topk
 from sglang_overlay.core.verify import ancestor_mask, sglang_tree_mask
 from sglang_overlay.core.walk import walk_tree

@@ -19,7 +19,6 @@ from sglang_overlay.core.tree import (
     rank_key_layout,
 )
 
-
 # --- helpers -------------------------------------------------------------------------------
 
 def brute_force_tree(log_probs, token_ids, budget, cap=None):

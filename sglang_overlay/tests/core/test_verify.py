@@ -19,7 +19,7 @@ from sglang_overlay.core.verify import (
 from sglang_overlay.core.walk import walk_tree
 
 from . import _sglang_kernels
-from .trees import children_of, naive_walk, random_tree_batch, walk_friendly_targets
+from .trees import naive_walk, random_tree_batch, walk_friendly_targets
 
 CASES = [
     # batch, L, K, budget

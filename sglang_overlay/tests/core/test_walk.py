@@ -8,9 +8,9 @@ import random
 import numpy as np
 import pytest
 import torch
-
 from broken_rules import accept_drafter_token
 from ddtree_stats import ALPHA, chi_square_fit
+
 from sglang_overlay.core.tree import DDTreeBatch, build_tree_batched, draft_topk
 from sglang_overlay.core.walk import (
     WalkResult,

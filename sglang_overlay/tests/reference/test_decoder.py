@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from broken_rules import accept_drafter_token
 from ddtree_stats import ALPHA, chi_square_fit
+
 from sglang_overlay.reference import decoder as decoder_module
 from sglang_overlay.reference.decoder import generate_ar, generate_ddtree
 from sglang_overlay.reference.toy import ModelDrafter, NoisyTargetDrafter, tiny_causal_lm

@@ -196,7 +196,9 @@ def parse_budget(raw: Any, name: str) -> Any:
             try:
                 loaded = json.loads(text)
             except ValueError:
-                raise DDTreeConfigError(f"{name}: a schedule must be a JSON object or 'BS:BUDGET,...', got {raw!r}") from None
+                raise DDTreeConfigError(
+                    f"{name}: a schedule must be a JSON object or 'BS:BUDGET,...', got {raw!r}"
+                ) from None
             return parse_budget(loaded, name)
         if ":" not in text:
             return _check_budget(parse_positive_int(raw, name), name, raw)

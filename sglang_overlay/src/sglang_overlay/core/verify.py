@@ -55,7 +55,7 @@ def ancestor_mask(tree: DDTreeBatch) -> torch.Tensor:
     matmuls of 0/1 matrices, exact in float32 for any ``n`` below 2**24), instead of climbing a
     data-dependent number of levels.
     """
-    batch, n = tree.batch_size, tree.num_slots
+    n = tree.num_slots
     device = tree.device
     parents = tree.parents.to(torch.int64)
     slots = torch.arange(n, device=device)

@@ -119,7 +119,9 @@ def _dummy_inputs(shape: _Shape, device, has_root: bool, seed: int):
     lp = lp.sort(dim=-1, descending=True).values.contiguous()
     ids = torch.randint(0, 1000, (2, shape.depth_limit, shape.top_k), generator=gen)
     roots = torch.tensor([1, 2]) if has_root else None
-    to = (lambda t: None if t is None else t.to(device))
+    def to(t):
+        return None if t is None else t.to(device)
+
     return to(lp), to(ids), to(roots)
 
 
@@ -238,8 +240,10 @@ def warmup_kernels(
             compile_s=round(compile_s, 3),
             verified=verified,
         ))
-        log(f"{'found' if sub in before else 'compiled'} BUDGET={budget} NP={block} W={words} HAS_ROOT={has_root} num_warps={nw} "
-            f"-> {sub} ({compile_s:.2f} s{', verified' if verified else ''})")
+        log(
+            f"{'found' if sub in before else 'compiled'} BUDGET={budget} NP={block} W={words} "
+            f"HAS_ROOT={has_root} num_warps={nw} -> {sub} ({compile_s:.2f} s{', verified' if verified else ''})"
+        )
 
     import triton
 
