@@ -31,7 +31,7 @@ class Knob:
 
     kind = "str"
 
-    def __init__(self, name: str, default: Any, doc: str):
+    def __init__(self, name: str, *, default: Any, doc: str):
         self.name = name
         self.default = default
         self.doc = doc
@@ -100,58 +100,68 @@ class EnvStr(Knob):
 # Verify path -----------------------------------------------------------------------------------------
 
 TREE_ATTENTION = EnvBool(
-    "DDTREE_TREE_ATTENTION", True,
-    "The target's tree verify attention runs the overlay's grouped kernel (kernels.tree_attention); "
+    "DDTREE_TREE_ATTENTION",
+    default=True,
+    doc="The target's tree verify attention runs the overlay's grouped kernel (kernels.tree_attention); "
     "off keeps SGLang's Triton extend kernel with the FULL mask.",
 )
 TREE_ATTENTION_CONFIG = EnvStr(
-    "DDTREE_TREE_ATTENTION_CONFIG", "",
-    "ROWS,BLOCK_N,WARPS: the grouped kernel's tile (rows per program at most, K/V columns per tile, "
+    "DDTREE_TREE_ATTENTION_CONFIG",
+    default="",
+    doc="ROWS,BLOCK_N,WARPS: the grouped kernel's tile (rows per program at most, K/V columns per tile, "
     "warps); empty: kernels.tree_attention.DEFAULT_CONFIG. For measurements.",
 )
 DRAFT_TOPK_SPAN = EnvInt(
-    "DDTREE_DRAFT_TOPK_SPAN", None,
-    "Chunks per selection program of the fused draft top-k (1, 2, 4, 8 or 16) for every shape; "
+    "DDTREE_DRAFT_TOPK_SPAN",
+    default=None,
+    doc="Chunks per selection program of the fused draft top-k (1, 2, 4, 8 or 16) for every shape; "
     "unset: kernels.draft_topk.SPAN_TABLE, else 1.",
 )
 PATH_KV_MOVE = EnvBool(
-    "DDTREE_PATH_KV_MOVE", True,
-    "The commit moves each accepted path's KV with kernels.kv_move (nothing when it is in place); "
+    "DDTREE_PATH_KV_MOVE",
+    default=True,
+    doc="The commit moves each accepted path's KV with kernels.kv_move (nothing when it is in place); "
     "off keeps SGLang's move of every window entry in every layer.",
 )
 EXACT_MASK_SIZE = EnvBool(
-    "DDTREE_EXACT_MASK_SIZE", False,
-    "Size each step's FULL mask exactly from the device lengths (one host sync a step) instead of "
+    "DDTREE_EXACT_MASK_SIZE",
+    default=False,
+    doc="Size each step's FULL mask exactly from the device lengths (one host sync a step) instead of "
     "the bound from SGLang's reserved lengths. For measuring and debugging.",
 )
 IN_PLACE_TREE_MASK = EnvBool(
-    "DDTREE_IN_PLACE_TREE_MASK", False,
-    "The tree stage writes the FULL mask into the Triton backend's verify-mask buffer instead of a "
+    "DDTREE_IN_PLACE_TREE_MASK",
+    default=False,
+    doc="The tree stage writes the FULL mask into the Triton backend's verify-mask buffer instead of a "
     "fresh tensor each step.",
 )
 
-# A/B switches: the paths before the graphed tree step -------------------------------------------------
+# A/B switches: the tree step without its CUDA graphs -----------------------------------------------------
 
 EAGER_TREE_STAGE = EnvBool(
-    "DDTREE_EAGER_TREE_STAGE", False,
-    "Run the tree stage eagerly every step instead of replaying its CUDA graph. For A/B measurements.",
+    "DDTREE_EAGER_TREE_STAGE",
+    default=False,
+    doc="Run the tree stage eagerly every step instead of replaying its CUDA graph. For A/B measurements.",
 )
 EAGER_TREE_VERIFY = EnvBool(
-    "DDTREE_EAGER_TREE_VERIFY", False,
-    "Capture DFLASH's causal verify graphs and run the tree verify eagerly (the graph guard refuses "
+    "DDTREE_EAGER_TREE_VERIFY",
+    default=False,
+    doc="Capture DFLASH's causal verify graphs and run the tree verify eagerly (the graph guard refuses "
     "every replay). For A/B measurements.",
 )
 
 # Diagnostics --------------------------------------------------------------------------------------------
 
 STEP_TIMING = EnvInt(
-    "DDTREE_STEP_TIMING", 0,
-    "N > 0: log the mean host milliseconds of each part of the tree step every N steps "
+    "DDTREE_STEP_TIMING",
+    default=0,
+    doc="N > 0: log the mean host milliseconds of each part of the tree step every N steps "
     "(adapter.diagnostics.StepTimer).",
 )
 SYNC_DEBUG = EnvInt(
-    "DDTREE_SYNC_DEBUG", 0,
-    "N > 0: count the places where the tree step makes the host wait for the GPU (torch's CUDA sync "
+    "DDTREE_SYNC_DEBUG",
+    default=0,
+    doc="N > 0: count the places where the tree step makes the host wait for the GPU (torch's CUDA sync "
     "debug mode) and log the busiest every N steps (adapter.diagnostics.SyncWatch).",
 )
 
