@@ -56,15 +56,26 @@ def main(argv=None) -> int:
     blocks = [int(b) for b in args.blocks.split(",")]
     groups = [int(g) for g in args.groups.split(",") if g.strip()]
     spans = [int(p) for p in args.spans.split(",") if p.strip() and int(p) > 1]
-    results = {"device": torch.cuda.get_device_name(0), "dtype": args.dtype, "vocab": args.vocab,
-               "default_block": DEFAULT_BLOCK, "default_group": DEFAULT_GROUP, "cases": []}
+    results = {
+        "device": torch.cuda.get_device_name(0),
+        "dtype": args.dtype,
+        "vocab": args.vocab,
+        "default_block": DEFAULT_BLOCK,
+        "default_group": DEFAULT_GROUP,
+        "cases": [],
+    }
     print(f"# fused draft top-k on {results['device']}, {args.dtype}, vocabulary {args.vocab}")
     print()
-    head = "| rows | k | stable sort ms | torch.topk ms | " + " | ".join(
-        f"fused b{b} ms" for b in blocks) + "".join(f" | fused g{g} ms" for g in groups) + "".join(
-        f" | span{p} ms" for p in spans) + (
-        " | best span | best/span1 | best span ids+lp == span1 | fused/stable | fused/topk | read-once ms"
-        " | ids equal | max lp diff |")
+    head = (
+        "| rows | k | stable sort ms | torch.topk ms | "
+        + " | ".join(f"fused b{b} ms" for b in blocks)
+        + "".join(f" | fused g{g} ms" for g in groups)
+        + "".join(f" | span{p} ms" for p in spans)
+        + (
+            " | best span | best/span1 | best span ids+lp == span1 | fused/stable | fused/topk | read-once ms"
+            " | ids equal | max lp diff |"
+        )
+    )
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     gen = torch.Generator(device=dev).manual_seed(0)
@@ -107,35 +118,52 @@ def main(argv=None) -> int:
             lp_diff = float((got_lp - want_lp).abs().max())
             best = t_fused[DEFAULT_BLOCK]
             case = {
-                "rows": rows, "k": k, "stable_ms": t_stable, "topk_ms": t_topk,
-                "fused_ms": {str(b): t for b, t in t_fused.items()}, "fused_default_ms": best,
+                "rows": rows,
+                "k": k,
+                "stable_ms": t_stable,
+                "topk_ms": t_topk,
+                "fused_ms": {str(b): t for b, t in t_fused.items()},
+                "fused_default_ms": best,
                 "fused_group_ms": {str(g): t for g, t in t_group.items()},
                 "span_ms": {str(p): t for p, t in t_span.items()},
                 "span_check": {str(p): c for p, c in span_check.items()},
                 "best_span": best_span,
                 "ratio_best_span_to_span1": (t_span[best_span] / best) if t_span else 1.0,
-                "ratio_fused_to_stable": best / t_stable, "ratio_fused_to_topk": best / t_topk,
-                "read_once_ms": copy_ms, "ids_equal": ids_equal, "max_lp_diff": lp_diff,
+                "ratio_fused_to_stable": best / t_stable,
+                "ratio_fused_to_topk": best / t_topk,
+                "read_once_ms": copy_ms,
+                "ids_equal": ids_equal,
+                "max_lp_diff": lp_diff,
             }
             results["cases"].append(case)
             if args.json:  # after every case: a run cut short keeps what it measured
                 with open(args.json, "w") as f:
                     json.dump(results, f, indent=2)
-            print(f"| {rows} | {k} | {t_stable:.3f} | {t_topk:.3f} | "
-                  + " | ".join(f"{t_fused[b]:.3f}" for b in blocks)
-                  + "".join(f" | {t_group[g]:.3f}" for g in groups)
-                  + "".join(f" | {t_span[p]:.3f}" for p in spans)
-                  + (f" | {best_span} | {t_span[best_span] / best:.3f} | "
-                     f"{all(span_check[best_span][c] for c in SPAN_CHECKS)}"
-                     if t_span else " | 1 | 1.000 | True")
-                  + f" | {best / t_stable:.3f} | {best / t_topk:.3f} | {copy_ms:.3f} | {ids_equal} | {lp_diff:.2e} |")
+            print(
+                f"| {rows} | {k} | {t_stable:.3f} | {t_topk:.3f} | "
+                + " | ".join(f"{t_fused[b]:.3f}" for b in blocks)
+                + "".join(f" | {t_group[g]:.3f}" for g in groups)
+                + "".join(f" | {t_span[p]:.3f}" for p in spans)
+                + (
+                    f" | {best_span} | {t_span[best_span] / best:.3f} | "
+                    f"{all(span_check[best_span][c] for c in SPAN_CHECKS)}"
+                    if t_span
+                    else " | 1 | 1.000 | True"
+                )
+                + f" | {best / t_stable:.3f} | {best / t_topk:.3f} | {copy_ms:.3f} | {ids_equal} | {lp_diff:.2e} |"
+            )
     results["all_spans_bit_equal_span1"] = all(
         c["ids_equal_span1"] and c["lp_bitwise_equal_span1"] and c["graph_replay_equal"]
-        for case in results["cases"] for c in case["span_check"].values())
+        for case in results["cases"]
+        for c in case["span_check"].values()
+    )
     results["all_ids_equal_stable"] = all(case["ids_equal"] for case in results["cases"]) and all(
-        c["ids_equal_stable"] for case in results["cases"] for c in case["span_check"].values())
-    print(f"# every span bit-equal to span=1 (ids, log-probs, graph replay): {results['all_spans_bit_equal_span1']}; "
-          f"every fused id list equal to the stable sort's: {results['all_ids_equal_stable']}")
+        c["ids_equal_stable"] for case in results["cases"] for c in case["span_check"].values()
+    )
+    print(
+        f"# every span bit-equal to span=1 (ids, log-probs, graph replay): {results['all_spans_bit_equal_span1']}; "
+        f"every fused id list equal to the stable sort's: {results['all_ids_equal_stable']}"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

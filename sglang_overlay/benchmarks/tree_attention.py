@@ -34,7 +34,7 @@ def tree_mask(bs, width, prefix, gen, dev):
             if i:
                 anc[i] |= anc[int(torch.randint(0, i, (1,), generator=gen))]
         rows = torch.ones(width, int(prefix[b]) + width, dtype=torch.bool)
-        rows[:, int(prefix[b]):] = anc
+        rows[:, int(prefix[b]) :] = anc
         parts.append(rows.reshape(-1))
     mask = torch.cat(parts).to(dev)
     indptr = torch.zeros(bs + 1, dtype=torch.int64)
@@ -65,11 +65,18 @@ def main(argv=None) -> int:
     width = args.width
     configs = [ta.TreeAttentionConfig(*(int(x) for x in c.split(","))) for c in args.configs.split(";")]
     gen = torch.Generator().manual_seed(0)
-    results = {"device": torch.cuda.get_device_name(0), "heads": [qh, kvh, dim], "width": width,
-               "prefix": [lo, hi], "timing": "do_bench_cudagraph median ms", "cases": []}
+    results = {
+        "device": torch.cuda.get_device_name(0),
+        "heads": [qh, kvh, dim],
+        "width": width,
+        "prefix": [lo, hi],
+        "timing": "do_bench_cudagraph median ms",
+        "cases": [],
+    }
     head = "| bs | sglang causal | sglang mask | " + " | ".join(f"tree {tuple(c)}" for c in configs) + " |"
-    print(f"# tree-verify attention, {results['device']}, q/kv heads {qh}/{kvh}, dim {dim}, W {width}, "
-          f"prefix {lo}-{hi}")
+    print(
+        f"# tree-verify attention, {results['device']}, q/kv heads {qh}/{kvh}, dim {dim}, W {width}, prefix {lo}-{hi}"
+    )
     print(head)
     print("|" + " --- |" * (head.count("|") - 1))
     for bs in (int(b) for b in args.bs.split(",")):
@@ -87,20 +94,53 @@ def main(argv=None) -> int:
         kv_indptr = kv_indptr.to(dev)
         qo_indptr = torch.arange(0, (bs + 1) * width, width, dtype=torch.int32, device=dev)
         mask, mask_indptr = tree_mask(bs, width, prefix, gen, dev)
-        scale = 1.0 / dim ** 0.5
+        scale = 1.0 / dim**0.5
 
         def sglang(custom):
             o = torch.empty_like(q)
-            return o, lambda: extend_attention_fwd(q, k, v, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
-                                                   mask if custom else None, True, mask_indptr, width, 1.0, 1.0, scale)
+            return o, lambda: extend_attention_fwd(
+                q,
+                k,
+                v,
+                o,
+                k_buf,
+                v_buf,
+                qo_indptr,
+                kv_indptr,
+                kv_indices,
+                mask if custom else None,
+                True,
+                mask_indptr,
+                width,
+                1.0,
+                1.0,
+                scale,
+            )
 
         def tree(cfg):
             o = torch.empty_like(q)
-            return o, lambda: ta.tree_verify_attention(q, k, v, o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices,
-                                                       mask, mask_indptr, width, 1.0, 1.0, scale, cfg)
+            return o, lambda: ta.tree_verify_attention(
+                q,
+                k,
+                v,
+                o,
+                k_buf,
+                v_buf,
+                qo_indptr,
+                kv_indptr,
+                kv_indices,
+                mask,
+                mask_indptr,
+                width,
+                1.0,
+                1.0,
+                scale,
+                cfg,
+            )
 
-        ref = ta.tree_verify_attention_torch(q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, mask,
-                                             mask_indptr, scale).to(dev)
+        ref = ta.tree_verify_attention_torch(
+            q, k, v, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, mask, mask_indptr, scale
+        ).to(dev)
         case = {"bs": bs, "prefix_mean": float(prefix.float().mean()), "variants": []}
         o_mask = None
         row = [str(bs)]

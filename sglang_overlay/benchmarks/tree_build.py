@@ -56,8 +56,12 @@ class Printer:
 
 def _driver_version() -> str:
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         return out.stdout.strip().splitlines()[0]
     except Exception:  # noqa: BLE001
         return "unknown"
@@ -79,9 +83,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-extra", action="store_true", help="only the main table")
     ap.add_argument("--out", help="also write the output to this file")
-    ap.add_argument("--device", default="cuda",
-                    help="cuda (default); 'cpu' only smoke-tests this script (kernel in TRITON_INTERPRET=1, "
-                         "wall-clock timing, no graphs)")
+    ap.add_argument(
+        "--device",
+        default="cuda",
+        help="cuda (default); 'cpu' only smoke-tests this script (kernel in TRITON_INTERPRET=1, "
+        "wall-clock timing, no graphs)",
+    )
     ns = ap.parse_args(argv)
 
     smoke = ns.device == "cpu"
@@ -91,6 +98,7 @@ def main(argv=None) -> int:
     import triton
 
     if smoke:
+
         def do_bench(fn, warmup=0, rep=0, return_mode="median"):
             fn()
             times = []
@@ -122,10 +130,14 @@ def main(argv=None) -> int:
         gpu = "none (CPU smoke test: the numbers mean nothing)"
     else:
         props = torch.cuda.get_device_properties(dev)
-        gpu = (f"{props.name} ({props.multi_processor_count} SMs, sm_{props.major}{props.minor}), driver "
-               f"{_driver_version()}")
-    out(f"GPU {gpu}, torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}, "
-        f"Python {platform.python_version()}, host CPU {platform.processor() or platform.machine()}")
+        gpu = (
+            f"{props.name} ({props.multi_processor_count} SMs, sm_{props.major}{props.minor}), driver "
+            f"{_driver_version()}"
+        )
+    out(
+        f"GPU {gpu}, torch {torch.__version__} (CUDA {torch.version.cuda}), triton {triton.__version__}, "
+        f"Python {platform.python_version()}, host CPU {platform.processor() or platform.machine()}"
+    )
     out(f"L = {L} (block {ns.block}), vocabulary {V}, K = {ns.top_k} (main table), bf16 logits ~ N(0, 3^2)")
     out()
 
@@ -147,6 +159,7 @@ def main(argv=None) -> int:
     def kernel_ms(lp, ids, budget, cap, roots, num_warps=None, n=20):
         """(GPU ms per launch from a graph of n launches, eager wall ms per call)."""
         res = empty_tree_batch(lp.shape[0], budget, dev)
+
         def fn():
             return build_tree_kernel(lp, ids, budget, cap, roots, out=res, num_warps=num_warps)
 
@@ -155,6 +168,7 @@ def main(argv=None) -> int:
         g = capture(fn, n)
         t_gpu = bench_ms(g.replay) / n
         del g
+
         def fn2():
             return build_tree_kernel(lp, ids, budget, cap, roots, num_warps=num_warps)
 
@@ -191,8 +205,10 @@ def main(argv=None) -> int:
     # ---- 1. main table --------------------------------------------------------------------------
     out("## 1. Per step, K = %d, top_k_cap none (times in ms; ratios = other / kernel)" % ns.top_k)
     out()
-    out("| batch | budget | topk stable | topk fast | kernel GPU | kernel eager | batched (GPU) | heap (CPU) "
-        "| heap/kernel | batched/kernel | heap per request | kernel == heap |")
+    out(
+        "| batch | budget | topk stable | topk fast | kernel GPU | kernel eager | batched (GPU) | heap (CPU) "
+        "| heap/kernel | batched/kernel | heap per request | kernel == heap |"
+    )
     out("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
     inputs = {}
     for batch in ns.batches:
@@ -211,10 +227,12 @@ def main(argv=None) -> int:
             t_heap, trees = heap_ms(lp, ids, budget, None, ns.heap_repeats)
             ok, exact = check(tree, trees, budget, roots, batched)
             all_ok &= exact
-            out(f"| {batch} | {budget} | {t_topk:.3f} | {t_fast:.3f} | {t_gpu:.4f} | {t_kernel:.4f} | "
+            out(
+                f"| {batch} | {budget} | {t_topk:.3f} | {t_fast:.3f} | {t_gpu:.4f} | {t_kernel:.4f} | "
                 f"{t_batched:.2f} | "
                 f"{t_heap:.2f} | {_ratio(t_heap, t_kernel)} | {_ratio(t_batched, t_kernel)} | "
-                f"{t_heap / batch:.3f} | {ok}/{batch}{'' if exact else ' MISMATCH'} |")
+                f"{t_heap / batch:.3f} | {ok}/{batch}{'' if exact else ' MISMATCH'} |"
+            )
         torch.cuda.empty_cache()
     out()
 
@@ -225,8 +243,10 @@ def main(argv=None) -> int:
         batch = 64 if 64 in ns.batches else ns.batches[-1]
         out(f"## 2. K and top_k_cap, batch {batch} (ms)")
         out()
-        out("| K | top_k_cap | budget | key words W | kernel GPU | kernel eager | heap (CPU) | heap/kernel "
-            "| kernel == heap |")
+        out(
+            "| K | top_k_cap | budget | key words W | kernel GPU | kernel eager | heap (CPU) | heap/kernel "
+            "| kernel == heap |"
+        )
         out("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
         logits = (torch.randn(batch, L, V, device=dev, generator=gen) * 3).to(torch.bfloat16)
         roots = torch.randint(0, V, (batch,), device=dev, generator=gen)
@@ -240,9 +260,11 @@ def main(argv=None) -> int:
                 batched = build_tree_batched(lp, ids, budget, cap, roots)
                 ok, exact = check(tree, trees, budget, roots, batched)
                 all_ok &= exact
-                out(f"| {k} | {cap if cap else 'none'} | {budget} | {w} | {t_gpu:.4f} | {t_kernel:.4f} | "
+                out(
+                    f"| {k} | {cap if cap else 'none'} | {budget} | {w} | {t_gpu:.4f} | {t_kernel:.4f} | "
                     f"{t_heap:.2f} | "
-                    f"{_ratio(t_heap, t_kernel)} | {ok}/{batch}{'' if exact else ' MISMATCH'} |")
+                    f"{_ratio(t_heap, t_kernel)} | {ok}/{batch}{'' if exact else ' MISMATCH'} |"
+                )
         del logits
         out()
 
@@ -282,6 +304,7 @@ def main(argv=None) -> int:
                 res = empty_tree_batch(batch, budget, dev)
                 cells = []
                 for stable in (True, False):
+
                     def step(stable=stable):
                         lp, ids = draft_topk(logits, ns.top_k, stable=stable)
                         build_tree_kernel(lp, ids, budget, None, roots, out=res)

@@ -74,7 +74,7 @@ def find_cycle(graph: dict[str, set[str]]) -> Optional[list[str]]:
         path.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         path.pop()
@@ -148,6 +148,8 @@ def test_the_knob_registry_is_a_leaf():
 def test_the_checks_catch_what_they_look_for():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
-    tree = ast.parse("from ..adapter import tree_verify\ndef f():\n    from .x import y\n    import sglang_overlay.core.tree\n")
+    tree = ast.parse(
+        "from ..adapter import tree_verify\ndef f():\n    from .x import y\n    import sglang_overlay.core.tree\n"
+    )
     names = _imported_names(tree, "sglang_overlay.kernels")
     assert {"sglang_overlay.adapter.tree_verify", "sglang_overlay.kernels.x.y", "sglang_overlay.core.tree"} <= names

@@ -41,7 +41,11 @@ def test_knob_names_appear_in_the_source_only_in_the_registry():
 
 def test_the_flags_fallbacks_are_read_only_by_adapter_settings():
     allowed = {SRC / "adapter" / "settings.py", SRC / "knobs.py"}
-    strays = [str(p.relative_to(OVERLAY)) for p in sources() if p not in allowed and FLAG_FALLBACK_NAME.search(p.read_text(encoding="utf-8"))]
+    strays = [
+        str(p.relative_to(OVERLAY))
+        for p in sources()
+        if p not in allowed and FLAG_FALLBACK_NAME.search(p.read_text(encoding="utf-8"))
+    ]
     assert not strays
 
 
@@ -86,15 +90,27 @@ def test_values_are_read_when_asked_not_at_import(monkeypatch):
     assert knob.get({knob.name: "7"}) == 7  # an explicit mapping instead of the process environment
 
 
-@pytest.mark.parametrize("raw, want", [("1", True), ("on", True), ("TRUE", True), ("yes", True),
-                                       ("0", False), ("off", False), ("False", False), ("no", False)])
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        ("1", True),
+        ("on", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("0", False),
+        ("off", False),
+        ("False", False),
+        ("no", False),
+    ],
+)
 def test_bool_spellings(raw, want):
     assert knobs.EAGER_TREE_STAGE.get({knobs.EAGER_TREE_STAGE.name: raw}) is want
     assert knobs.TREE_ATTENTION.get({knobs.TREE_ATTENTION.name: raw}) is want
 
 
-@pytest.mark.parametrize("knob, raw", [(knobs.TREE_ATTENTION, "perhaps"), (knobs.SYNC_DEBUG, "often"),
-                                       (knobs.DRAFT_TOPK_SPAN, "wide")])
+@pytest.mark.parametrize(
+    "knob, raw", [(knobs.TREE_ATTENTION, "perhaps"), (knobs.SYNC_DEBUG, "often"), (knobs.DRAFT_TOPK_SPAN, "wide")]
+)
 def test_a_bad_value_is_logged_and_the_default_applies(caplog, knob, raw):
     caplog.set_level(logging.WARNING, logger=knobs.__name__)
     assert knob.get({knob.name: raw}) == knob.default

@@ -11,6 +11,7 @@ the prompts diverge and the first differing position of each. Sampled (T = 1): a
 homogeneity (alpha 0.001) between NONE's samples and each speculative server's, over the tokens produced
 after the first (t2..t5, per prompt; cells with fewer than 10 draws in both together pooled into one).
 """
+
 import json
 import os
 import sys
@@ -28,11 +29,16 @@ def load(path):
 def chi2_sf(stat, dof):
     try:
         from scipy.stats import chi2
+
         return float(chi2.sf(stat, dof))
     except ImportError:
         import torch
-        return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64),
-                                             torch.tensor(stat / 2.0, dtype=torch.float64)))
+
+        return float(
+            torch.special.gammaincc(
+                torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0, dtype=torch.float64)
+            )
+        )
 
 
 def homogeneity(a_counts, b_counts, min_cell=10):
@@ -59,8 +65,15 @@ def homogeneity(a_counts, b_counts, min_cell=10):
                 stat += (obs - exp) ** 2 / exp
     dof = max(1, len(rows) - 1)
     p = chi2_sf(stat, dof)
-    return {"n_a": na, "n_b": nb, "cells": len(rows), "dof": dof, "chi2": round(stat, 3), "p_value": p,
-            "rejected_at_0.001": p < ALPHA}
+    return {
+        "n_a": na,
+        "n_b": nb,
+        "cells": len(rows),
+        "dof": dof,
+        "chi2": round(stat, 3),
+        "p_value": p,
+        "rejected_at_0.001": p < ALPHA,
+    }
 
 
 def categories(samples, lo=1, hi=5):
@@ -82,7 +95,7 @@ def greedy_compare(ref, other):
             continue
         out["diverged"] += 1
         pos = next((j for j, (x, y) in enumerate(zip(a or [], b or [])) if x != y), min(len(a or []), len(b or [])))
-        tokens = [(a or [])[pos:pos + 1], (b or [])[pos:pos + 1]]
+        tokens = [(a or [])[pos : pos + 1], (b or [])[pos : pos + 1]]
         out["first_diff"].append({"prompt": i, "position": pos, "tokens": tokens, "_prefix": (a or [])[:pos]})
     return out
 
@@ -102,18 +115,21 @@ def summarize_tp1(res):
         r = s.get(name, {})
         for c in ("c1", "c16"):
             if "greedy" in r and "greedy" in none:
-                out["greedy"]["%s_vs_none_%s" % (name, c)] = greedy_compare(none["greedy"][c]["outputs"],
-                                                                            r["greedy"][c]["outputs"])
+                out["greedy"]["%s_vs_none_%s" % (name, c)] = greedy_compare(
+                    none["greedy"][c]["outputs"], r["greedy"][c]["outputs"]
+                )
             if "greedy" in r:
                 out["acceptance"]["%s_%s" % (name, c)] = mean(o["accept"] for o in r["greedy"][c]["outputs"])
         if "sampled" in r:
             out["acceptance"]["%s_sampled_T1" % name] = r["sampled"].get("mean_accept")
     if "greedy" in none:
-        out["greedy"]["none_c16_vs_none_c1"] = greedy_compare(none["greedy"]["c1"]["outputs"],
-                                                              none["greedy"]["c16"]["outputs"])
+        out["greedy"]["none_c16_vs_none_c1"] = greedy_compare(
+            none["greedy"]["c1"]["outputs"], none["greedy"]["c16"]["outputs"]
+        )
     if "greedy" in s.get("ddtree", {}) and "greedy" in s.get("dflash", {}):
-        out["greedy"]["ddtree_vs_dflash_c1"] = greedy_compare(s["dflash"]["greedy"]["c1"]["outputs"],
-                                                              s["ddtree"]["greedy"]["c1"]["outputs"])
+        out["greedy"]["ddtree_vs_dflash_c1"] = greedy_compare(
+            s["dflash"]["greedy"]["c1"]["outputs"], s["ddtree"]["greedy"]["c1"]["outputs"]
+        )
     if "sampled" in none:
         ref = none["sampled"]["samples"]
         out["chi_square"]["none_samples"] = sum(len(v) for v in ref.values())
@@ -133,8 +149,13 @@ def summarize_tp1(res):
 
 def summarize_tp2(res, tp1):
     s = res["servers"]
-    out = {"servers": {n: {k: r.get(k) for k in ("algorithm", "tp", "ready_s", "error", "server_info")}
-                       for n, r in s.items()}, "greedy": {}, "acceptance": {}}
+    out = {
+        "servers": {
+            n: {k: r.get(k) for k in ("algorithm", "tp", "ready_s", "error", "server_info")} for n, r in s.items()
+        },
+        "greedy": {},
+        "acceptance": {},
+    }
     refs = {}
     if tp1:
         for n in ("none", "ddtree"):
@@ -146,11 +167,14 @@ def summarize_tp2(res, tp1):
         for c in ("c1", "c16"):
             out["acceptance"]["%s_%s" % (name, c)] = mean(o["accept"] for o in r["greedy"][c]["outputs"])
             for rn, rg in refs.items():
-                out["greedy"]["%s_vs_%s_%s" % (name, rn, c)] = greedy_compare(rg[c]["outputs"], r["greedy"][c]["outputs"])
+                out["greedy"]["%s_vs_%s_%s" % (name, rn, c)] = greedy_compare(
+                    rg[c]["outputs"], r["greedy"][c]["outputs"]
+                )
     if "greedy" in s.get("none-tp2", {}) and "greedy" in s.get("ddtree-tp2", {}):
         for c in ("c1", "c16"):
             out["greedy"]["ddtree-tp2_vs_none-tp2_%s" % c] = greedy_compare(
-                s["none-tp2"]["greedy"][c]["outputs"], s["ddtree-tp2"]["greedy"][c]["outputs"])
+                s["none-tp2"]["greedy"][c]["outputs"], s["ddtree-tp2"]["greedy"][c]["outputs"]
+            )
     return out
 
 
@@ -163,12 +187,16 @@ def brief(summary):
         for n, v in sm["servers"].items():
             lines.append("%s server %s: ready %s s, error %s" % (part, n, v.get("ready_s"), v.get("error")))
         for k, v in sm["greedy"].items():
-            lines.append("%s greedy %s: %d/%d diverged %s" % (part, k, v["diverged"], v["prompts"], v["first_diff"][:6]))
+            lines.append(
+                "%s greedy %s: %d/%d diverged %s" % (part, k, v["diverged"], v["prompts"], v["first_diff"][:6])
+            )
         lines.append("%s acceptance %s" % (part, sm["acceptance"]))
         for k, v in list(sm.get("chi_square", {}).items()) + list(sm.get("chi_square_vs_exact_target", {}).items()):
             if isinstance(v, dict) and "p_value" in v:
-                lines.append("%s chi2 %s: chi2=%s dof=%s p=%.3g rejected=%s"
-                             % (part, k, v["chi2"], v["dof"], v["p_value"], v["rejected_at_0.001"]))
+                lines.append(
+                    "%s chi2 %s: chi2=%s dof=%s p=%.3g rejected=%s"
+                    % (part, k, v["chi2"], v["dof"], v["p_value"], v["rejected_at_0.001"])
+                )
     return "\n".join(lines)
 
 
@@ -178,8 +206,10 @@ def margins(summary, tp1, models):
     different kernel or batch shape) may legitimately pick either token."""
     import torch
     from transformers import Qwen3ForCausalLM
+
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import synth_lang as sl
+
     model = Qwen3ForCausalLM.from_pretrained(os.path.join(models, "tiny-qwen3"), dtype=torch.float32).eval()
     seen = {}
     for part in ("tp1", "tp2"):
@@ -192,8 +222,13 @@ def margins(summary, tp1, models):
                 with torch.no_grad():
                     probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
                 top = torch.topk(probs, 2)
-                seen[key] = {"prompt": fd["prompt"], "position": fd["position"], "top2_tokens": top.indices.tolist(),
-                             "top2_probs": [round(v, 4) for v in top.values.tolist()], "first_seen_in": "%s %s" % (part, name)}
+                seen[key] = {
+                    "prompt": fd["prompt"],
+                    "position": fd["position"],
+                    "top2_tokens": top.indices.tolist(),
+                    "top2_probs": [round(v, 4) for v in top.values.tolist()],
+                    "first_seen_in": "%s %s" % (part, name),
+                }
     return list(seen.values())
 
 
@@ -203,8 +238,10 @@ def exact_fit(results, models, min_expected=5.0):
     each server alone, independent of NONE's samples and of how the servers' random streams relate."""
     import torch
     from transformers import Qwen3ForCausalLM
+
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import synth_lang as sl
+
     model = Qwen3ForCausalLM.from_pretrained(os.path.join(models, "tiny-qwen3"), dtype=torch.float32).eval()
 
     def probs(ids):
@@ -240,8 +277,13 @@ def exact_fit(results, models, min_expected=5.0):
             stat += sum((o - e) ** 2 / e for o, e in cells)
             dof += len(cells) - 1
         p = chi2_sf(stat, dof)
-        out[name] = {"chi2": round(stat, 3), "dof": dof, "p_value": p, "rejected_at_0.001": p < ALPHA,
-                     "samples": sum(len(v) for v in r["sampled"]["samples"].values())}
+        out[name] = {
+            "chi2": round(stat, 3),
+            "dof": dof,
+            "p_value": p,
+            "rejected_at_0.001": p < ALPHA,
+            "samples": sum(len(v) for v in r["sampled"]["samples"].values()),
+        }
     return out
 
 
@@ -317,10 +359,23 @@ def main():
     train = load(os.path.join(d, "train.json"))
     checks = load(os.path.join(d, "checks.json"))
     doc = dict(extra)
-    doc["prompts"] = {"greedy": tp1["greedy_prompts"] if tp1 else None, "branch": tp1["branch_prompts"] if tp1 else None}
+    doc["prompts"] = {
+        "greedy": tp1["greedy_prompts"] if tp1 else None,
+        "branch": tp1["branch_prompts"] if tp1 else None,
+    }
     if train:
-        doc["training"] = {k: train.get(k) for k in ("target_final_loss", "drafter_final_loss", "offline_accept_len",
-                                                     "seconds", "target", "drafter", "torch")}
+        doc["training"] = {
+            k: train.get(k)
+            for k in (
+                "target_final_loss",
+                "drafter_final_loss",
+                "offline_accept_len",
+                "seconds",
+                "target",
+                "drafter",
+                "torch",
+            )
+        }
     doc["headline"] = headline(summary)
     doc.update(summary)
     if checks:

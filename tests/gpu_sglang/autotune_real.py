@@ -20,6 +20,7 @@ most scenario.py's --max-running-requests 48 at a time); AUTOTUNE_LEVEL_REPEAT=N
 times at every level above 1 (default 1: 64 requests; a c16 level of 64 requests lasts 0.3-0.6 s on the
 tiny model, and its rounds spread +-40 %).
 """
+
 import json
 import os
 import re
@@ -38,8 +39,12 @@ from ansible_collections.ddtree.sglang.plugins.module_utils import autotune  # n
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import measure_setting  # noqa: E402
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO  # noqa: E402
 
-AUTOTUNE = {"budgets": [4, 8, 15], "top_k": [4, 8],
-            "concurrency": [int(c) for c in os.environ.get("AUTOTUNE_CONCURRENCY", "1,16").split(",")], "min_gain": 0.03}
+AUTOTUNE = {
+    "budgets": [4, 8, 15],
+    "top_k": [4, 8],
+    "concurrency": [int(c) for c in os.environ.get("AUTOTUNE_CONCURRENCY", "1,16").split(",")],
+    "min_gain": 0.03,
+}
 LEVEL_REPEAT = int(os.environ.get("AUTOTUNE_LEVEL_REPEAT", "1"))
 MAX_TOKENS = 64
 
@@ -70,10 +75,18 @@ def main():
     servers = [(item, server_for(item, 30200 + index, out, models, drafter)) for index, item in enumerate(settings)]
     prompts = sl.greedy_prompts(sl.Language())
     t0 = time.time()
-    doc = {"plan": "autotune", "drafter": drafter, "declaration": AUTOTUNE, "tuning": tuning, "rounds": rounds,
-           "max_tokens": MAX_TOKENS, "prompts": "harness held-out greedy prompts (%d)" % len(prompts),
-           "level_repeat": LEVEL_REPEAT,
-           "servers": {}, "runs": []}
+    doc = {
+        "plan": "autotune",
+        "drafter": drafter,
+        "declaration": AUTOTUNE,
+        "tuning": tuning,
+        "rounds": rounds,
+        "max_tokens": MAX_TOKENS,
+        "prompts": "harness held-out greedy prompts (%d)" % len(prompts),
+        "level_repeat": LEVEL_REPEAT,
+        "servers": {},
+        "runs": [],
+    }
     path = os.path.join(out, "results-autotune-%s.json" % drafter)
 
     def save():
@@ -90,8 +103,11 @@ def main():
             server.start()
         for _item, server in servers[1:]:
             server.wait_ready(limit=400)
-        print("[autotune] ready after %.0f s: %s" % (time.time() - t0, {s.name: s.info.get("ready_s", s.info.get("error"))
-                                                                        for _i, s in servers}), flush=True)
+        print(
+            "[autotune] ready after %.0f s: %s"
+            % (time.time() - t0, {s.name: s.info.get("ready_s", s.info.get("error")) for _i, s in servers}),
+            flush=True,
+        )
         for number in range(rounds):
             for item, server in servers:
                 if "ready_s" not in server.info:
@@ -99,12 +115,28 @@ def main():
                 io = ServiceIO(None, None, None, server.name, "127.0.0.1", server.port)
                 for index, concurrency in enumerate(tuning["concurrency"]):
                     sent = prompts * (LEVEL_REPEAT if concurrency > 1 else 1)
-                    for level in measure_setting(io.request, item, [concurrency], sent, MAX_TOKENS, timeout=120.0,
-                                                 warmup=1 if number == 0 and index == 0 else 0):
+                    for level in measure_setting(
+                        io.request,
+                        item,
+                        [concurrency],
+                        sent,
+                        MAX_TOKENS,
+                        timeout=120.0,
+                        warmup=1 if number == 0 and index == 0 else 0,
+                    ):
                         doc["runs"].append(dict(level, round=number))
-                        print("[autotune] round %d %s c%d %s tok/s accept %s %s" % (
-                            number, autotune.setting_name(item), level["concurrency"], level["tokens_per_second"],
-                            level["accept_length"], level["error"] or ""), flush=True)
+                        print(
+                            "[autotune] round %d %s c%d %s tok/s accept %s %s"
+                            % (
+                                number,
+                                autotune.setting_name(item),
+                                level["concurrency"],
+                                level["tokens_per_second"],
+                                level["accept_length"],
+                                level["error"] or "",
+                            ),
+                            flush=True,
+                        )
             save()
     finally:
         for _item, server in servers:
@@ -122,11 +154,22 @@ def main():
     measurements = []
     for item in settings:
         for concurrency in tuning["concurrency"]:
-            runs = [run for run in doc["runs"] if run["algorithm"] == item["algorithm"] and run["budget"] == item["budget"]
-                    and run["top_k"] == item["top_k"] and run["concurrency"] == concurrency]
+            runs = [
+                run
+                for run in doc["runs"]
+                if run["algorithm"] == item["algorithm"]
+                and run["budget"] == item["budget"]
+                and run["top_k"] == item["top_k"]
+                and run["concurrency"] == concurrency
+            ]
             failed = [run for run in runs if run["error"] or run["tokens_per_second"] is None]
-            measurement = dict(item, concurrency=concurrency, tokens_per_second=None, accept_length=None,
-                               rounds=[run["tokens_per_second"] for run in runs])
+            measurement = dict(
+                item,
+                concurrency=concurrency,
+                tokens_per_second=None,
+                accept_length=None,
+                rounds=[run["tokens_per_second"] for run in runs],
+            )
             if not runs:
                 started = dict((autotune.setting_name(i), srv.info) for i, srv in servers)[autotune.setting_name(item)]
                 measurement["error"] = "not measured: the server did not start (%s)" % started.get("error", "unknown")
@@ -156,17 +199,42 @@ def print_report(doc, tuning):
     concs = tuning["concurrency"]
     print("| setting | " + " | ".join("c%d tok/s (rounds) | accept | vs DFLASH" % c for c in concs) + " |")
     print("| --- |" + " --- | --- | --- |" * len(concs))
-    for key in sorted({(m["algorithm"], m["budget"], m["top_k"]) for m in doc["measurements"]},
-                      key=lambda k: (k[0] != "NONE", k[0] != "DFLASH", k[1] or 0, k[2] or 0)):
+    for key in sorted(
+        {(m["algorithm"], m["budget"], m["top_k"]) for m in doc["measurements"]},
+        key=lambda k: (k[0] != "NONE", k[0] != "DFLASH", k[1] or 0, k[2] or 0),
+    ):
         cells = []
         for c in concs:
             m, d = by[key + (c,)], by[("DFLASH", None, None, c)]
-            ratio = (m["tokens_per_second"] / d["tokens_per_second"]) if m["tokens_per_second"] and d["tokens_per_second"] else None
-            cells.append("%s (%s) | %s | %s" % (fmt(m["tokens_per_second"]), ", ".join(fmt(r) for r in m["rounds"]),
-                                                m["accept_length"], ("%.3f" % ratio) if ratio else m.get("error")))
-        print("| %s | %s |" % (autotune.setting_name({"algorithm": key[0], "budget": key[1], "top_k": key[2]}), " | ".join(cells)))
+            ratio = (
+                (m["tokens_per_second"] / d["tokens_per_second"])
+                if m["tokens_per_second"] and d["tokens_per_second"]
+                else None
+            )
+            cells.append(
+                "%s (%s) | %s | %s"
+                % (
+                    fmt(m["tokens_per_second"]),
+                    ", ".join(fmt(r) for r in m["rounds"]),
+                    m["accept_length"],
+                    ("%.3f" % ratio) if ratio else m.get("error"),
+                )
+            )
+        print(
+            "| %s | %s |"
+            % (autotune.setting_name({"algorithm": key[0], "budget": key[1], "top_k": key[2]}), " | ".join(cells))
+        )
     choice = doc["choice"]
-    shown = ("algorithm", "budget", "top_k", "status", "tokens_per_second", "gain_over_dflash", "gain_over_none", "error")
+    shown = (
+        "algorithm",
+        "budget",
+        "top_k",
+        "status",
+        "tokens_per_second",
+        "gain_over_dflash",
+        "gain_over_none",
+        "error",
+    )
     print("[autotune] choice: %s" % {key: choice.get(key) for key in shown})
     print("[autotune] reason: %s" % choice.get("reason"))
 

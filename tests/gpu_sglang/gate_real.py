@@ -28,6 +28,7 @@ Scenarios (docs/health-gate.md, "Measured on real SGLang"):
 Writes OUT/gate-results.json (each run's passed, message and result), OUT/baseline.json, OUT/metrics.json,
 OUT/conformance/*.json and the servers' logs (OUT/server-*.log).
 """
+
 import json
 import os
 import shutil
@@ -72,8 +73,15 @@ class ProcessIO(health_gate.ServiceIO):
     """ServiceIO for a server started as a plain process: unit state from the process, journal from its log."""
 
     def __init__(self, server, log_path):
-        super().__init__(None, "systemctl", "journalctl", "sglang-%s.service" % server.name, "127.0.0.1", server.port,
-                         connect_timeout=1.0)
+        super().__init__(
+            None,
+            "systemctl",
+            "journalctl",
+            "sglang-%s.service" % server.name,
+            "127.0.0.1",
+            server.port,
+            connect_timeout=1.0,
+        )
         self.server = server
         self.log_path = log_path
         self.offset = 0
@@ -85,17 +93,40 @@ class ProcessIO(health_gate.ServiceIO):
         proc = self.server.proc
         started = "%d" % int(self.server.t0_monotonic * 1e6)
         rc = proc.poll()
-        props = {"LoadState": "loaded", "NRestarts": "0", "ExecMainPID": str(proc.pid),
-                 "ActiveEnterTimestampMonotonic": started, "InactiveExitTimestamp": "n/a"}
+        props = {
+            "LoadState": "loaded",
+            "NRestarts": "0",
+            "ExecMainPID": str(proc.pid),
+            "ActiveEnterTimestampMonotonic": started,
+            "InactiveExitTimestamp": "n/a",
+        }
         if rc is None:
-            props.update(ActiveState="active", SubState="running", Result="success", MainPID=str(proc.pid),
-                         ExecMainCode="0", ExecMainStatus="0")
+            props.update(
+                ActiveState="active",
+                SubState="running",
+                Result="success",
+                MainPID=str(proc.pid),
+                ExecMainCode="0",
+                ExecMainStatus="0",
+            )
         elif rc < 0:  # killed by a signal: CLD_KILLED, as systemd reports status=9/KILL
-            props.update(ActiveState="failed", SubState="failed", Result="signal", MainPID="0",
-                         ExecMainCode="2", ExecMainStatus=str(-rc))
+            props.update(
+                ActiveState="failed",
+                SubState="failed",
+                Result="signal",
+                MainPID="0",
+                ExecMainCode="2",
+                ExecMainStatus=str(-rc),
+            )
         else:
-            props.update(ActiveState="failed", SubState="failed", Result="exit-code" if rc else "success",
-                         MainPID="0", ExecMainCode="1", ExecMainStatus=str(rc))
+            props.update(
+                ActiveState="failed",
+                SubState="failed",
+                Result="exit-code" if rc else "success",
+                MainPID="0",
+                ExecMainCode="1",
+                ExecMainStatus=str(rc),
+            )
         return props
 
     def journal_lines(self, since):
@@ -124,8 +155,15 @@ def gate_params(**overrides):
     params = {name: spec.get("default") for name, spec in ARGUMENT_SPEC.items()}
     lang = sl.Language()
     prompts = sl.greedy_prompts(lang)
-    params.update(poll_interval=1.0, start_timeout=400, no_progress_timeout=120, request_timeout=60,
-                  chat_prompt=prompts[10], prompts=prompts[:4], max_tokens=64)
+    params.update(
+        poll_interval=1.0,
+        start_timeout=400,
+        no_progress_timeout=120,
+        request_timeout=60,
+        chat_prompt=prompts[10],
+        prompts=prompts[:4],
+        max_tokens=64,
+    )
     params.update(overrides)
     return params
 
@@ -144,8 +182,11 @@ def write_merged(path, document):
             document = dict(document, baselines=merged)
         elif current and "records" in document:
             seen = {json.dumps(r, sort_keys=True) for r in document["records"]}
-            document = dict(document, records=[r for r in current.get("records", [])
-                                               if json.dumps(r, sort_keys=True) not in seen] + document["records"])
+            document = dict(
+                document,
+                records=[r for r in current.get("records", []) if json.dumps(r, sort_keys=True) not in seen]
+                + document["records"],
+            )
         with open(path, "w") as handle:
             json.dump(document, handle, indent=2, sort_keys=True)
 
@@ -160,9 +201,16 @@ def run_gate(label, server, io, **overrides):
         passed, message, result = gate.run()
     except Exception:  # noqa: BLE001 (a harness error is recorded, the other scenarios go on)
         passed, message, result = None, traceback.format_exc(), {}
-    entry = {"server": server.name, "algorithm": server.algo, "release": server.info.get("release"),
-             "passed": passed, "message": message, "warnings": warnings, "wall_s": round(time.time() - started, 1),
-             "result": result}
+    entry = {
+        "server": server.name,
+        "algorithm": server.algo,
+        "release": server.info.get("release"),
+        "passed": passed,
+        "message": message,
+        "warnings": warnings,
+        "wall_s": round(time.time() - started, 1),
+        "result": result,
+    }
     with LOCK:
         RESULTS[label] = entry
         dump()
@@ -207,9 +255,14 @@ class Server(scenario.Server):
 
 
 def children(pid):
-    out = subprocess.run(["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True, check=False).stdout
-    return [(int(line.split(None, 1)[0]), line.split(None, 1)[1] if " " in line.strip() else "")
-            for line in out.splitlines() if line.strip()]
+    out = subprocess.run(
+        ["ps", "-o", "pid=,args=", "--ppid", str(pid)], capture_output=True, text=True, check=False
+    ).stdout
+    return [
+        (int(line.split(None, 1)[0]), line.split(None, 1)[1] if " " in line.strip() else "")
+        for line in out.splitlines()
+        if line.strip()
+    ]
 
 
 def log_path(server):
@@ -225,6 +278,7 @@ def guarded(fn):
                 RESULTS.setdefault("_errors", []).append(traceback.format_exc())
                 dump()
             log(traceback.format_exc())
+
     return wrapper
 
 
@@ -237,15 +291,27 @@ BASELINE = None
 def healthy(server, label, after=None):
     if after is not None:
         after.wait(240)
-    run_gate(label, server, ProcessIO(server, log_path(server)), baseline_file=BASELINE, metrics_file=METRICS,
-             record_metrics=True)
+    run_gate(
+        label,
+        server,
+        ProcessIO(server, log_path(server)),
+        baseline_file=BASELINE,
+        metrics_file=METRICS,
+        record_metrics=True,
+    )
 
 
 @guarded
 def wave1_dflash(server):
     try:
-        run_gate("dflash", server, ProcessIO(server, log_path(server)), baseline_file=BASELINE, metrics_file=METRICS,
-                 record_metrics=True)
+        run_gate(
+            "dflash",
+            server,
+            ProcessIO(server, log_path(server)),
+            baseline_file=BASELINE,
+            metrics_file=METRICS,
+            record_metrics=True,
+        )
     finally:
         DFLASH_RECORDED.set()
     # A second run in which the scheduler (a child of the launcher) is SIGKILLed just before the first
@@ -270,8 +336,10 @@ def wave1_dflash(server):
     io.before_request = kill_scheduler
     run_gate("dflash-scheduler-killed", server, io, baseline_file=BASELINE, since="now")
     time.sleep(5)
-    RESULTS["dflash-scheduler-killed"]["after_5s"] = {"launcher_rc": server.proc.poll(),
-                                                      "children": children(server.proc.pid)}
+    RESULTS["dflash-scheduler-killed"]["after_5s"] = {
+        "launcher_rc": server.proc.poll(),
+        "children": children(server.proc.pid),
+    }
 
 
 @guarded
@@ -289,13 +357,16 @@ def wave2_ddtree(server):
         RESULTS["_conformance_error"] = traceback.format_exc()
     extra = {}
     try:
-        info = server.post("/generate", {"text": gate_params()["prompts"][0],
-                                         "sampling_params": {"temperature": 0, "max_new_tokens": 64}})
+        info = server.post(
+            "/generate",
+            {"text": gate_params()["prompts"][0], "sampling_params": {"temperature": 0, "max_new_tokens": 64}},
+        )
         extra["generate_meta_info"] = info.get("meta_info")
     except Exception as exc:  # noqa: BLE001
         extra["generate_error"] = repr(exc)
     try:
         import urllib.request
+
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % server.port, timeout=30) as answer:
             text = answer.read().decode("utf-8", "replace")
         extra["metrics_spec_lines"] = [line for line in text.splitlines() if "spec" in line.lower()][:80]
@@ -310,8 +381,9 @@ def wave2_ddtree(server):
     RESULTS["_ddtree_meta_info"] = extra
     io2 = ProcessIO(server, log_path(server))
     io2.offset = os.path.getsize(log_path(server))
-    run_gate("ddtree-again", server, io2, baseline_file=BASELINE, metrics_file=metrics, record_metrics=True,
-             since="now")
+    run_gate(
+        "ddtree-again", server, io2, baseline_file=BASELINE, metrics_file=metrics, record_metrics=True, since="now"
+    )
 
 
 @guarded
@@ -323,6 +395,7 @@ def wave2_lossy(server):
 @guarded
 def wave2_killed(server):
     """SIGKILL the launcher once the target's weights are loaded, while the gate watches the start."""
+
     def killer():
         deadline = time.time() + 200
         while time.time() < deadline:
@@ -342,23 +415,32 @@ def wave2_killed(server):
 
 @guarded
 def crash_radix(server):
-    run_gate("none-radix-cache", server, ProcessIO(server, log_path(server)), baseline_file=None,
-             start_timeout=200)
+    run_gate("none-radix-cache", server, ProcessIO(server, log_path(server)), baseline_file=None, start_timeout=200)
 
 
 def kill_in_baseline(label, server, io, victim):
     """A before_request hook: SIGKILL the launcher (victim "launcher") or its scheduler ("scheduler")
     just before the gate's first baseline generation (its first POST in the baseline stage)."""
+
     def hook(method, path):
         if label in KILLS or method != "POST" or io.gate is None or io.gate.stage != "baseline":
             return
-        pids = [server.proc.pid] if victim == "launcher" else [
-            pid for pid, args in children(server.proc.pid) if "scheduler" in args]
-        KILLS[label] = {"victim": victim, "pids": pids, "children_before": children(server.proc.pid),
-                        "at_s": round(time.monotonic() - server.t0_monotonic, 1), "gate_stage": io.gate.stage,
-                        "monotonic": time.monotonic()}
+        pids = (
+            [server.proc.pid]
+            if victim == "launcher"
+            else [pid for pid, args in children(server.proc.pid) if "scheduler" in args]
+        )
+        KILLS[label] = {
+            "victim": victim,
+            "pids": pids,
+            "children_before": children(server.proc.pid),
+            "at_s": round(time.monotonic() - server.t0_monotonic, 1),
+            "gate_stage": io.gate.stage,
+            "monotonic": time.monotonic(),
+        }
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
+
     return hook
 
 
@@ -381,14 +463,21 @@ def killed_in_baseline(server, victim):
 
 @guarded
 def healthy_then_short_timeout(server):
-    first = run_gate("ddtree", server, ProcessIO(server, log_path(server)), baseline_file=BASELINE, metrics_file=METRICS,
-                     record_metrics=True)
+    first = run_gate(
+        "ddtree",
+        server,
+        ProcessIO(server, log_path(server)),
+        baseline_file=BASELINE,
+        metrics_file=METRICS,
+        record_metrics=True,
+    )
     io = ProcessIO(server, log_path(server))
     io.offset = os.path.getsize(log_path(server))
     # The served model name given, so the first request the short timeout fails is the chat completion.
     model = ((first.get("result") or {}).get("chat") or {}).get("model")
-    entry = run_gate("ddtree-request-timeout", server, io, baseline_file=BASELINE, since="now", request_timeout=0.001,
-                     model=model)
+    entry = run_gate(
+        "ddtree-request-timeout", server, io, baseline_file=BASELINE, since="now", request_timeout=0.001, model=model
+    )
     entry["launcher_rc_at_verdict"] = server.proc.poll()
     with LOCK:
         dump()
@@ -414,8 +503,16 @@ def fresh_then_again(server):
         io = ProcessIO(server, log_path(server))
         if since:
             io.offset = os.path.getsize(log_path(server))
-        entry = run_gate(label, server, io, baseline_file=BASELINE, metrics_file=METRICS, record_metrics=True,
-                         min_accept_length=2.0, **({"since": since} if since else {}))
+        entry = run_gate(
+            label,
+            server,
+            io,
+            baseline_file=BASELINE,
+            metrics_file=METRICS,
+            record_metrics=True,
+            min_accept_length=2.0,
+            **({"since": since} if since else {}),
+        )
         entry["after"] = server_info_states(server)
         with LOCK:
             dump()
@@ -432,9 +529,11 @@ def plan_fresh(models, release, servers, threads):
 
 
 def plan_killed(models, release, servers, threads):
-    plan = [(Server("ddtree", "DDTREE", release, 31020, models), healthy_then_short_timeout, ()),
-            (Server("ddtree-launcher-killed", "DDTREE", release, 31021, models), killed_in_baseline, ("launcher",)),
-            (Server("ddtree-scheduler-killed", "DDTREE", release, 31022, models), killed_in_baseline, ("scheduler",))]
+    plan = [
+        (Server("ddtree", "DDTREE", release, 31020, models), healthy_then_short_timeout, ()),
+        (Server("ddtree-launcher-killed", "DDTREE", release, 31021, models), killed_in_baseline, ("launcher",)),
+        (Server("ddtree-scheduler-killed", "DDTREE", release, 31022, models), killed_in_baseline, ("scheduler",)),
+    ]
     for server, fn, extra in plan:
         server.start()
         servers.append(server)
@@ -519,8 +618,14 @@ def main():
     release, lossy = scenario.RELEASE, "/tmp/release-greedy-lossy/site"
     if not os.path.isdir(lossy):
         shutil.copytree(release, lossy)
-        subprocess.run([sys.executable, os.path.join(HERE, "plant_greedy_lossy_walk.py"),
-                        os.path.join(lossy, "sglang_overlay", "adapter", "worker.py")], check=False)
+        subprocess.run(
+            [
+                sys.executable,
+                os.path.join(HERE, "plant_greedy_lossy_walk.py"),
+                os.path.join(lossy, "sglang_overlay", "adapter", "worker.py"),
+            ],
+            check=False,
+        )
     servers = []
     try:
         threads = []
@@ -538,7 +643,9 @@ def main():
         for server in servers:
             server.kill_tree()
         with LOCK:
-            RESULTS["_servers"] = {s.name: dict(s.info, returncode=s.proc.returncode if s.proc else None) for s in servers}
+            RESULTS["_servers"] = {
+                s.name: dict(s.info, returncode=s.proc.returncode if s.proc else None) for s in servers
+            }
             RESULTS["_wall_s"] = round(time.time() - T0, 1)
             dump()
     log("done")

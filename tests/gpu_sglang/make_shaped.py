@@ -13,6 +13,7 @@ layer count does not matter for the ratio (DFLASH and DDTREE run the same draft 
 The tokenizer is synth_lang's word-level one (the perf prompts are its words) padded with unused tokens to
 the full vocabulary, so every id the random target emits detokenizes.
 """
+
 import json
 import os
 import sys
@@ -22,9 +23,18 @@ import synth_lang as sl  # noqa: E402
 
 TARGET, DRAFTER = "qwen3-8b-shaped", "qwen3-8b-shaped-dflash"
 VOCAB = 151936
-QWEN3_8B = dict(vocab_size=VOCAB, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-                rms_norm_eps=1e-6, tie_word_embeddings=False)
+QWEN3_8B = dict(
+    vocab_size=VOCAB,
+    hidden_size=4096,
+    intermediate_size=12288,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+)
 ROPE_THETA = 1000000.0
 DRAFT_LAYERS, BLOCK, TARGET_LAYER_IDS = 5, 16, [1, 9, 17, 25, 33]
 
@@ -40,29 +50,51 @@ def vocabulary():
 
 
 def target_config():
-    return dict(QWEN3_8B, architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu",
-                attention_bias=False, attention_dropout=0.0, initializer_range=0.02, use_cache=True,
-                rope_theta=ROPE_THETA, rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
-                bos_token_id=0, eos_token_id=0, pad_token_id=0, torch_dtype="bfloat16", dtype="bfloat16")
+    return dict(
+        QWEN3_8B,
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        hidden_act="silu",
+        attention_bias=False,
+        attention_dropout=0.0,
+        initializer_range=0.02,
+        use_cache=True,
+        rope_theta=ROPE_THETA,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        torch_dtype="bfloat16",
+        dtype="bfloat16",
+    )
 
 
 def drafter_config():
     cfg = target_config()
-    cfg.update(architectures=["DFlashDraftModel"], num_hidden_layers=DRAFT_LAYERS, block_size=BLOCK,
-               num_target_layers=QWEN3_8B["num_hidden_layers"], layer_types=["full_attention"] * DRAFT_LAYERS,
-               dflash_config={"target_layer_ids": TARGET_LAYER_IDS, "mask_token_id": sl.MASK_ID,
-                              "block_size": BLOCK})
+    cfg.update(
+        architectures=["DFlashDraftModel"],
+        num_hidden_layers=DRAFT_LAYERS,
+        block_size=BLOCK,
+        num_target_layers=QWEN3_8B["num_hidden_layers"],
+        layer_types=["full_attention"] * DRAFT_LAYERS,
+        dflash_config={"target_layer_ids": TARGET_LAYER_IDS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK},
+    )
     return cfg
 
 
 def save_tokenizer(path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
     tok = Tokenizer(models.WordLevel(vocab=vocabulary(), unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                            additional_special_tokens=sl.SPECIALS[1:]).save_pretrained(path)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=sl.SPECIALS[1:],
+    ).save_pretrained(path)
 
 
 def main(out):

@@ -21,6 +21,7 @@ longer rounds average out the scheduler's jitter, which moves a 0.1 s round by 2
 seconds of the round. Greedy outputs of the first round are kept to compare servers (graphs vs eager).
 Writes OUT/results-perf.json and OUT/server-perf-NAME.log.
 """
+
 import concurrent.futures as cf
 import json
 import os
@@ -45,8 +46,12 @@ def measure(server, prompts, conc):
     secs = time.time() - t
     tokens = sum(o["completion_tokens"] or 0 for o in outs)
     acc = [o["accept"] for o in outs if o["accept"] is not None]
-    return {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 1),
-            "mean_accept": (sum(acc) / len(acc)) if acc else None}, [o["ids"] for o in outs]
+    return {
+        "tokens": tokens,
+        "seconds": round(secs, 3),
+        "tokens_per_s": round(tokens / secs, 1),
+        "mean_accept": (sum(acc) / len(acc)) if acc else None,
+    }, [o["ids"] for o in outs]
 
 
 def main():
@@ -58,20 +63,33 @@ def main():
     shape = os.environ.get("PERF_TARGET", "tiny")
     before_env = os.environ.get("PERF_BEFORE_ENV", "DDTREE_EAGER_TREE_STAGE=1")
     drafter = os.environ.get("PERF_DRAFTER") or None
-    servers = [sc.Server("perf-none", "NONE", sc.RELEASE, 30100, out, models, shape=shape),
-               sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models, shape=shape, drafter=drafter)]
+    servers = [
+        sc.Server("perf-none", "NONE", sc.RELEASE, 30100, out, models, shape=shape),
+        sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models, shape=shape, drafter=drafter),
+    ]
     settings = [item.strip() for item in os.environ.get("PERF_DDTREE", "").split(";") if item.strip()]
     if settings:
         top_k = int(os.environ["PERF_TOP_K"]) if os.environ.get("PERF_TOP_K") else None
         for i, budget in enumerate(settings):
-            server = sc.Server("perf-ddtree-%d" % i, "DDTREE", sc.RELEASE, 30102 + i, out, models, shape=shape,
-                               drafter=drafter, budget=budget, top_k=top_k)
+            server = sc.Server(
+                "perf-ddtree-%d" % i,
+                "DDTREE",
+                sc.RELEASE,
+                30102 + i,
+                out,
+                models,
+                shape=shape,
+                drafter=drafter,
+                budget=budget,
+                top_k=top_k,
+            )
             server.info["ddtree_setting"] = budget
             servers.append(server)
     else:
         if before_env != "none":
-            before = sc.Server("perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models, shape=shape,
-                               drafter=drafter)
+            before = sc.Server(
+                "perf-ddtree-before", "DDTREE", sc.RELEASE, 30102, out, models, shape=shape, drafter=drafter
+            )
             before.set_env(before_env)
             servers.append(before)
         after = sc.Server("perf-ddtree", "DDTREE", sc.RELEASE, 30103, out, models, shape=shape, drafter=drafter)
@@ -84,9 +102,18 @@ def main():
         for s in ddtree:
             s.env["DDTREE_STEP_TIMING"] = os.environ["PERF_STEP_TIMING"]
     t0 = time.time()
-    doc = {"plan": "perf", "target": shape, "drafter": drafter, "rounds": rounds, "requests": CONCURRENCY, "new_tokens": sc.GREEDY_NEW,
-           "repeat": int(os.environ.get("PERF_REPEAT", "1")),
-           "servers": {s.name: s.info for s in servers}, "runs": [], "outputs": {}}
+    doc = {
+        "plan": "perf",
+        "target": shape,
+        "drafter": drafter,
+        "rounds": rounds,
+        "requests": CONCURRENCY,
+        "new_tokens": sc.GREEDY_NEW,
+        "repeat": int(os.environ.get("PERF_REPEAT", "1")),
+        "servers": {s.name: s.info for s in servers},
+        "runs": [],
+        "outputs": {},
+    }
 
     def save():
         doc["seconds"] = round(time.time() - t0, 1)
@@ -151,7 +178,9 @@ def print_table(doc):
     print("| server | " + " | ".join("c%d tok/s (runs)" % c for c in CONCURRENCY) + " | accept len |")
     print("| --- |" + " --- |" * (len(CONCURRENCY) + 1))
     for name in doc["servers"]:
-        cells = ["%s (%s)" % (med.get((name, c)), ", ".join(str(x) for x in by.get((name, c), []))) for c in CONCURRENCY]
+        cells = [
+            "%s (%s)" % (med.get((name, c)), ", ".join(str(x) for x in by.get((name, c), []))) for c in CONCURRENCY
+        ]
         a = acc.get(name)
         print("| %s | %s | %s |" % (name, " | ".join(cells), ("%.2f" % (sum(a) / len(a))) if a else "-"))
     for name in [n for n in doc["servers"] if n.startswith("perf-ddtree")]:

@@ -7,6 +7,7 @@ the drafter wherever it disagrees with the target, so a greedy baseline recorded
 must catch it (plant_lossy_walk.py's bug touches sampled requests only, which the gate does not send).
 Usage: python plant_greedy_lossy_walk.py PATH/TO/COPY/worker.py (never run on the project's own sources).
 """
+
 import sys
 
 ANCHOR = """        predict, accept_lens, accept_index = eagle_sample(

@@ -6,6 +6,7 @@ are unaffected, sampled ones lose their randomness on every token produced throu
 the control release must fail the same chi-square test that the real release passes.
 Usage: python plant_lossy_walk.py PATH/TO/COPY/worker.py (never run on the project's own sources).
 """
+
 import sys
 
 ANCHOR = """        predict, accept_lens, accept_index = eagle_sample(

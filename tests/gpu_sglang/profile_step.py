@@ -16,6 +16,7 @@ that ran while the GPU was idle ("host_during_gpu_idle": each event's own time i
 children's time excluded), which says what keeps the GPU waiting at low concurrency.
 PROFILE_CONCS (default 1,16) picks the concurrencies.
 """
+
 import bisect
 import concurrent.futures as cf
 import glob
@@ -44,8 +45,11 @@ def wave(server, prompts, conc):
 
 def start_profile(server, body):
     """POST /start_profile: SGLang answers with plain text, not JSON (Server.post parses JSON)."""
-    req = urllib.request.Request("http://127.0.0.1:%d/start_profile" % server.port, data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        "http://127.0.0.1:%d/start_profile" % server.port,
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         return r.read().decode(errors="replace")
 
@@ -86,7 +90,9 @@ def overlap(gaps, starts, s, e):
 def host_during_idle(events, gaps, steps):
     """Per host event name: its own time (children excluded) inside the GPU's idle gaps, ms per step."""
     starts = [g[0] for g in gaps]
-    host = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function", "user_annotation")]
+    host = [
+        e for e in events if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "python_function", "user_annotation")
+    ]
     own = {}
     by_thread = {}
     for e in host:
@@ -109,7 +115,11 @@ def host_during_idle(events, gaps, steps):
         while stack:
             close(stack.pop())
     ms = 1000.0 * steps
-    return [{"name": k, "ms_per_step": round(t / ms, 4)} for k, t in sorted(own.items(), key=lambda kv: -kv[1])[:TOP] if t > 0]
+    return [
+        {"name": k, "ms_per_step": round(t / ms, 4)}
+        for k, t in sorted(own.items(), key=lambda kv: -kv[1])[:TOP]
+        if t > 0
+    ]
 
 
 def summarize(trace_path, steps):
@@ -131,24 +141,34 @@ def summarize(trace_path, steps):
     waits = {}
     for e in events:
         name = e.get("name", "")
-        if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver") and (
-                "Synchronize" in name or name in ("cudaMemcpy", "cuMemcpyDtoH_v2", "cudaMemcpyDtoH")):
+        if (
+            e.get("ph") == "X"
+            and e.get("cat") in ("cuda_runtime", "cuda_driver")
+            and ("Synchronize" in name or name in ("cudaMemcpy", "cuMemcpyDtoH_v2", "cudaMemcpyDtoH"))
+        ):
             t, n = waits.get(name, (0.0, 0))
             waits[name] = (t + e["dur"], n + 1)
     ms = 1000.0 * steps
     extra = {}
     if PROFILE_CPU:
         gaps = idle_gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu], start, end)
-        extra = {"idle_gaps_per_step": round(len(gaps) / steps, 1),
-                 "host_during_gpu_idle": host_during_idle(events, gaps, steps)}
-    summary = {"steps": steps, "span_ms_per_step": round((end - start) / ms, 3),
-               "busy_ms_per_step": round(busy / ms, 3), "idle_ms_per_step": round((end - start - busy) / ms, 3),
-               "kernel_ms_per_step": round(sum(e["dur"] for e in gpu) / ms, 3),
-               "launches_per_step": round(len(gpu) / steps, 1),
-               "host_waits": {k: {"ms_per_step": round(t / ms, 3), "per_step": round(n / steps, 2)}
-                              for k, (t, n) in sorted(waits.items(), key=lambda kv: -kv[1][0])},
-               "top": [{"name": k, "ms_per_step": round(t / ms, 4), "per_step": round(n / steps, 2)}
-                       for k, (t, n) in top]}
+        extra = {
+            "idle_gaps_per_step": round(len(gaps) / steps, 1),
+            "host_during_gpu_idle": host_during_idle(events, gaps, steps),
+        }
+    summary = {
+        "steps": steps,
+        "span_ms_per_step": round((end - start) / ms, 3),
+        "busy_ms_per_step": round(busy / ms, 3),
+        "idle_ms_per_step": round((end - start - busy) / ms, 3),
+        "kernel_ms_per_step": round(sum(e["dur"] for e in gpu) / ms, 3),
+        "launches_per_step": round(len(gpu) / steps, 1),
+        "host_waits": {
+            k: {"ms_per_step": round(t / ms, 3), "per_step": round(n / steps, 2)}
+            for k, (t, n) in sorted(waits.items(), key=lambda kv: -kv[1][0])
+        },
+        "top": [{"name": k, "ms_per_step": round(t / ms, 4), "per_step": round(n / steps, 2)} for k, (t, n) in top],
+    }
     return dict(extra, **summary)
 
 
@@ -158,8 +178,10 @@ def main():
     shape = os.environ.get("PERF_TARGET", "qwen3-8b")
     prompts = sl.greedy_prompts(sl.Language())
     prompts = (prompts * (64 // len(prompts) + 1))[:64]
-    servers = [sc.Server("prof-dflash", "DFLASH", sc.RELEASE, 30111, out, models, shape=shape),
-               sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape)]
+    servers = [
+        sc.Server("prof-dflash", "DFLASH", sc.RELEASE, 30111, out, models, shape=shape),
+        sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape),
+    ]
     if os.environ.get("PROFILE_DDTREE_ENV"):
         servers[1].set_env(os.environ["PROFILE_DDTREE_ENV"])
     doc = {"plan": "profile", "target": shape, "steps": STEPS, "results": {}}
@@ -169,15 +191,25 @@ def main():
             s.start()
         for s in servers:
             s.wait_ready()
-        print("[profile] ready after %.0f s: %s" % (time.time() - t0, [s.info.get("ready_s") for s in servers]),
-              flush=True)
+        print(
+            "[profile] ready after %.0f s: %s" % (time.time() - t0, [s.info.get("ready_s") for s in servers]),
+            flush=True,
+        )
         for s in servers:
             for conc in [int(c) for c in os.environ.get("PROFILE_CONCS", "1,16").split(",")]:
                 wave(s, prompts, conc)  # warm-up at this batch size
                 pdir = os.path.join(out, "prof", "%s-c%d" % (s.name, conc))
                 os.makedirs(pdir, exist_ok=True)
-                start_profile(s, {"output_dir": pdir, "num_steps": STEPS, "activities": ["CPU", "GPU"] if PROFILE_CPU else ["GPU"],
-                                  "with_stack": PROFILE_CPU, "profile_id": "%s-c%d" % (s.name, conc)})
+                start_profile(
+                    s,
+                    {
+                        "output_dir": pdir,
+                        "num_steps": STEPS,
+                        "activities": ["CPU", "GPU"] if PROFILE_CPU else ["GPU"],
+                        "with_stack": PROFILE_CPU,
+                        "profile_id": "%s-c%d" % (s.name, conc),
+                    },
+                )
                 outs = wave(s, prompts, conc)
                 deadline = time.time() + 60
                 files = []
@@ -188,8 +220,9 @@ def main():
                 key = "%s/c%d" % (s.name, conc)
                 doc["results"][key] = summarize(files[0], STEPS) if files else {"error": "no trace in %s" % pdir}
                 doc["results"][key]["mean_accept"] = sum(o["accept"] or 0 for o in outs) / len(outs)
-                print("[profile] %s %s" % (key, {k: v for k, v in doc["results"][key].items() if k != "top"}),
-                      flush=True)
+                print(
+                    "[profile] %s %s" % (key, {k: v for k, v in doc["results"][key].items() if k != "top"}), flush=True
+                )
     finally:
         for s in servers:
             s.stop()
@@ -204,9 +237,17 @@ def main():
         with open(os.path.join(out, "results-profile.json"), "w") as fh:
             json.dump(doc, fh, indent=1)
     for key, r in doc["results"].items():
-        print("[profile] %s: span %s ms/step, busy %s, idle %s, %s launches/step, host waits %s" % (
-            key, r.get("span_ms_per_step"), r.get("busy_ms_per_step"), r.get("idle_ms_per_step"),
-            r.get("launches_per_step"), r.get("host_waits")))
+        print(
+            "[profile] %s: span %s ms/step, busy %s, idle %s, %s launches/step, host waits %s"
+            % (
+                key,
+                r.get("span_ms_per_step"),
+                r.get("busy_ms_per_step"),
+                r.get("idle_ms_per_step"),
+                r.get("launches_per_step"),
+                r.get("host_waits"),
+            )
+        )
         for k in (r.get("top") or [])[:12]:
             print("[profile]    %8.4f ms x%-6s %s" % (k["ms_per_step"], k["per_step"], k["name"][:90]))
         for k in (r.get("host_during_gpu_idle") or [])[:20]:

@@ -9,6 +9,7 @@ Run on the device against real SGLang 0.5.23 (tests/gpu_sglang/gate_real.py call
 the lab runtime; lab/runtime/tests/test_conformance.py compares the lab's answers with the recorded ones.
 Only the standard library: it runs in any Python on either machine.
 """
+
 import http.client
 import json
 import os
@@ -67,23 +68,54 @@ def cases(model, stop):
         ("chat_other_model_name", "POST", "/v1/chat/completions", w(chat, model="some-client-name"), {}, None),
         ("chat_no_model", "POST", "/v1/chat/completions", {k: v for k, v in chat.items() if k != "model"}, {}, None),
         ("chat_stream", "POST", "/v1/chat/completions", w(chat, stream=True), {}, None),
-        ("chat_stream_usage", "POST", "/v1/chat/completions",
-         w(chat, stream=True, stream_options={"include_usage": True}), {}, None),
+        (
+            "chat_stream_usage",
+            "POST",
+            "/v1/chat/completions",
+            w(chat, stream=True, stream_options={"include_usage": True}),
+            {},
+            None,
+        ),
         ("chat_stop", "POST", "/v1/chat/completions", w(chat, stop=[stop]), {}, None),
-        ("chat_stop_stream_usage", "POST", "/v1/chat/completions",
-         w(chat, stop=[stop], stream=True, stream_options={"include_usage": True}), {}, None),
+        (
+            "chat_stop_stream_usage",
+            "POST",
+            "/v1/chat/completions",
+            w(chat, stop=[stop], stream=True, stream_options={"include_usage": True}),
+            {},
+            None,
+        ),
         ("chat_n2", "POST", "/v1/chat/completions", w(chat, n=2), {}, None),
-        ("chat_logprobs", "POST", "/v1/chat/completions", w(chat, max_tokens=4, logprobs=True, top_logprobs=2), {}, None),
+        (
+            "chat_logprobs",
+            "POST",
+            "/v1/chat/completions",
+            w(chat, max_tokens=4, logprobs=True, top_logprobs=2),
+            {},
+            None,
+        ),
         ("chat_empty_messages", "POST", "/v1/chat/completions", w(chat, messages=[]), {}, None),
         ("chat_invalid_json", "POST", "/v1/chat/completions", None, {}, b'{"model": "x", "messages": ['),
-        ("chat_text_plain", "POST", "/v1/chat/completions", None, {"Content-Type": "text/plain"},
-         json.dumps(chat).encode()),
+        (
+            "chat_text_plain",
+            "POST",
+            "/v1/chat/completions",
+            None,
+            {"Content-Type": "text/plain"},
+            json.dumps(chat).encode(),
+        ),
         ("chat_max_tokens_negative", "POST", "/v1/chat/completions", w(chat, max_tokens=-1), {}, None),
         ("chat_get", "GET", "/v1/chat/completions", None, {}, None),
         ("completions", "POST", "/v1/completions", comp, {}, None),
         ("completions_stream", "POST", "/v1/completions", w(comp, stream=True), {}, None),
-        ("completions_stream_usage", "POST", "/v1/completions",
-         w(comp, stream=True, stream_options={"include_usage": True}), {}, None),
+        (
+            "completions_stream_usage",
+            "POST",
+            "/v1/completions",
+            w(comp, stream=True, stream_options={"include_usage": True}),
+            {},
+            None,
+        ),
         ("completions_stop", "POST", "/v1/completions", w(comp, stop=[stop]), {}, None),
         ("completions_stop_stream", "POST", "/v1/completions", w(comp, stop=[stop], stream=True), {}, None),
         ("completions_n2", "POST", "/v1/completions", w(comp, n=2), {}, None),
@@ -94,10 +126,22 @@ def cases(model, stop):
         ("unknown_route_post", "POST", "/nothing-here", {"a": 1}, {}, None),
         ("models", "GET", "/v1/models", None, {}, None),
         ("health", "GET", "/health", None, {}, None),
-        ("generate", "POST", "/generate", {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 24}},
-         {}, None),
-        ("generate_stop", "POST", "/generate",
-         {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 24, "stop": [stop]}}, {}, None),
+        (
+            "generate",
+            "POST",
+            "/generate",
+            {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 24}},
+            {},
+            None,
+        ),
+        (
+            "generate_stop",
+            "POST",
+            "/generate",
+            {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 24, "stop": [stop]}},
+            {},
+            None,
+        ),
         ("server_info", "GET", "/server_info", None, {}, None),
     ]
 
@@ -120,16 +164,24 @@ def record_all(base_url, out_dir, model=None):
             model = _send(base_url, "GET", "/v1/models")["body"]["data"][0]["id"]
         except Exception:  # noqa: BLE001 (recorded; the cases still run)
             model = "default"
-    first = _send(base_url, "POST", "/v1/completions",
-                  {"model": model, "prompt": PROMPT, "max_tokens": 24, "temperature": 0})
+    first = _send(
+        base_url, "POST", "/v1/completions", {"model": model, "prompt": PROMPT, "max_tokens": 24, "temperature": 0}
+    )
     try:
         stop = pick_stop(first["body"]["choices"][0]["text"])
     except Exception:  # noqa: BLE001
         stop = " the"
     summary["_meta"] = {"base_url": base_url, "model": model, "prompt": PROMPT, "stop": stop}
     for name, method, path, body, headers, raw in cases(model, stop):
-        record = {"name": name, "request": {"method": method, "path": path, "headers": headers,
-                                            "body": body if raw is None else raw.decode("utf-8", "replace")}}
+        record = {
+            "name": name,
+            "request": {
+                "method": method,
+                "path": path,
+                "headers": headers,
+                "body": body if raw is None else raw.decode("utf-8", "replace"),
+            },
+        }
         try:
             record.update(_send(base_url, method, path, body, headers, raw))
         except Exception as exc:  # noqa: BLE001 (a case that breaks the connection is itself an answer)

@@ -10,6 +10,7 @@ Writes OUT/results-PLAN.json (raw outputs) and OUT/server-NAME.log; analyze.py t
 NONE starts first (it compiles SGLang's JIT kernels into the shared cache), then DFLASH (its sampling
 kernel), then the rest together: each later server finds the kernels compiled.
 """
+
 import concurrent.futures as cf
 import json
 import os
@@ -38,19 +39,39 @@ T0 = [time.time()]
 # that four servers share one GPU of the device (each ~17 GB of weights; 32768 tokens of KV are 4.8 GB).
 SHAPES = {
     "tiny": ("tiny-qwen3", "tiny-qwen3-dflash", ["--max-total-tokens", "131072"], []),
-    "qwen3-8b": ("qwen3-8b-shaped", "qwen3-8b-shaped-dflash",
-                 ["--load-format", "dummy", "--max-total-tokens", "32768"],
-                 ["--speculative-draft-load-format", "dummy"]),
+    "qwen3-8b": (
+        "qwen3-8b-shaped",
+        "qwen3-8b-shaped-dflash",
+        ["--load-format", "dummy", "--max-total-tokens", "32768"],
+        ["--speculative-draft-load-format", "dummy"],
+    ),
 }
 
 
 def flags(models, port, tp=1, seed=1, shape="tiny"):
     target, _draft, extra, _spec = SHAPES[shape]
-    common = ["--model-path", os.path.join(models, target), "--host", "127.0.0.1", "--port", str(port),
-              "--attention-backend", "triton", "--sampling-backend", "pytorch", "--grammar-backend", "none",
-              "--disable-radix-cache", "--mem-fraction-static", "0.85"]
-    return common + extra + ["--max-running-requests", "48", "--random-seed", str(seed), "--tp-size", str(tp),
-                             "--log-level", "info"]
+    common = [
+        "--model-path",
+        os.path.join(models, target),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--attention-backend",
+        "triton",
+        "--sampling-backend",
+        "pytorch",
+        "--grammar-backend",
+        "none",
+        "--disable-radix-cache",
+        "--mem-fraction-static",
+        "0.85",
+    ]
+    return (
+        common
+        + extra
+        + ["--max-running-requests", "48", "--random-seed", str(seed), "--tp-size", str(tp), "--log-level", "info"]
+    )
 
 
 def spec_flags(models, algo, shape="tiny", drafter=None, budget=15, top_k=8):
@@ -60,7 +81,12 @@ def spec_flags(models, algo, shape="tiny", drafter=None, budget=15, top_k=8):
     if algo == "NONE":
         return []
     _target, draft, _extra, spec = SHAPES[shape]
-    out = ["--speculative-algorithm", algo, "--speculative-draft-model-path", os.path.join(models, drafter or draft)] + spec
+    out = [
+        "--speculative-algorithm",
+        algo,
+        "--speculative-draft-model-path",
+        os.path.join(models, drafter or draft),
+    ] + spec
     if algo == "DDTREE":
         out += ["--speculative-ddtree-budget", str(budget)]
         if top_k is not None:
@@ -72,11 +98,21 @@ class Server(object):
     def __init__(self, name, algo, release, port, out, models, tp=1, seed=1, shape="tiny", **spec):
         """`spec`: spec_flags' drafter, budget and top_k, for a server that differs from the defaults."""
         self.name, self.algo, self.port, self.out = name, algo, port, out
-        self.args = ([sys.executable, "-m", "sglang.launch_server"] + flags(models, port, tp, seed, shape)
-                     + spec_flags(models, algo, shape, **spec))
+        self.args = (
+            [sys.executable, "-m", "sglang.launch_server"]
+            + flags(models, port, tp, seed, shape)
+            + spec_flags(models, algo, shape, **spec)
+        )
         self.env = dict(os.environ, PYTHONPATH=(release + ":" if release else "") + SITE)
         self.proc = None
-        self.info = {"name": name, "algorithm": algo, "release": release, "tp": tp, "seed": seed, "flags": self.args[3:]}
+        self.info = {
+            "name": name,
+            "algorithm": algo,
+            "release": release,
+            "tp": tp,
+            "seed": seed,
+            "flags": self.args[3:],
+        }
 
     def set_env(self, spec):
         """Add NAME=VALUE[,NAME=VALUE...] to this server's environment (the switches a run compares)."""
@@ -87,8 +123,9 @@ class Server(object):
     def start(self):
         self.t0 = time.time()
         self.log = open(os.path.join(self.out, "server-%s.log" % self.name), "w")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+        )
 
     def wait_ready(self, limit=300):
         while time.time() - self.t0 < limit:
@@ -107,8 +144,11 @@ class Server(object):
         return False
 
     def post(self, path, body, timeout=180):
-        req = urllib.request.Request("http://127.0.0.1:%d%s" % (self.port, path), data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            "http://127.0.0.1:%d%s" % (self.port, path),
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.loads(r.read())
 
@@ -126,8 +166,12 @@ class Server(object):
                     raise
                 time.sleep(0.5)
         m = r.get("meta_info", {})
-        return {"ids": r.get("output_ids"), "accept": m.get("spec_accept_length"), "verify_ct": m.get("spec_verify_ct"),
-                "completion_tokens": m.get("completion_tokens")}
+        return {
+            "ids": r.get("output_ids"),
+            "accept": m.get("spec_accept_length"),
+            "verify_ct": m.get("spec_verify_ct"),
+            "completion_tokens": m.get("completion_tokens"),
+        }
 
     def stop(self):
         """The server's whole process group (launcher, scheduler, detokenizer): a child left behind keeps the
@@ -182,8 +226,13 @@ def sampled(server, prompts):
 
 
 def dump(out, plan, lang, results, t0):
-    doc = {"plan": plan, "seconds": round(time.time() - t0, 1), "servers": results,
-           "greedy_prompts": sl.greedy_prompts(lang), "branch_prompts": sl.branch_prompts(lang)}
+    doc = {
+        "plan": plan,
+        "seconds": round(time.time() - t0, 1),
+        "servers": results,
+        "greedy_prompts": sl.greedy_prompts(lang),
+        "branch_prompts": sl.branch_prompts(lang),
+    }
     with open(os.path.join(out, "results-%s.json" % plan), "w") as fh:
         json.dump(doc, fh)
 
@@ -207,9 +256,11 @@ def scenario(server, plan, lang, results, lock):
         try:
             info = server.get("/server_info")
             st = (info.get("internal_states") or [{}])[0]
-            res["server_info"] = {"avg_spec_accept_length": st.get("avg_spec_accept_length"),
-                                  "speculative_algorithm": info.get("speculative_algorithm"),
-                                  "version": info.get("version")}
+            res["server_info"] = {
+                "avg_spec_accept_length": st.get("avg_spec_accept_length"),
+                "speculative_algorithm": info.get("speculative_algorithm"),
+                "version": info.get("version"),
+            }
         except Exception as e:  # noqa: BLE001 (evidence, not control flow)
             res["server_info_error"] = repr(e)
     except Exception as e:  # noqa: BLE001
@@ -228,20 +279,30 @@ def main():
     lang = sl.Language()
     results, lock, threads = {}, threading.Lock(), []
     if plan == "tp1":
-        waves = [[Server("none", "NONE", RELEASE, 30000, out, models)],
-                 [Server("dflash", "DFLASH", RELEASE, 30001, out, models)],
-                 [Server("ddtree", "DDTREE", RELEASE, 30002, out, models),
-                  Server("ddtree-control", "DDTREE", CONTROL, 30003, out, models)]]
+        waves = [
+            [Server("none", "NONE", RELEASE, 30000, out, models)],
+            [Server("dflash", "DFLASH", RELEASE, 30001, out, models)],
+            [
+                Server("ddtree", "DDTREE", RELEASE, 30002, out, models),
+                Server("ddtree-control", "DDTREE", CONTROL, 30003, out, models),
+            ],
+        ]
     elif plan == "sampled":
         # the T = 1 runs again, each server with its own --random-seed (in tp1 all had seed 1, so the
         # servers' sampling streams were not independent of each other)
-        waves = [[Server("none", "NONE", RELEASE, 30020, out, models, seed=11)],
-                 [Server("ddtree", "DDTREE", RELEASE, 30021, out, models, seed=12),
-                  Server("ddtree-control", "DDTREE", CONTROL, 30022, out, models, seed=13),
-                  Server("dflash", "DFLASH", RELEASE, 30023, out, models, seed=14)]]
+        waves = [
+            [Server("none", "NONE", RELEASE, 30020, out, models, seed=11)],
+            [
+                Server("ddtree", "DDTREE", RELEASE, 30021, out, models, seed=12),
+                Server("ddtree-control", "DDTREE", CONTROL, 30022, out, models, seed=13),
+                Server("dflash", "DFLASH", RELEASE, 30023, out, models, seed=14),
+            ],
+        ]
     else:
-        waves = [[Server("ddtree-tp2", "DDTREE", RELEASE, 30010, out, models, tp=2)],
-                 [Server("none-tp2", "NONE", RELEASE, 30011, out, models, tp=2)]]
+        waves = [
+            [Server("ddtree-tp2", "DDTREE", RELEASE, 30010, out, models, tp=2)],
+            [Server("none-tp2", "NONE", RELEASE, 30011, out, models, tp=2)],
+        ]
     t0 = T0[0] = time.time()
     for wave in waves:
         for s in wave:
@@ -251,7 +312,9 @@ def main():
             threads.append(th)
         # the next wave starts once this one's servers are up (their JIT kernels are then in the cache)
         for s in wave:
-            while s.proc.poll() is None and "ready_s" not in s.info and "error" not in s.info and time.time() - s.t0 < 300:
+            while (
+                s.proc.poll() is None and "ready_s" not in s.info and "error" not in s.info and time.time() - s.t0 < 300
+            ):
                 time.sleep(1)
     for th in threads:
         th.join()

@@ -39,8 +39,9 @@ def _median(values: list) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
-def rows_from_perf(doc: dict, commit: str, source: str, shape: str | None = None, layers: int | None = None,
-                   drafter: str | None = None) -> list[dict]:
+def rows_from_perf(
+    doc: dict, commit: str, source: str, shape: str | None = None, layers: int | None = None, drafter: str | None = None
+) -> list[dict]:
     """The scoreboard rows of one perf.py result (``results-perf.json``)."""
     target = doc.get("target", "tiny")
     default_shape, default_layers, tp = SHAPES.get(target, (target, None, 1))
@@ -54,28 +55,31 @@ def rows_from_perf(doc: dict, commit: str, source: str, shape: str | None = None
             dflash = _by(runs, "perf-dflash", concurrency, "tokens_per_s")
             mine = _by(runs, name, concurrency, "tokens_per_s")
             per_round = [round(a / b, 3) for a, b in zip(mine, dflash) if a and b]
-            out.append({
-                "shape": shape or default_shape,
-                "layers": layers or default_layers,
-                "tp": info.get("tp", tp),
-                "drafter": drafter or doc.get("drafter") or "the shape's",
-                "accept_dflash": _median(_by(runs, "perf-dflash", concurrency, "mean_accept")),
-                "accept_ddtree": _median(_by(runs, name, concurrency, "mean_accept")),
-                "ddtree_setting": info.get("ddtree_setting") or _flag(info.get("flags", []), "--speculative-ddtree-budget"),
-                "top_k": _flag(info.get("flags", []), "--speculative-ddtree-top-k") or "auto",
-                "concurrency": concurrency,
-                "tokens_per_s": {
-                    "NONE": _median(_by(runs, "perf-none", concurrency, "tokens_per_s")),
-                    "DFLASH": _median(dflash),
-                    "DDTREE": _median(mine),
-                },
-                "ddtree_over_dflash": _median(per_round),
-                "per_round": per_round,
-                "rounds": len(per_round),
-                "errors": [r.get("error") for r in runs if r.get("server") == name and r.get("error")][:3],
-                "commit": commit,
-                "source": source,
-            })
+            out.append(
+                {
+                    "shape": shape or default_shape,
+                    "layers": layers or default_layers,
+                    "tp": info.get("tp", tp),
+                    "drafter": drafter or doc.get("drafter") or "the shape's",
+                    "accept_dflash": _median(_by(runs, "perf-dflash", concurrency, "mean_accept")),
+                    "accept_ddtree": _median(_by(runs, name, concurrency, "mean_accept")),
+                    "ddtree_setting": info.get("ddtree_setting")
+                    or _flag(info.get("flags", []), "--speculative-ddtree-budget"),
+                    "top_k": _flag(info.get("flags", []), "--speculative-ddtree-top-k") or "auto",
+                    "concurrency": concurrency,
+                    "tokens_per_s": {
+                        "NONE": _median(_by(runs, "perf-none", concurrency, "tokens_per_s")),
+                        "DFLASH": _median(dflash),
+                        "DDTREE": _median(mine),
+                    },
+                    "ddtree_over_dflash": _median(per_round),
+                    "per_round": per_round,
+                    "rounds": len(per_round),
+                    "errors": [r.get("error") for r in runs if r.get("server") == name and r.get("error")][:3],
+                    "commit": commit,
+                    "source": source,
+                }
+            )
     return out
 
 
@@ -87,8 +91,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results")
     parser.add_argument("commit")
-    parser.add_argument("--scoreboard", default=os.path.join(os.path.dirname(__file__), "..", "..", "docs",
-                                                             "evidence", "gpu-sglang", "scoreboard.json"))
+    parser.add_argument(
+        "--scoreboard",
+        default=os.path.join(
+            os.path.dirname(__file__), "..", "..", "docs", "evidence", "gpu-sglang", "scoreboard.json"
+        ),
+    )
     parser.add_argument("--shape")
     parser.add_argument("--layers", type=int)
     parser.add_argument("--drafter")
@@ -106,13 +114,28 @@ def main() -> None:
     with open(args.scoreboard, "w", encoding="utf-8") as fh:
         json.dump(board, fh, indent=1)
         fh.write("\n")
-    print("| shape | drafter | setting | c | accept DFLASH / DDTREE | NONE | DFLASH | DDTREE | DDTREE/DFLASH (rounds) |")
+    print(
+        "| shape | drafter | setting | c | accept DFLASH / DDTREE | NONE | DFLASH | DDTREE | DDTREE/DFLASH (rounds) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         t = r["tokens_per_s"]
-        print("| %s | %s | %s | %d | %s / %s | %s | %s | %s | %s (%s) |" % (
-            r["shape"], r["drafter"], r["ddtree_setting"], r["concurrency"], r["accept_dflash"], r["accept_ddtree"],
-            t["NONE"], t["DFLASH"], t["DDTREE"], r["ddtree_over_dflash"], ", ".join(str(x) for x in r["per_round"])))
+        print(
+            "| %s | %s | %s | %d | %s / %s | %s | %s | %s | %s (%s) |"
+            % (
+                r["shape"],
+                r["drafter"],
+                r["ddtree_setting"],
+                r["concurrency"],
+                r["accept_dflash"],
+                r["accept_ddtree"],
+                t["NONE"],
+                t["DFLASH"],
+                t["DDTREE"],
+                r["ddtree_over_dflash"],
+                ", ".join(str(x) for x in r["per_round"]),
+            )
+        )
 
 
 if __name__ == "__main__":

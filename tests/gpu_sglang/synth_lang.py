@@ -7,6 +7,7 @@ boundary the next-token distribution has three modes. A target trained on it con
 the 0.6 successor; sampled at T = 1 it branches. Everything here is plain Python, seeded, so the device
 and this machine build the same language and the same prompts.
 """
+
 import random
 
 VOCAB = 512
@@ -86,6 +87,6 @@ def branch_prompts(lang, n=8, seed=11, lo=10, hi=30):
         for i in range(len(ws) - 1, lo, -1):
             p, off = where[i]
             if off == len(lang.phrases[p]) - 2 and i + 1 <= hi:
-                out.append(to_text([len(SPECIALS) + w for w in ws[:i + 1]]))
+                out.append(to_text([len(SPECIALS) + w for w in ws[: i + 1]]))
                 break
     return out

@@ -20,6 +20,7 @@ sits at positions p..p+15, embedded with the target's embedding, and attends (no
 context and to the whole block; row i (1..15) predicts the token at position p+i through the drafter's
 final norm and the target's lm_head.
 """
+
 import json
 import math
 import os
@@ -41,24 +42,43 @@ ROPE_THETA, EPS = 10000.0, 1e-6
 def make_tokenizer(path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
     vocab = {t: i for i, t in enumerate(sl.SPECIALS)}
     for i in range(sl.N_WORDS):
         vocab[sl.word(i)] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")
-    ptok = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=sl.SPECIALS[1:])
+    ptok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=sl.SPECIALS[1:],
+    )
     ptok.save_pretrained(path)
     return ptok
 
 
 def target_config():
     from transformers import Qwen3Config
-    return Qwen3Config(vocab_size=sl.VOCAB, hidden_size=H, intermediate_size=INTER, num_hidden_layers=L,
-                       num_attention_heads=NH, num_key_value_heads=NKV, head_dim=HD, max_position_embeddings=2048,
-                       tie_word_embeddings=False, bos_token_id=0, eos_token_id=0, pad_token_id=0, rms_norm_eps=EPS,
-                       rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA}, dtype="bfloat16")
+
+    return Qwen3Config(
+        vocab_size=sl.VOCAB,
+        hidden_size=H,
+        intermediate_size=INTER,
+        num_hidden_layers=L,
+        num_attention_heads=NH,
+        num_key_value_heads=NKV,
+        head_dim=HD,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        rms_norm_eps=EPS,
+        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
+        dtype="bfloat16",
+    )
 
 
 def lr_at(step, total, peak, warm=100):
@@ -69,6 +89,7 @@ def lr_at(step, total, peak, warm=100):
 
 def train_target(lang, dev, steps, log, bs=128):
     from transformers import Qwen3ForCausalLM
+
     torch.manual_seed(1)
     rng = random.Random(2)
     seq = 128
@@ -93,6 +114,7 @@ def train_target(lang, dev, steps, log, bs=128):
 
 # ---- the DFlash drafter (training-side mirror of SGLang's DFlashDraftModel) -------------------------
 
+
 def rms(x, w):
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
@@ -104,7 +126,7 @@ def rope(x, pos):
     f = pos.float()[..., None] * inv
     cos = torch.cat([f.cos(), f.cos()], -1)[..., None, :]
     sin = torch.cat([f.sin(), f.sin()], -1)[..., None, :]
-    x1, x2 = x.float()[..., :HD // 2], x.float()[..., HD // 2:]
+    x1, x2 = x.float()[..., : HD // 2], x.float()[..., HD // 2 :]
     rot = torch.cat([-x2, x1], -1)
     return (x.float() * cos + rot * sin).to(x.dtype)
 
@@ -182,8 +204,15 @@ class Drafter(torch.nn.Module):
 def greedy_continue(target, prompts, n_new, dev):
     """prompts: list of equal-length id lists -> [N, len + n_new] (the target's greedy continuation)."""
     x = torch.tensor(prompts, dtype=torch.long, device=dev)
-    out = target.generate(input_ids=x, attention_mask=torch.ones_like(x), max_new_tokens=n_new, do_sample=False,
-                          min_new_tokens=n_new, pad_token_id=0, eos_token_id=None)
+    out = target.generate(
+        input_ids=x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=n_new,
+        do_sample=False,
+        min_new_tokens=n_new,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
     return out
 
 
@@ -204,7 +233,7 @@ def make_batch(seqs, feats, starts, embed, A, gen):
     labels = torch.gather(seqs[:, None, :].expand(B, A, T), 2, pos)
     ids = torch.full_like(labels, sl.MASK_ID)
     ids[..., 0] = labels[..., 0]
-    ctx_mask = (torch.arange(T, device=seqs.device)[None, None, :] < p.repeat_interleave(BLOCK, 1)[..., None])
+    ctx_mask = torch.arange(T, device=seqs.device)[None, None, :] < p.repeat_interleave(BLOCK, 1)[..., None]
     return feats, ctx_mask, embed(ids), pos, labels
 
 
@@ -216,15 +245,15 @@ def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev):
         for b in range(seqs.shape[0]):
             p, T = int(starts[b]), seqs.shape[1]
             while p + BLOCK <= T:
-                s = seqs[b:b + 1]
+                s = seqs[b : b + 1]
                 ids = torch.full((1, 1, BLOCK), sl.MASK_ID, device=dev)
                 ids[0, 0, 0] = s[0, p]
                 pos = (p + torch.arange(BLOCK, device=dev))[None, None]
                 ctx_mask = (torch.arange(T, device=dev) < p)[None, None].expand(1, BLOCK, T)
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-                    hid = drafter(feats[b:b + 1], ctx_mask, embed(ids), pos)
+                    hid = drafter(feats[b : b + 1], ctx_mask, embed(ids), pos)
                 pred = (hid[0, 0, 1:].float() @ head.float().T).argmax(-1)
-                ok = (pred == s[0, p + 1:p + BLOCK]).int()
+                ok = (pred == s[0, p + 1 : p + BLOCK]).int()
                 n = int(ok.cumprod(0).sum())
                 lens.append(n + 1)
                 p += n + 1
@@ -259,6 +288,7 @@ def main():
         model, tloss = train_target(lang, dev, 10 if quick else 1500, log, bs=4 if quick else 128)
         model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
     from transformers import Qwen3ForCausalLM
+
     target = Qwen3ForCausalLM.from_pretrained(tdir, dtype=torch.bfloat16).to(dev).eval()
     log("target saved (%d params)" % sum(p.numel() for p in target.parameters()))
 
@@ -269,7 +299,7 @@ def main():
     groups = []  # (sequences [N, pl + n_new], pl): one group per prompt length
     for pl in plens:
         prompts = [lang.sample_ids(pl, rng) for _i in range(per)]
-        parts = [greedy_continue(target, prompts[i:i + 512], n_new, dev) for i in range(0, per, 512)]
+        parts = [greedy_continue(target, prompts[i : i + 512], n_new, dev) for i in range(0, per, 512)]
         groups.append((torch.cat(parts), pl))
     log("greedy continuations: %d sequences" % sum(g[0].shape[0] for g in groups))
     embed = target.get_input_embeddings()
@@ -283,9 +313,15 @@ def main():
     wpos = torch.exp(-(torch.arange(1, BLOCK, device=dev).float() - 1) / 7.0)
     gfeats = [features(target, g[0]) for g in groups]
     bs, A = (4 if quick else 64), 8
-    held_out = [[sl.SPECIALS.index(w) if w in sl.SPECIALS else sl.token_id(w) for w in p.split()]
-                for p in sl.greedy_prompts(lang)]
-    check = [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[:2 if quick else 16]] if drafter_only else []
+    held_out = [
+        [sl.SPECIALS.index(w) if w in sl.SPECIALS else sl.token_id(w) for w in p.split()]
+        for p in sl.greedy_prompts(lang)
+    ]
+    check = (
+        [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[: 2 if quick else 16]]
+        if drafter_only
+        else []
+    )
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, 2e-3)
@@ -308,38 +344,62 @@ def main():
             break
         if drafter_only and step >= (1 if quick else 50) and step % (1 if quick else 25) == 0:
             drafter.eval()
-            accept = sum(simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev)[0]
-                         for g, pl in check) / len(check)
+            accept = sum(
+                simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev)[0] for g, pl in check
+            ) / len(check)
             drafter.train()
             log("drafter step %d loss %.4f offline acceptance %.3f" % (step, loss.item(), accept))
             if accept >= stop_at:
                 break
         if step % 250 == 0 or step == steps - 1:
             acc1 = (logits.argmax(-1) == labels[:, :, 1:]).float().mean(dim=(0, 1))
-            log("drafter step %d loss %.4f pos-acc %s" % (step, loss.item(), " ".join("%.2f" % a for a in acc1[:8].tolist())))
+            log(
+                "drafter step %d loss %.4f pos-acc %s"
+                % (step, loss.item(), " ".join("%.2f" % a for a in acc1[:8].tolist()))
+            )
     from safetensors.torch import save_file
+
     save_file(drafter.state_for_sglang(), os.path.join(ddir, "model.safetensors"))
     dcfg = target_config().to_dict()
-    dcfg.update(architectures=["DFlashDraftModel"], num_hidden_layers=DL, block_size=BLOCK, num_target_layers=L,
-                layer_types=["full_attention"] * DL,
-                dflash_config={"target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK})
+    dcfg.update(
+        architectures=["DFlashDraftModel"],
+        num_hidden_layers=DL,
+        block_size=BLOCK,
+        num_target_layers=L,
+        layer_types=["full_attention"] * DL,
+        dflash_config={"target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK},
+    )
     with open(os.path.join(ddir, "config.json"), "w") as fh:
         json.dump(dcfg, fh, indent=1)
 
     # offline DFlash acceptance on the held-out greedy prompts
     accs = []
-    for p in held_out[:2 if quick else 64]:
+    for p in held_out[: 2 if quick else 64]:
         g = greedy_continue(target, [p], 64, dev)
         a = simulate_acceptance(drafter.eval(), target, embed, head, g, torch.tensor([len(p)]), dev)[0]
         accs.append(a)
     mean_acc = sum(accs) / len(accs)
     log("offline DFlash acceptance length on held-out prompts: %.3f" % mean_acc)
-    res = {"target_final_loss": tloss, "drafter_final_loss": float(loss.item()), "offline_accept_len": mean_acc,
-           "offline_accept_len_per_prompt": accs, "seconds": round(time.time() - t0, 1), "device": str(dev),
-           "torch": torch.__version__, "log": logs,
-           "target": {"vocab": sl.VOCAB, "hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": INTER},
-           "drafter": {"layers": DL, "block": BLOCK, "target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID,
-                       "name": name, "steps": step + 1, "stop_at_accept": stop_at}}
+    res = {
+        "target_final_loss": tloss,
+        "drafter_final_loss": float(loss.item()),
+        "offline_accept_len": mean_acc,
+        "offline_accept_len_per_prompt": accs,
+        "seconds": round(time.time() - t0, 1),
+        "device": str(dev),
+        "torch": torch.__version__,
+        "log": logs,
+        "target": {"vocab": sl.VOCAB, "hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": INTER},
+        "drafter": {
+            "layers": DL,
+            "block": BLOCK,
+            "target_layer_ids": TARGET_LAYERS,
+            "mask_token_id": sl.MASK_ID,
+            "name": name,
+            "steps": step + 1,
+            "stop_at_accept": stop_at,
+        },
+    }
     with open(os.path.join(out, "train-%s.json" % name if drafter_only else "train.json"), "w") as fh:
         json.dump(res, fh, indent=1)
 

@@ -81,21 +81,22 @@ def algorithm_row(name: str, predicates: list[str]) -> dict[str, Any]:
     }
     for pred in predicates:
         method = getattr(algo, pred, None)
-        row["predicates"][pred] = (
-            {"error": "missing"} if method is None else _call(method)
-        )
+        row["predicates"][pred] = {"error": "missing"} if method is None else _call(method)
     behaviour = row["behaviour"]
     per_req = getattr(algo, "get_num_tokens_per_req_for_target_verify", None)
     for width in SAMPLE_DRAFT_TOKENS:
         for is_draft in (False, True):
             key = f"target_verify_tokens_per_req(num_draft_tokens={width},draft_worker={is_draft})"
-            behaviour[key] = (
-                {"error": "missing"} if per_req is None else _call(per_req, width, is_draft)
-            )
+            behaviour[key] = {"error": "missing"} if per_req is None else _call(per_req, width, is_draft)
     # Plugins declare overlap support at registration; builtins have no such attribute.
     behaviour["plugin_supports_overlap"] = getattr(algo, "supports_overlap", None)
-    for method_name in ("create_future_map", "build_disagg_draft_input", "create_worker",
-                        "handle_server_args", "get_platform_worker_cls"):
+    for method_name in (
+        "create_future_map",
+        "build_disagg_draft_input",
+        "create_worker",
+        "handle_server_args",
+        "get_platform_worker_cls",
+    ):
         behaviour[f"has_{method_name}"] = callable(getattr(algo, method_name, None))
     return row
 

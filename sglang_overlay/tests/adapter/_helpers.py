@@ -70,13 +70,31 @@ def site_packages() -> str:
 PRELOAD = (
     # Third-party modules SGLang imports before (and besides) its own, heaviest first. A name that
     # does not import here is skipped: the probe imports it itself, or fails on it.
-    "torch", "transformers", "transformers.activations", "transformers.modeling_layers",
-    "transformers.modeling_utils", "transformers.modeling_gguf_pytorch_utils", "transformers.generation",
-    "transformers.image_processing_utils", "numpy", "scipy", "sympy", "triton", "aiohttp", "requests",
-    "IPython.display", "pydantic", "pydantic.main", "psutil", "zmq", "PIL.Image", "starlette.routing", "msgspec",
+    "torch",
+    "transformers",
+    "transformers.activations",
+    "transformers.modeling_layers",
+    "transformers.modeling_utils",
+    "transformers.modeling_gguf_pytorch_utils",
+    "transformers.generation",
+    "transformers.image_processing_utils",
+    "numpy",
+    "scipy",
+    "sympy",
+    "triton",
+    "aiohttp",
+    "requests",
+    "IPython.display",
+    "pydantic",
+    "pydantic.main",
+    "psutil",
+    "zmq",
+    "PIL.Image",
+    "starlette.routing",
+    "msgspec",
 )
 
-_SERVER = r'''
+_SERVER = r"""
 import atexit, builtins, importlib, importlib.machinery, json, os, sys, traceback, types
 
 # Answers go out on a copy of stdout; what the preload itself prints goes to stderr (the log).
@@ -171,7 +189,7 @@ for line in requests:
                 os._exit(rc & 0xFF)
     _, status = os.waitpid(pid, 0)
     print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), file=answers, flush=True)
-'''
+"""
 
 
 class _ProbeServer:
@@ -186,9 +204,17 @@ class _ProbeServer:
             env["PYTHONPATH"] = site_packages()
         self._log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
-            [sys.executable, *python_flags, "-c", _SERVER,
-             json.dumps({"preload": list(PRELOAD), "preload_path": preload_path})],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log,
+            [
+                sys.executable,
+                *python_flags,
+                "-c",
+                _SERVER,
+                json.dumps({"preload": list(PRELOAD), "preload_path": preload_path}),
+            ],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
             start_new_session=True,
         )
         self._read(600)
@@ -244,7 +270,11 @@ def fresh_sys_path(full_env: dict, python_flags: tuple = ()) -> list:
     """sys.path of a fresh ``python FLAGS -c ...`` started with this environment."""
     proc = subprocess.run(
         [sys.executable, *python_flags, "-c", "import json, sys; print(json.dumps(sys.path))"],
-        env=full_env, capture_output=True, text=True, timeout=60, check=True,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
     )
     return json.loads(proc.stdout)
 
@@ -264,8 +294,17 @@ def run_probe(
     if server is None:
         server = _SERVERS[python_flags] = _ProbeServer(python_flags)
     with tempfile.NamedTemporaryFile() as out, tempfile.NamedTemporaryFile() as err:
-        rc = server.run({"code": code, "args": list(args), "env": full_env, "sys_path": sys_path,
-                         "stdout": out.name, "stderr": err.name}, timeout)
+        rc = server.run(
+            {
+                "code": code,
+                "args": list(args),
+                "env": full_env,
+                "sys_path": sys_path,
+                "stdout": out.name,
+                "stderr": err.name,
+            },
+            timeout,
+        )
         stdout = Path(out.name).read_text(errors="replace")
         stderr = Path(err.name).read_text(errors="replace")
     return subprocess.CompletedProcess([sys.executable, *python_flags, "-c", code, *args], rc, stdout, stderr)

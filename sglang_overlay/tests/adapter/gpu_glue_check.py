@@ -53,10 +53,17 @@ for seed in range(20):
     prefix = torch.randint(0, 300, (bs,), generator=torch.Generator().manual_seed(seed))
     roots = torch.arange(bs) + 3
     cpu = build_tree_verify_tensors(lp, ids, roots, prefix, budget, k, window)
-    gpu = build_tree_verify_tensors(lp.to(dev), ids.to(dev), roots.to(dev), prefix.to(dev), budget, k, window,
-                                    prefix_lens_cpu=prefix)
-    for f in ("draft_token", "positions", "custom_mask", "retrieve_index", "retrieve_next_token",
-              "retrieve_next_sibling"):
+    gpu = build_tree_verify_tensors(
+        lp.to(dev), ids.to(dev), roots.to(dev), prefix.to(dev), budget, k, window, prefix_lens_cpu=prefix
+    )
+    for f in (
+        "draft_token",
+        "positions",
+        "custom_mask",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+    ):
         assert torch.equal(getattr(cpu, f), getattr(gpu, f).cpu()), (seed, f)
     assert gpu.tree.equals(cpu.tree.to(dev)), seed
     qlen = ancestor_mask(gpu.tree).reshape(-1).contiguous()
@@ -78,8 +85,16 @@ for seed in range(20):
     predict = torch.zeros(bs * window, dtype=torch.int32, device=dev)
     aidx = torch.full((bs, window), -1, dtype=torch.int32, device=dev)
     ncor = torch.empty(bs, dtype=torch.int32, device=dev)
-    K.verify_tree_greedy(predict, aidx, ncor, gpu.draft_token.view(bs, window), gpu.retrieve_index,
-                         gpu.retrieve_next_token, gpu.retrieve_next_sibling, target)
+    K.verify_tree_greedy(
+        predict,
+        aidx,
+        ncor,
+        gpu.draft_token.view(bs, window),
+        gpu.retrieve_index,
+        gpu.retrieve_next_token,
+        gpu.retrieve_next_sibling,
+        target,
+    )
     walk = walk_tree(gpu.tree, target, max_depth=window - 1)
     assert torch.equal(ncor.long(), walk.accept_len), seed
     step = accepted_step(predict, aidx, ncor + 1, prefix.to(dev))
@@ -101,6 +116,7 @@ class CudaToyPorts(ToyPorts):
     def verify(self, t):
         class T:  # CPU view of the tensors for the toy target
             pass
+
         c = T()
         for f in ("draft_token", "positions", "custom_mask"):
             setattr(c, f, getattr(t, f).cpu())
@@ -109,12 +125,14 @@ class CudaToyPorts(ToyPorts):
     def commit(self, t, logits, step):
         class S:
             pass
+
         s = S()
         for f in ("out_tokens", "accept_lens", "bonus", "path_rows", "path_positions"):
             setattr(s, f, getattr(step, f).cpu())
 
         class T:
             pass
+
         c = T()
         c.draft_token = t.draft_token.cpu()
         super().commit(c, logits, s)
@@ -169,8 +187,16 @@ for bs in (1, 16, 48):
         lp, ids = lp.view(bs, depth, -1), ids.view(bs, depth, -1)
         head_ms = timed(lambda: dense_head_topk(hidden, weight, k))
         build_ms = timed(lambda: build_tree_verify_tensors(lp, ids, roots, prefix, budget, k, window, prefix_cpu))
-        timings.append({"bs": bs, "budget": budget, "top_k": k, "prefix_len": prefix_len,
-                        "head_topk_ms": head_ms, "tree_and_verify_tensors_ms": build_ms})
+        timings.append(
+            {
+                "bs": bs,
+                "budget": budget,
+                "top_k": k,
+                "prefix_len": prefix_len,
+                "head_topk_ms": head_ms,
+                "tree_and_verify_tensors_ms": build_ms,
+            }
+        )
 out["timings_per_step"] = timings
 
 # 6: where the time goes (bs 1 and 48, budget 15, top-k 8)
@@ -188,17 +214,19 @@ for bs in (1, 48):
     anc = ancestor_mask(tree16)
     prefix = torch.full((bs,), 2048, device=dev)
     prefix_cpu = torch.full((bs,), 2048)
-    breakdown.append({
-        "bs": bs,
-        "lm_head_matmul_ms": timed(lambda: hidden @ weight.T),
-        "draft_topk_stable_ms": timed(lambda: draft_topk(logits, 8)),
-        "draft_topk_torch_topk_ms": timed(lambda: draft_topk(logits, 8, stable=False)),
-        "build_tree_batched_b15_ms": timed(lambda: build_tree_batched(lp, ids, 15)),
-        "build_tree_batched_b7_ms": timed(lambda: build_tree_batched(lp, ids, 7)),
-        "ancestor_mask_ms": timed(lambda: ancestor_mask(tree16)),
-        "eagle_verify_links_ms": timed(lambda: eagle_verify_links(tree16)),
-        "full_custom_mask_ms": timed(lambda: full_custom_mask(anc, prefix, prefix_cpu)),
-        "verify_positions_ms": timed(lambda: verify_positions(tree16, prefix)),
-    })
+    breakdown.append(
+        {
+            "bs": bs,
+            "lm_head_matmul_ms": timed(lambda: hidden @ weight.T),
+            "draft_topk_stable_ms": timed(lambda: draft_topk(logits, 8)),
+            "draft_topk_torch_topk_ms": timed(lambda: draft_topk(logits, 8, stable=False)),
+            "build_tree_batched_b15_ms": timed(lambda: build_tree_batched(lp, ids, 15)),
+            "build_tree_batched_b7_ms": timed(lambda: build_tree_batched(lp, ids, 7)),
+            "ancestor_mask_ms": timed(lambda: ancestor_mask(tree16)),
+            "eagle_verify_links_ms": timed(lambda: eagle_verify_links(tree16)),
+            "full_custom_mask_ms": timed(lambda: full_custom_mask(anc, prefix, prefix_cpu)),
+            "verify_positions_ms": timed(lambda: verify_positions(tree16, prefix)),
+        }
+    )
 out["breakdown"] = breakdown
 print(json.dumps(out, indent=1))

@@ -62,7 +62,10 @@ def wall(fn, args, reps=50):
 
 
 def main():
-    weight = torch.randn(VOCAB, HIDDEN, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(DEV).manual_seed(0)) * 0.02
+    weight = (
+        torch.randn(VOCAB, HIDDEN, device=DEV, dtype=torch.bfloat16, generator=torch.Generator(DEV).manual_seed(0))
+        * 0.02
+    )
     settings = ResolvedDDTree(budget=15, top_k=8, allow_hybrid_unsafe=False, window=16)
     eager = tree_stage(lambda rows, k: dense_head_topk(rows, weight, k), settings)
     graphed = GraphedTreeStage(eager, batch_sizes=SIZES)
@@ -76,8 +79,12 @@ def main():
             entry.replay()  # planted: a replay without copying the new inputs in
             assert not same_layout(eager(*stage_inputs(bs, 999)), layout_rows(entry.out, bs)), ("stale replay", bs)
             out["wall_per_call_ms"].append({"bs": bs, "eager": wall(eager, args), "graphed": wall(graphed, args)})
-    out["checked"] = {"batch_sizes": [1, 3, 16, 48], "calls_each": 4, "captured": graphed.captured_sizes,
-                      "planted_stale_replay_caught": True}
+    out["checked"] = {
+        "batch_sizes": [1, 3, 16, 48],
+        "calls_each": 4,
+        "captured": graphed.captured_sizes,
+        "planted_stale_replay_caught": True,
+    }
     for seed in range(20):  # eagle_sample-like outputs: root row, accepted rows, then -1
         g = torch.Generator().manual_seed(seed)
         bs, width = 1 + seed * 3, 16

@@ -39,15 +39,22 @@ def parse(argv):
 
 
 def test_good_values_parse(clean_env):
-    args = parse([
-        "--speculative-algorithm", "DDTREE",
-        "--speculative-ddtree-budget", "7",
-        "--speculative-ddtree-top-k", "3",
-        "--speculative-ddtree-allow-hybrid-unsafe",
-    ])
+    args = parse(
+        [
+            "--speculative-algorithm",
+            "DDTREE",
+            "--speculative-ddtree-budget",
+            "7",
+            "--speculative-ddtree-top-k",
+            "3",
+            "--speculative-ddtree-allow-hybrid-unsafe",
+        ]
+    )
     assert args.speculative_algorithm == "DDTREE"
     assert args._ddtree_cli == {
-        s.DEST_BUDGET: 7, s.DEST_TOP_K: 3, s.DEST_ALLOW_HYBRID: True,
+        s.DEST_BUDGET: 7,
+        s.DEST_TOP_K: 3,
+        s.DEST_ALLOW_HYBRID: True,
     }
 
 
@@ -105,8 +112,18 @@ def test_unknown_flags_still_exit_2(clean_env, capsys):
 
 
 def test_other_flags_are_unchanged(clean_env):
-    args = parse(["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
-                  "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"])
+    args = parse(
+        [
+            "--speculative-algorithm",
+            "EAGLE",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-eagle-topk",
+            "1",
+            "--speculative-num-draft-tokens",
+            "4",
+        ]
+    )
     assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (3, 1, 4)
 
 

@@ -88,10 +88,13 @@ def test_sglang_plugins_whitelist_naming_ddtree_loads_it():
     assert last_json_line(proc)["ddtree"]["is_dflash"] is True
 
 
-FAKE_VERSION_PROBE = r"""
+FAKE_VERSION_PROBE = (
+    r"""
 import sglang.version
 sglang.version.__version__ = "0.5.22"   # what another SGLang release would report
-""" + PROBE
+"""
+    + PROBE
+)
 
 
 def test_refuses_another_sglang_version_with_a_logged_error():
@@ -132,9 +135,21 @@ def overlay_site_dir(tmp_path_factory) -> Path:
     )
     wheels = work / "wheels"
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "-w", str(wheels), str(src_copy)],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-w",
+            str(wheels),
+            str(src_copy),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (wheel,) = wheels.glob("ddtree_sglang_overlay-*.whl")
@@ -201,7 +216,10 @@ if __name__ == "__main__":
     script.write_text(code)
     env = {"PYTHONPATH": f"{overlay_site_dir}:{site_packages()}"}
     proc = subprocess.run(
-        [sys.executable, "-S", str(script)], env={**__import__("os").environ, **env},
-        capture_output=True, text=True, timeout=240,
+        [sys.executable, "-S", str(script)],
+        env={**__import__("os").environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert last_json_line(proc) == {"child": True}, proc.stderr

@@ -123,7 +123,9 @@ def test_the_file_runs_on_its_own():
 
 
 def test_module_cli_is_python_dash_m():
-    proc = run_probe("import runpy; runpy.run_module('sglang_overlay.predicates', run_name='__main__')",
-                      args=("--json", "--check-ddtree"))
+    proc = run_probe(
+        "import runpy; runpy.run_module('sglang_overlay.predicates', run_name='__main__')",
+        args=("--json", "--check-ddtree"),
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["algorithms"]["DDTREE"]["known"] is True

@@ -85,8 +85,19 @@ def resolved(args) -> dict:
 
 
 def base(draft_dir, algo="DDTREE", *extra):
-    return ["--model-path", "some/model", "--device", "cuda", "--speculative-algorithm", algo,
-            "--speculative-draft-model-path", draft_dir, "--speculative-dflash-block-size", "16", *extra]
+    return [
+        "--model-path",
+        "some/model",
+        "--device",
+        "cuda",
+        "--speculative-algorithm",
+        algo,
+        "--speculative-draft-model-path",
+        draft_dir,
+        "--speculative-dflash-block-size",
+        "16",
+        *extra,
+    ]
 
 
 def test_ddtree_runs_dflash_setup(env, draft_dir):
@@ -103,7 +114,14 @@ def test_ddtree_runs_dflash_setup(env, draft_dir):
     sources = [src for src, _ in args._resolved_overrides]
     assert sources[0] == "ddtree" and "_handle_dflash" in sources
     assert args.speculative_algorithm == "DDTREE"  # the operator's raw input is kept
-    assert args._ddtree == {"budget": 15, "top_k": 8, "allow_hybrid_unsafe": False, "window": 16, "draft_block": 16, "schedule": ()}
+    assert args._ddtree == {
+        "budget": 15,
+        "top_k": 8,
+        "allow_hybrid_unsafe": False,
+        "window": 16,
+        "draft_block": 16,
+        "schedule": (),
+    }
 
 
 def test_ddtree_resolution_equals_dflash_plus_the_ddtree_declaration(env, draft_dir):
@@ -122,12 +140,29 @@ def test_speculative_step_alone_still_canonicalizes(env, draft_dir):
 def test_flags_and_env_reach_the_resolved_settings(env, draft_dir):
     env.setenv(s.ENV_TOP_K, "3")
     args = resolve(base(draft_dir, "DDTREE", "--speculative-ddtree-budget", "6"))
-    assert args._ddtree == {"budget": 6, "top_k": 3, "allow_hybrid_unsafe": False, "window": 16, "draft_block": 16, "schedule": ()}
+    assert args._ddtree == {
+        "budget": 6,
+        "top_k": 3,
+        "allow_hybrid_unsafe": False,
+        "window": 16,
+        "draft_block": 16,
+        "schedule": (),
+    }
 
 
 def test_window_follows_the_dflash_block_size(env, draft_dir):
-    argv = ["--model-path", "m", "--device", "cuda", "--speculative-algorithm", "DDTREE",
-            "--speculative-draft-model-path", draft_dir, "--speculative-num-draft-tokens", "8"]
+    argv = [
+        "--model-path",
+        "m",
+        "--device",
+        "cuda",
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        draft_dir,
+        "--speculative-num-draft-tokens",
+        "8",
+    ]
     args = resolve(argv)
     assert resolved(args)["speculative_num_draft_tokens"] == 8
     assert args._ddtree["budget"] == 7 and args._ddtree["window"] == 8
@@ -254,8 +289,14 @@ def test_ddtree_algorithm_object(env, fake_worker_module):
 
     algo = SpeculativeAlgorithm.from_string("ddtree")
     assert algo.name == "DDTREE" and algo.supports_overlap is True
-    for method in ("carries_draft_hidden_states", "need_topk", "has_draft_kv", "create_future_map",
-                   "build_disagg_draft_input", "get_platform_worker_cls"):
+    for method in (
+        "carries_draft_hidden_states",
+        "need_topk",
+        "has_draft_kv",
+        "create_future_map",
+        "build_disagg_draft_input",
+        "get_platform_worker_cls",
+    ):
         assert callable(getattr(algo, method)), method
     assert algo.carries_draft_hidden_states() is SpeculativeAlgorithm.DFLASH.carries_draft_hidden_states()
     assert algo.need_topk() is False

@@ -100,8 +100,13 @@ def test_budget_limits_name_the_flag_and_value():
 
 @pytest.mark.parametrize(
     "raw",
-    ["1:127,4:63,16:15,48:7", " 16:15 , 1:127,48:7,4:63", '{"1": 127, "4": 63, "16": 15, "48": 7}',
-     {1: 127, 4: 63, 16: 15, 48: 7}, [[1, 127], [4, 63], [16, 15], [48, 7]]],
+    [
+        "1:127,4:63,16:15,48:7",
+        " 16:15 , 1:127,48:7,4:63",
+        '{"1": 127, "4": 63, "16": 15, "48": 7}',
+        {1: 127, 4: 63, 16: 15, 48: 7},
+        [[1, 127], [4, 63], [16, 15], [48, 7]],
+    ],
 )
 def test_schedule_spellings(raw):
     assert s.parse_budget(raw, "X") == ((1, 127), (4, 63), (16, 15), (48, 7))
@@ -109,8 +114,15 @@ def test_schedule_spellings(raw):
 
 @pytest.mark.parametrize(
     "raw, words",
-    [("1:127,1:63", "appears twice"), ("1:127,4", "BATCH_SIZE:BUDGET"), ("0:15", "batch size"),
-     ("4:0", "budget for batch size 4"), ("1:600", "at most"), ("{nope", "JSON object"), ("", "integer")],
+    [
+        ("1:127,1:63", "appears twice"),
+        ("1:127,4", "BATCH_SIZE:BUDGET"),
+        ("0:15", "batch size"),
+        ("4:0", "budget for batch size 4"),
+        ("1:600", "at most"),
+        ("{nope", "JSON object"),
+        ("", "integer"),
+    ],
 )
 def test_bad_schedules_say_what_is_wrong(raw, words):
     with pytest.raises(s.DDTreeConfigError) as err:
@@ -125,8 +137,12 @@ def test_schedule_windows_by_batch_size():
     windows = {bs: got.for_batch(bs).window for bs in (1, 2, 4, 5, 16, 17, 48, 64)}
     assert windows == {1: 128, 2: 64, 4: 64, 5: 16, 16: 16, 17: 8, 48: 8, 64: 8}
     assert got.for_batch(20).block == 16 and got.for_batch(20).schedule == ()
-    assert got.window_batch_sizes([1, 2, 3, 4, 8, 16, 24, 32, 48]) == {128: [1], 64: [2, 3, 4], 16: [8, 16],
-                                                                    8: [24, 32, 48]}
+    assert got.window_batch_sizes([1, 2, 3, 4, 8, 16, 24, 32, 48]) == {
+        128: [1],
+        64: [2, 3, 4],
+        16: [8, 16],
+        8: [24, 32, 48],
+    }
     assert s.ResolvedDDTree.from_dict(json.loads(json.dumps(got.to_dict()))) == got
     assert s.format_budget(got.schedule) == "1:127,4:63,16:15,48:7"
 

@@ -74,11 +74,26 @@ def test_sglangs_triton_backend_calls_the_attribute_as_the_wrapper_expects():
     src = module_source("sglang.srt.layers.attention.triton_backend").read_text(encoding="utf-8")
     assert "self.extend_attention_fwd = torch.compiler.disable(extend_attention_fwd)" in src
     assert "return self.extend_attention_fwd(*args, **kwargs)" in src
-    call = src[src.index("        self._forward_extend_kernel(\n            layer,"):]
+    call = src[src.index("        self._forward_extend_kernel(\n            layer,") :]
     call = call[: call.index("        return o")]
-    order = ["q.view(", "k.contiguous()", "v.contiguous()", "o.view(", "get_key_buffer", "get_value_buffer",
-             "qo_indptr", "kv_indptr", "kv_indices", "custom_mask", "causal", "mask_indptr", "max_extend_len",
-             "k_descale", "v_descale", "layer.scaling"]
+    order = [
+        "q.view(",
+        "k.contiguous()",
+        "v.contiguous()",
+        "o.view(",
+        "get_key_buffer",
+        "get_value_buffer",
+        "qo_indptr",
+        "kv_indptr",
+        "kv_indices",
+        "custom_mask",
+        "causal",
+        "mask_indptr",
+        "max_extend_len",
+        "k_descale",
+        "v_descale",
+        "layer.scaling",
+    ]
     at = [call.index(token) for token in order]
     assert at == sorted(at), "the backend's argument order changed"
     # The tree verify's mask: FULL layout, rows of prefix + W, found through mask_indptr; the prefix
@@ -88,12 +103,27 @@ def test_sglangs_triton_backend_calls_the_attribute_as_the_wrapper_expects():
     assert "skip_prefix_custom_mask" not in src
     ext = module_source("sglang.kernels.ops.attention.extend_attention").read_text(encoding="utf-8")
     assert "    skip_prefix_custom_mask=True,\n" in ext
-    params = ext[ext.index("def extend_attention_fwd("):]
+    params = ext[ext.index("def extend_attention_fwd(") :]
     params = params[: params.index("):")]
-    names = [p.strip().split("=")[0].split(":")[0] for p in params[len("def extend_attention_fwd("):].split(",")]
-    assert names[:16] == ["q_extend", "k_extend", "v_extend", "o_extend", "k_buffer", "v_buffer", "qo_indptr",
-                          "kv_indptr", "kv_indices", "custom_mask", "is_causal", "mask_indptr", "max_len_extend",
-                          "k_scale", "v_scale", "sm_scale"]
+    names = [p.strip().split("=")[0].split(":")[0] for p in params[len("def extend_attention_fwd(") :].split(",")]
+    assert names[:16] == [
+        "q_extend",
+        "k_extend",
+        "v_extend",
+        "o_extend",
+        "k_buffer",
+        "v_buffer",
+        "qo_indptr",
+        "kv_indptr",
+        "kv_indices",
+        "custom_mask",
+        "is_causal",
+        "mask_indptr",
+        "max_len_extend",
+        "k_scale",
+        "v_scale",
+        "sm_scale",
+    ]
 
 
 @pytest.mark.parametrize("name", ["TritonAttnBackend"])

@@ -47,11 +47,16 @@ def test_stage_equals_the_verify_tensors_of_the_drafter_rows():
     got = verify_tensors_from_layout(tree_stage(head(weight), SETTINGS)(hidden, roots, prefix), prefix)
     # Rows 1..L of each block are the drafter's positions; row 0 (the root's) is not drafted.
     lp, ids = draft_topk(hidden[:, 1:, :] @ weight.T, SETTINGS.effective_top_k, stable=True)
-    want = build_tree_verify_tensors(lp, ids, roots, prefix, SETTINGS.budget, SETTINGS.effective_top_k,
-                                     SETTINGS.window)
+    want = build_tree_verify_tensors(lp, ids, roots, prefix, SETTINGS.budget, SETTINGS.effective_top_k, SETTINGS.window)
     assert got.tree.equals(want.tree)
-    for f in ("draft_token", "positions", "custom_mask", "retrieve_index", "retrieve_next_token",
-              "retrieve_next_sibling"):
+    for f in (
+        "draft_token",
+        "positions",
+        "custom_mask",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+    ):
         assert torch.equal(getattr(got, f), getattr(want, f)), f
 
 
@@ -119,11 +124,13 @@ def test_graphed_stage_runs_eagerly_where_it_cannot_capture():
             raise RuntimeError("operation not permitted when stream is capturing")
 
     want = stage(hidden, roots, prefix)
-    wrappers = (GraphedTreeStage(counted, batch_sizes=[4]),  # CPU tensors: no graphs
-                StandInGraphs(counted, batch_sizes=[1, 2]),  # batch above the captured sizes
-                StandInGraphs(counted, batch_sizes=[4], enabled=False),
-                StandInGraphs(counted, batch_sizes=[]),  # the target has no decode graphs
-                FailingCapture(counted, batch_sizes=[4]))
+    wrappers = (
+        GraphedTreeStage(counted, batch_sizes=[4]),  # CPU tensors: no graphs
+        StandInGraphs(counted, batch_sizes=[1, 2]),  # batch above the captured sizes
+        StandInGraphs(counted, batch_sizes=[4], enabled=False),
+        StandInGraphs(counted, batch_sizes=[]),  # the target has no decode graphs
+        FailingCapture(counted, batch_sizes=[4]),
+    )
     for wrapper in wrappers:
         assert_same_layout(wrapper(hidden, roots, prefix), want)
         assert wrapper.captured_sizes == []

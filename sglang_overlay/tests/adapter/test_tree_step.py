@@ -50,7 +50,13 @@ class ToyTarget:
 
 class ToyPorts:
     def __init__(
-        self, target: ToyTarget, prompts: list[list[int]], window: int, noise: float, sgl, seed: int,
+        self,
+        target: ToyTarget,
+        prompts: list[list[int]],
+        window: int,
+        noise: float,
+        sgl,
+        seed: int,
         block: int | None = None,
     ):
         self.target = target
@@ -92,7 +98,7 @@ class ToyPorts:
             prefix = len(self.committed[b])
             row_len = prefix + w
             for i in range(w):
-                row = t.custom_mask[offset + i * row_len: offset + (i + 1) * row_len]
+                row = t.custom_mask[offset + i * row_len : offset + (i + 1) * row_len]
                 assert row[:prefix].all()
                 seen = sorted((int(positions[b, j]), int(tokens[b, j])) for j in range(w) if row[prefix + j])
                 # The row sees exactly one token per position prefix..position(i): a path.
@@ -109,8 +115,14 @@ class ToyPorts:
         accept_index = torch.full((bs, w), -1, dtype=torch.int32, device=device)
         num_correct = torch.empty(bs, dtype=torch.int32, device=device)
         self.sgl.verify_tree_greedy(
-            predict, accept_index, num_correct, t.draft_token.view(bs, w),
-            t.retrieve_index, t.retrieve_next_token, t.retrieve_next_sibling, logits.argmax(-1),
+            predict,
+            accept_index,
+            num_correct,
+            t.draft_token.view(bs, w),
+            t.retrieve_index,
+            t.retrieve_next_token,
+            t.retrieve_next_sibling,
+            logits.argmax(-1),
         )
         return predict, num_correct + 1, accept_index
 
@@ -120,7 +132,9 @@ class ToyPorts:
             n = int(step.accept_lens[b])
             path_tokens = t.draft_token[step.path_rows[b, :n]].tolist()
             assert path_tokens[0] == int(self.roots[b])
-            assert step.path_positions[b, :n].tolist() == list(range(len(self.committed[b]), len(self.committed[b]) + n))
+            assert step.path_positions[b, :n].tolist() == list(
+                range(len(self.committed[b]), len(self.committed[b]) + n)
+            )
             self.committed[b] += path_tokens
             self.emitted[b] += step.out_tokens[b, :n].tolist()
         self.roots = step.bonus.clone()

@@ -68,7 +68,7 @@ def test_verify_tensors_layout():
     b = 2
     node = int(tree.depths[b].argmax())
     offset = sum(int(p + window) * window for p in prefix[:b])
-    row = t.custom_mask[offset + node * int(prefix[b] + window): offset + (node + 1) * int(prefix[b] + window)]
+    row = t.custom_mask[offset + node * int(prefix[b] + window) : offset + (node + 1) * int(prefix[b] + window)]
     assert row[: int(prefix[b])].all()
     chain, cur = set(), node
     while cur >= 0:
@@ -108,7 +108,7 @@ def test_the_mask_size_bound_covers_the_mask_from_host_data_alone(monkeypatch):
     mask = tree_verify.verify_tensors_from_layout(layout, prefix, None, bound).custom_mask
     assert mask.numel() == bound
     assert torch.equal(mask[: exact.numel()], exact)
-    assert bool(mask[exact.numel():].all())
+    assert bool(mask[exact.numel() :].all())
 
 
 def test_budget_must_fit_the_window():
@@ -167,8 +167,14 @@ def test_sglang_greedy_acceptance_equals_the_core_walk(sgl, seed):
     accept_index = torch.full((bs, window), -1, dtype=torch.int32)
     num_correct = torch.empty(bs, dtype=torch.int32)
     sgl.verify_tree_greedy(
-        predict, accept_index, num_correct, t.draft_token.view(bs, window),
-        t.retrieve_index, t.retrieve_next_token, t.retrieve_next_sibling, target,
+        predict,
+        accept_index,
+        num_correct,
+        t.draft_token.view(bs, window),
+        t.retrieve_index,
+        t.retrieve_next_token,
+        t.retrieve_next_sibling,
+        target,
     )
     walk = walk_tree(t.tree, target, max_depth=window - 1)
     assert torch.equal(num_correct.long(), walk.accept_len)
@@ -247,8 +253,9 @@ def test_vocab_parallel_head_across_two_ranks_merges_to_the_full_top_k():
     def all_gather(t):  # rank 0's [1, ...] tensor stacked with rank 1's, as tp_group.all_gather(dim=0)
         return torch.cat([t, pending.pop(0)[None]], dim=0)
 
-    lp, ids = vocab_parallel_head_topk(hidden, weight[:32], k, num_org=32, vocab_start=0, world_size=2,
-                                       all_gather=all_gather)
+    lp, ids = vocab_parallel_head_topk(
+        hidden, weight[:32], k, num_org=32, vocab_start=0, world_size=2, all_gather=all_gather
+    )
     ref_lp, ref_ids = draft_topk(hidden @ weight.T, k)
     assert torch.equal(ids, ref_ids)
     assert torch.allclose(lp, ref_lp, atol=1e-5)

@@ -145,27 +145,33 @@ def _call_keywords(func_name: str, receiver: str | None) -> list[set[str]]:
         ("eagle_sample", None, "sglang.srt.speculative.eagle_utils", None),
         ("build_grammar_vocab_mask", None, "sglang.srt.speculative.spec_utils", None),
         ("move_accept_tokens_to_target_kvcache", None, "sglang.srt.speculative.spec_utils", None),
-        ("_append_target_hidden_to_draft_kv_by_loc", "self", "sglang.srt.speculative.dflash_worker_v2", "DFlashWorkerV2"),
+        (
+            "_append_target_hidden_to_draft_kv_by_loc",
+            "self",
+            "sglang.srt.speculative.dflash_worker_v2",
+            "DFlashWorkerV2",
+        ),
         ("_make_next_draft_input_decode", "self", "sglang.srt.speculative.dflash_worker_v2", "DFlashWorkerV2"),
         ("GenerationBatchResult", None, "sglang.srt.managers.utils", None),
         ("ForwardBatch", None, "sglang.srt.model_executor.forward_batch_info", None),
         ("forward_batch_generation", "self.target_worker", "sglang.srt.managers.tp_worker", "TpModelWorker"),
         ("forward_batch_generation", "super()", "sglang.srt.speculative.dflash_worker_v2", "DFlashWorkerV2"),
-        ("plan", "self.target_worker.model_runner.kv_index_translator", "sglang.srt.mem_cache.kv_index_translator", "KVIndexTranslator"),
+        (
+            "plan",
+            "self.target_worker.model_runner.kv_index_translator",
+            "sglang.srt.mem_cache.kv_index_translator",
+            "KVIndexTranslator",
+        ),
     ],
 )
 def test_keyword_arguments_exist_on_sglangs_side(func, receiver, module, cls):
     path = module_source(module)
     tree = ast.parse(path.read_text(encoding="utf-8"))
     scope = tree.body if cls is None else class_node(path, cls).body
-    target = next(
-        (n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == func), None
-    )
+    target = next((n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == func), None)
     assert target is not None, f"{func} not found in {module}"
     if isinstance(target, ast.ClassDef):  # a dataclass: its fields are its keywords
-        accepted = {
-            n.target.id for n in target.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-        }
+        accepted = {n.target.id for n in target.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     else:
         a = target.args
         accepted = {x.arg for x in a.args + a.kwonlyargs}
@@ -198,7 +204,7 @@ def test_every_hook_target_exists_in_the_sources():
     first_call = pipeline.index("run_hook(")
     assert pipeline.startswith(f"run_hook({resolution.FIRST_STEP}, server_args)", first_call)
     speculative = module_source("sglang.srt.arg_groups.speculative_hook").read_text(encoding="utf-8")
-    body = speculative[speculative.index(f"def {resolution.SPECULATIVE_STEP}("):]
+    body = speculative[speculative.index(f"def {resolution.SPECULATIVE_STEP}(") :]
     assert "algo.handle_server_args(server_args)" in body
 
 
@@ -207,15 +213,22 @@ def test_the_path_kv_move_reads_what_sglangs_pool_holds():
     # _kv_copy_config to kernels.kv_move: a rename in SGLang would silently keep SGLang's move (or break
     # the commit), so it fails here instead.
     source = module_source("sglang.srt.mem_cache.memory_pool").read_text(encoding="utf-8")
-    for attr in ("data_ptrs", "data_strides", "_kv_copy_config", "use_hnd", "use_native_move_kv_cache",
-                 "native_k_scale_buffer", "layer_num"):
+    for attr in (
+        "data_ptrs",
+        "data_strides",
+        "_kv_copy_config",
+        "use_hnd",
+        "use_native_move_kv_cache",
+        "native_k_scale_buffer",
+        "layer_num",
+    ):
         assert f"self.{attr} =" in source, attr
     for key in ("bytes_per_tile", "byte_tiles", "num_warps"):
         assert f'"{key}"' in source, key
     # SGLang's own move takes its targets from the front of each request's window and its sources
     # from out_cache_loc[accept_index]: what kernels.kv_move does per request.
     spec = module_source("sglang.srt.speculative.spec_utils").read_text(encoding="utf-8")
-    body = spec[spec.index("def move_accept_tokens_to_target_kvcache("):]
+    body = spec[spec.index("def move_accept_tokens_to_target_kvcache(") :]
     body = body[: body.index("\ndef ")]
     assert "fill_front_out_cache_loc_func(" in body and "fill_accept_out_cache_loc_func(" in body
 
@@ -232,7 +245,9 @@ def test_the_mask_size_bound_rests_on_what_sglang_reserves_and_reads():
     assert "per_req = num_draft_tokens * (max_context_len + num_draft_tokens)" in mask
     triton = module_source("sglang.srt.layers.attention.triton_backend").read_text(encoding="utf-8")
     assert "self.max_context_len = model_runner.model_config.context_len" in triton
-    assert "seq_mask_len = num_tokens_per_req * (\n                forward_batch.seq_lens + num_tokens_per_req" in triton
+    assert (
+        "seq_mask_len = num_tokens_per_req * (\n                forward_batch.seq_lens + num_tokens_per_req" in triton
+    )
     assert "custom_mask[: spec_info.custom_mask.shape[0]] = spec_info.custom_mask" in triton
     source = WORKER.read_text(encoding="utf-8")
     assert "model_runner.model_config.context_len" in source and '"nxt_kv_lens_cpu"' in source

@@ -66,7 +66,9 @@ def _import_real() -> SglangKernels:
 
 _EXTRACT = {
     "kernels/ops/speculative/reconstruct_tree.py": (
-        "_reconstruct_tree_mask_kernel", "_num_warps_for", "reconstruct_indices_from_tree_mask_triton",
+        "_reconstruct_tree_mask_kernel",
+        "_num_warps_for",
+        "reconstruct_indices_from_tree_mask_triton",
     ),
     "kernels/ops/speculative/spec_tree.py": ("verify_tree_greedy_kernel_triton", "verify_tree_greedy_triton"),
 }

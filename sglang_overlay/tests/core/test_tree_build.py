@@ -21,6 +21,7 @@ from sglang_overlay.core.tree import (
 
 # --- helpers -------------------------------------------------------------------------------
 
+
 def brute_force_tree(log_probs, token_ids, budget, cap=None):
     """The same tree from first principles: enumerate every rank tuple, sort by (-score, tuple)."""
     depth_limit, width = len(log_probs), len(log_probs[0])
@@ -72,6 +73,7 @@ def describe_mismatch(a: DDTreeBatch, b: DDTreeBatch) -> str:
 
 # --- heap semantics ------------------------------------------------------------------------
 
+
 def test_heap_small_example_by_hand():
     lp = [[-0.1, -2.0], [-0.2, -0.3]]
     ids = [[10, 11], [20, 21]]
@@ -100,8 +102,10 @@ def test_heap_matches_brute_force_enumeration():
         depth_limit, width = rng.randint(1, 3), rng.randint(1, 4)
         cap = rng.choice([None, 1, 2, 3])
         if rng.random() < 0.5:
-            lp = [sorted((rng.choice([0.0, -0.5, -1.0, -2.0]) for _ in range(width)), reverse=True)
-                  for _ in range(depth_limit)]
+            lp = [
+                sorted((rng.choice([0.0, -0.5, -1.0, -2.0]) for _ in range(width)), reverse=True)
+                for _ in range(depth_limit)
+            ]
         else:
             lp = [sorted((math.log(rng.random()) for _ in range(width)), reverse=True) for _ in range(depth_limit)]
         ids = [[rng.randrange(1000) for _ in range(width)] for _ in range(depth_limit)]
@@ -192,7 +196,9 @@ def test_batched_equals_heap_randomized_sweep():
 
 def test_batched_handles_infinite_log_probs():
     # -inf log-probs (masked vocabulary) are still valid, poppable nodes, tied among themselves.
-    lp = torch.tensor([[[0.0, -1.0, float("-inf"), float("-inf")], [-0.5, float("-inf"), float("-inf"), float("-inf")]]])
+    lp = torch.tensor(
+        [[[0.0, -1.0, float("-inf"), float("-inf")], [-0.5, float("-inf"), float("-inf"), float("-inf")]]]
+    )
     ids = torch.arange(8).reshape(1, 2, 4)
     got = build_tree_batched(lp, ids, 12)
     _, want = heap_batch(lp, ids, 12, None, None)
@@ -231,8 +237,14 @@ def test_equality_check_detects_a_swapped_tie():
     ids = torch.tensor([[[1, 2], [3, 4]]])
     tree = build_tree_batched(lp, ids, 3)
     assert tree.request(0)["tokens"] == [0, 1, 3, 4]  # (0,), (0,0), (0,1)
-    swapped = DDTreeBatch(tree.tokens[:, [0, 1, 3, 2]], tree.parents, tree.depths,
-                          tree.ranks[:, [0, 1, 3, 2]], tree.scores, tree.num_nodes)
+    swapped = DDTreeBatch(
+        tree.tokens[:, [0, 1, 3, 2]],
+        tree.parents,
+        tree.depths,
+        tree.ranks[:, [0, 1, 3, 2]],
+        tree.scores,
+        tree.num_nodes,
+    )
     assert not swapped.equals(tree)
 
 
@@ -243,6 +255,7 @@ def test_rank_key_layout():
 
 
 # --- draft_topk ----------------------------------------------------------------------------
+
 
 def test_draft_topk_values_and_ties():
     logits = torch.tensor([[[1.0, 3.0, 3.0, 0.0, 3.0]], [[0.0, 0.0, 0.0, 0.0, 5.0]]])  # [2, 1, 5]
@@ -270,6 +283,7 @@ def test_draft_topk_feeds_builder():
 
 
 # --- on a GPU, when there is one ----------------------------------------------------------------
+
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("ties", [False, True], ids=["random", "ties"])

@@ -158,6 +158,7 @@ def test_walk_never_enters_padding():
 
 # --- against SGLang's own kernels -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def sgl():
     kernels = _sglang_kernels.load()
@@ -177,8 +178,14 @@ def test_links_equal_sglang_reconstruct_indices_from_tree_mask(sgl, batch, depth
     next_token = torch.full((batch * n,), -7, dtype=torch.int64)
     next_sibling = torch.full((batch * n,), -7, dtype=torch.int64)
     sgl.reconstruct_indices_from_tree_mask(
-        ancestor_mask(tree).reshape(-1).contiguous(), seq_lens, positions, retrive_index, next_token,
-        next_sibling, batch, n,
+        ancestor_mask(tree).reshape(-1).contiguous(),
+        seq_lens,
+        positions,
+        retrive_index,
+        next_token,
+        next_sibling,
+        batch,
+        n,
     )
     links = eagle_verify_links(tree)
     assert torch.equal(positions.reshape(batch, n), verify_positions(tree, seq_lens)), sgl.how
@@ -200,8 +207,14 @@ def test_greedy_walk_equals_sglang_verify_tree_greedy(sgl, batch, depth_limit, w
         accept_index = torch.full((batch, spec_tokens), -1, dtype=torch.int32)
         accept_token_num = torch.full((batch,), -7, dtype=torch.int32)
         sgl.verify_tree_greedy(
-            predicts, accept_index, accept_token_num, tree.tokens.contiguous(), links.retrive_index,
-            links.retrive_next_token, links.retrive_next_sibling, target.contiguous(),
+            predicts,
+            accept_index,
+            accept_token_num,
+            tree.tokens.contiguous(),
+            links.retrive_index,
+            links.retrive_next_token,
+            links.retrive_next_sibling,
+            target.contiguous(),
         )
         walk = walk_tree(tree, target, max_depth=depth_limit)
         assert accept_token_num.tolist() == walk.accept_len.tolist()

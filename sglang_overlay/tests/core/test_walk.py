@@ -94,6 +94,7 @@ def run_walks(walk_fn, temperature: float, seed: int, batch: int = 20_000) -> np
 
 # --- the rule under test and broken controls ------------------------------------------------
 
+
 def correct_rule(tree, logits, temperature, gen):
     return sampled_walk(tree, logits, temperature, gen)
 
@@ -159,6 +160,7 @@ def test_greedy_walk_follows_the_target_argmax_chain():
 
 
 # --- kv_keep and compaction ------------------------------------------------------------------
+
 
 def test_kv_keep_and_compaction_plan():
     rng = random.Random(8)

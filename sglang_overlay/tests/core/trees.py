@@ -10,8 +10,9 @@ from sglang_overlay.core.heap import build_tree_heap
 from sglang_overlay.core.tree import DDTreeBatch, heap_trees_to_batch
 
 
-def random_tree_batch(rng: random.Random, batch: int, depth_limit: int, width: int, budget: int,
-                      vocab: int = 50) -> DDTreeBatch:
+def random_tree_batch(
+    rng: random.Random, batch: int, depth_limit: int, width: int, budget: int, vocab: int = 50
+) -> DDTreeBatch:
     """A batch whose requests have different node counts (each its own budget <= ``budget``)."""
     trees = []
     for _ in range(batch):
@@ -31,7 +32,9 @@ def children_of(tree: DDTreeBatch, b: int) -> dict[int, list[int]]:
     return kids
 
 
-def walk_friendly_targets(rng: random.Random, tree: DDTreeBatch, vocab: int = 50, p_child: float = 0.75) -> torch.Tensor:
+def walk_friendly_targets(
+    rng: random.Random, tree: DDTreeBatch, vocab: int = 50, p_child: float = 0.75
+) -> torch.Tensor:
     """``[B, n]`` target tokens: often a child's token (so walks go deep), else a random token."""
     out = torch.zeros(tree.batch_size, tree.num_slots, dtype=torch.int64)
     for b in range(tree.batch_size):

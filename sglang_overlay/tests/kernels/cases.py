@@ -56,6 +56,8 @@ def first_mismatch(got: DDTreeBatch, want: DDTreeBatch) -> str:
                 a, b = a.view(torch.int32), b.view(torch.int32)
             if not torch.equal(a, b):
                 i = int((a != b).nonzero()[0])
-                return (f"request {r} field {f} slot {i}: kernel {getattr(got, f)[r, i].item()} vs "
-                        f"oracle {getattr(want, f)[r, i].item()}\n kernel {got.request(r)}\n oracle {want.request(r)}")
+                return (
+                    f"request {r} field {f} slot {i}: kernel {getattr(got, f)[r, i].item()} vs "
+                    f"oracle {getattr(want, f)[r, i].item()}\n kernel {got.request(r)}\n oracle {want.request(r)}"
+                )
     return f"num_nodes: {got.num_nodes.tolist()} vs {want.num_nodes.tolist()}"

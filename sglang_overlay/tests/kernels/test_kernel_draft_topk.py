@@ -51,7 +51,7 @@ def _assert_same_log_probs(got: torch.Tensor, want: torch.Tensor) -> None:
 @pytest.mark.parametrize(
     "kind,rows,vocab,k,block,group,dtype",
     [
-        ("ties", 3, 256, 5, 128, 32, torch.float32),      # tied group maxima: smaller group first
+        ("ties", 3, 256, 5, 128, 32, torch.float32),  # tied group maxima: smaller group first
     ],
 )
 def test_fused_equals_draft_topk(kind, rows, vocab, k, block, group, dtype):
@@ -118,14 +118,14 @@ def test_fused_ties_smaller_id_first_across_chunks():
     [
         ("random", 2, 1000, 8, 128, 16, 2, torch.bfloat16),  # 8 chunks in 4 spans, tail of 104
         ("random", 2, 1000, 8, 128, 16, 16, torch.bfloat16),  # one span, 8 chunks past the row
-        ("random", 2, 400, 15, 64, 4, 4, torch.float32),      # int64 keys (not bf16)
-        ("random", 2, 300, 1, 256, 1, 2, torch.float16),      # k = 1, groups of one, int64 keys
-        ("ties", 4, 520, 8, 64, 8, 4, torch.bfloat16),        # ties across groups, chunks and spans
-        ("ties", 2, 100, 12, 16, 2, 8, torch.float32),        # k close to the chunk size
-        ("ties", 3, 256, 5, 128, 32, 2, torch.bfloat16),      # tied group maxima: smaller group first
-        ("neginf", 3, 500, 6, 64, 16, 4, torch.bfloat16),     # -inf logits, fewer finite than k
+        ("random", 2, 400, 15, 64, 4, 4, torch.float32),  # int64 keys (not bf16)
+        ("random", 2, 300, 1, 256, 1, 2, torch.float16),  # k = 1, groups of one, int64 keys
+        ("ties", 4, 520, 8, 64, 8, 4, torch.bfloat16),  # ties across groups, chunks and spans
+        ("ties", 2, 100, 12, 16, 2, 8, torch.float32),  # k close to the chunk size
+        ("ties", 3, 256, 5, 128, 32, 2, torch.bfloat16),  # tied group maxima: smaller group first
+        ("neginf", 3, 500, 6, 64, 16, 4, torch.bfloat16),  # -inf logits, fewer finite than k
         ("neginf", 3, 500, 6, 64, 16, 8, torch.float32),
-        ("signed", 3, 700, 8, 64, 16, 4, torch.bfloat16),     # +-0.0, subnormals, +-inf, negatives
+        ("signed", 3, 700, 8, 64, 16, 4, torch.bfloat16),  # +-0.0, subnormals, +-inf, negatives
     ],
 )
 def test_span_equals_chunk_kernel(kind, rows, vocab, k, block, group, span, dtype):
@@ -184,8 +184,14 @@ def test_default_span_comes_from_the_table_at_the_default_tile(monkeypatch):
     args = dict(vocab=151936, k=8, dtype=torch.bfloat16, block=fk.DEFAULT_BLOCK, group=fk.DEFAULT_GROUP)
     assert fk.default_span(**args) == fk.SPAN_TABLE[(151936, 8, torch.bfloat16)] == 8
     assert fk.default_span(**{**args, "k": 15}) == 8
-    for change in ({"k": 4}, {"vocab": 512}, {"dtype": torch.float16}, {"dtype": torch.float32},
-                   {"block": 2048}, {"group": 8}):
+    for change in (
+        {"k": 4},
+        {"vocab": 512},
+        {"dtype": torch.float16},
+        {"dtype": torch.float32},
+        {"block": 2048},
+        {"group": 8},
+    ):
         assert fk.default_span(**{**args, **change}) == 1, change
 
 

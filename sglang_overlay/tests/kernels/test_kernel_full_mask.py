@@ -36,7 +36,7 @@ def test_kernel_writes_sglangs_full_mask_and_nothing_after_it(bs, width, prefix,
     fm.write_full_mask(target, anc, prefix)
     assert torch.equal(out[: want.numel()].bool(), want)
     assert out[: want.numel()].max() <= 1  # 0/1 bytes, as the attention kernel reads them
-    assert torch.all(out[want.numel():] == 7)
+    assert torch.all(out[want.numel() :] == 7)
 
 
 @needs_interpreter
@@ -47,7 +47,7 @@ def test_kernel_drops_writes_past_the_buffer():
     short = backing[: want.numel() - 50]
     fm.write_full_mask(short, anc, prefix)
     assert torch.equal(short.bool(), want[: short.numel()])
-    assert torch.all(backing[short.numel():] == 7)
+    assert torch.all(backing[short.numel() :] == 7)
 
 
 def test_torch_fallback_writes_the_same_mask():

@@ -53,21 +53,54 @@ def make_case(prefix_lens, width, q_heads, kv_heads, dim, seed, dtype=torch.floa
     mask = full_custom_mask(anc, prefix)
     mask_indptr = torch.zeros(bs + 1, dtype=torch.int64)
     mask_indptr[1:] = torch.cumsum(width * (prefix + width), 0)
-    return dict(q=q, k=k, v=v, k_buf=k_buf, v_buf=v_buf, qo_indptr=qo_indptr, kv_indptr=kv_indptr,
-                kv_indices=kv_indices, mask=mask, mask_indptr=mask_indptr, width=width)
+    return dict(
+        q=q,
+        k=k,
+        v=v,
+        k_buf=k_buf,
+        v_buf=v_buf,
+        qo_indptr=qo_indptr,
+        kv_indptr=kv_indptr,
+        kv_indices=kv_indices,
+        mask=mask,
+        mask_indptr=mask_indptr,
+        width=width,
+    )
 
 
 def run_kernel(c, config=ta.DEFAULT_CONFIG, mask=None):
     o = torch.full_like(c["q"], float("nan"))
-    ta.tree_verify_attention(c["q"], c["k"], c["v"], o, c["k_buf"], c["v_buf"], c["qo_indptr"], c["kv_indptr"],
-                             c["kv_indices"], c["mask"] if mask is None else mask, c["mask_indptr"], c["width"],
-                             config=config)
+    ta.tree_verify_attention(
+        c["q"],
+        c["k"],
+        c["v"],
+        o,
+        c["k_buf"],
+        c["v_buf"],
+        c["qo_indptr"],
+        c["kv_indptr"],
+        c["kv_indices"],
+        c["mask"] if mask is None else mask,
+        c["mask_indptr"],
+        c["width"],
+        config=config,
+    )
     return o
 
 
 def reference(c):
-    return ta.tree_verify_attention_torch(c["q"], c["k"], c["v"], c["k_buf"], c["v_buf"], c["qo_indptr"],
-                                          c["kv_indptr"], c["kv_indices"], c["mask"], c["mask_indptr"])
+    return ta.tree_verify_attention_torch(
+        c["q"],
+        c["k"],
+        c["v"],
+        c["k_buf"],
+        c["v_buf"],
+        c["qo_indptr"],
+        c["kv_indptr"],
+        c["kv_indices"],
+        c["mask"],
+        c["mask_indptr"],
+    )
 
 
 # (prefix lengths, window, q heads, kv heads, head dim): Qwen3-8B's grouping (4 query heads a KV head)
@@ -157,9 +190,31 @@ def test_the_wrapper_runs_the_kernel_for_a_tree_verify():
         raise AssertionError("SGLang's kernel called for a tree verify")
 
     o = torch.empty_like(c["q"])
-    ta.extend_fn(original)(c["q"], c["k"], c["v"], o, c["k_buf"], c["v_buf"], c["qo_indptr"], c["kv_indptr"],
-                           c["kv_indices"], c["mask"], True, c["mask_indptr"], 8, 1.0, 1.0, None,
-                           logit_cap=0.0, sliding_window_size=-1, sinks=None, window_kv_offsets=None,
-                           xai_temperature_len=-1, page_size=1, score_mod=None, aux_tensors=None,
-                           extend_seq_lens_cpu=None)
+    ta.extend_fn(original)(
+        c["q"],
+        c["k"],
+        c["v"],
+        o,
+        c["k_buf"],
+        c["v_buf"],
+        c["qo_indptr"],
+        c["kv_indptr"],
+        c["kv_indices"],
+        c["mask"],
+        True,
+        c["mask_indptr"],
+        8,
+        1.0,
+        1.0,
+        None,
+        logit_cap=0.0,
+        sliding_window_size=-1,
+        sinks=None,
+        window_kv_offsets=None,
+        xai_temperature_len=-1,
+        page_size=1,
+        score_mod=None,
+        aux_tensors=None,
+        extend_seq_lens_cpu=None,
+    )
     assert torch.equal(o, run_kernel(c))

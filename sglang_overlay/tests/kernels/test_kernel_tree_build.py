@@ -39,15 +39,15 @@ def _check(seed, batch, depth_limit, width, budget, cap=None, kind="random", roo
     "seed,batch,depth_limit,width,budget,cap,kind",
     [
         (1, 3, 5, 4, 16, None, "random"),
-        (2, 2, 15, 8, 16, None, "random"),        # the service's shape (block 16), small budget
-        (3, 3, 4, 6, 24, 5, "ties"),              # exact ties everywhere, top_k_cap < K
+        (2, 2, 15, 8, 16, None, "random"),  # the service's shape (block 16), small budget
+        (3, 3, 4, 6, 24, 5, "ties"),  # exact ties everywhere, top_k_cap < K
         (4, 2, 6, 3, 20, None, "ties"),
-        (5, 2, 3, 3, 27, None, "neginf"),         # -inf entries and a whole -inf row
-        (6, 2, 2, 2, 10, None, "random"),         # budget > the 6 nodes that exist: padding
-        (7, 2, 4, 5, 9, 1, "ties"),               # top_k_cap 1: a chain
-        (8, 1, 1, 4, 6, None, "random"),          # L = 1
-        (9, 2, 3, 2, 1, None, "random"),          # budget 1
-        (10, 2, 3, 2, 0, None, "random"),         # budget 0: root and nothing else
+        (5, 2, 3, 3, 27, None, "neginf"),  # -inf entries and a whole -inf row
+        (6, 2, 2, 2, 10, None, "random"),  # budget > the 6 nodes that exist: padding
+        (7, 2, 4, 5, 9, 1, "ties"),  # top_k_cap 1: a chain
+        (8, 1, 1, 4, 6, None, "random"),  # L = 1
+        (9, 2, 3, 2, 1, None, "random"),  # budget 1
+        (10, 2, 3, 2, 0, None, "random"),  # budget 0: root and nothing else
     ],
 )
 def test_kernel_equals_heap(seed, batch, depth_limit, width, budget, cap, kind):
@@ -58,9 +58,9 @@ def test_kernel_equals_heap(seed, batch, depth_limit, width, budget, cap, kind):
 @pytest.mark.parametrize(
     "depth_limit,width,cap,budget,words",
     [
-        (15, 16, None, 24, 2),   # bits 5, 12 levels per word: depths 13..15 in word 1
-        (20, 64, None, 28, 3),   # bits 7, 9 levels per word
-        (32, 64, None, 40, 4),   # the limits: L = 32, top-k 64, four words
+        (15, 16, None, 24, 2),  # bits 5, 12 levels per word: depths 13..15 in word 1
+        (20, 64, None, 28, 3),  # bits 7, 9 levels per word
+        (32, 64, None, 40, 4),  # the limits: L = 32, top-k 64, four words
     ],
 )
 def test_kernel_multiword_keys_all_ties(depth_limit, width, cap, budget, words):
@@ -103,6 +103,7 @@ def test_empty_batch():
 
 # --- validation (no kernel launch) ----------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     "shape,budget,cap,match",
     [
@@ -122,8 +123,9 @@ def test_limits_are_refused_with_the_parameter_named(shape, budget, cap, match):
 def test_limits_accepted_at_the_edge():
     cfg = tb.kernel_config(tb.MAX_DEPTH, 1000, tb.MAX_BUDGET, tb.MAX_TOP_K)  # K > 64 is fine with a cap
     assert cfg.block == 512 and cfg.words == 4 and cfg.budget == tb.MAX_BUDGET
-    assert tb.kernel_config(15, 8, 64).as_dict() == dict(budget=64, block=64, words=1, bits=4, per_word=15,
-                                                         num_warps=tb.default_num_warps(64))
+    assert tb.kernel_config(15, 8, 64).as_dict() == dict(
+        budget=64, block=64, words=1, bits=4, per_word=15, num_warps=tb.default_num_warps(64)
+    )
     assert tb.kernel_config(15, 8, 100).block == 128
     assert tb.kernel_config(15, 8, 0).block == 1
 

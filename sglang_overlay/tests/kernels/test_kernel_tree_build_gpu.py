@@ -21,8 +21,7 @@ from sglang_overlay.kernels import tree_build as tb
 
 from .cases import first_mismatch, heap_batch, make_inputs
 
-GPU = (torch.cuda.is_available() and tb.triton_available()
-       and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+GPU = torch.cuda.is_available() and tb.triton_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 pytestmark = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU and TRITON_INTERPRET unset/0")
 
 
@@ -43,22 +42,22 @@ def _run_case(seed, batch, depth_limit, width, budget, cap, kind, num_warps=None
 @pytest.mark.parametrize(
     "seed,batch,depth_limit,width,budget,cap,kind",
     [
-        (1, 64, 15, 8, 64, None, "random"),      # the service's shape
+        (1, 64, 15, 8, 64, None, "random"),  # the service's shape
         (2, 64, 15, 8, 64, None, "ties"),
         (3, 7, 15, 8, 256, None, "ties"),
-        (4, 5, 15, 32, 256, 8, "random"),        # top_k_cap < K
-        (5, 3, 15, 32, 100, None, "ties"),       # W = 2, budget not a power of two
-        (6, 4, 15, 16, 512, None, "random"),     # W = 2, the budget limit
-        (7, 2, 32, 64, 512, None, "ties"),       # W = 4, every limit at once
-        (8, 2, 32, 64, 300, None, "zeros"),      # W = 4, pure rank-tuple order
-        (9, 4, 20, 64, 50, None, "zeros"),       # W = 3
-        (10, 8, 3, 3, 40, None, "neginf"),       # -inf entries; budget > nodes that exist
-        (11, 16, 1, 1, 5, None, "random"),       # L = 1, K = 1
+        (4, 5, 15, 32, 256, 8, "random"),  # top_k_cap < K
+        (5, 3, 15, 32, 100, None, "ties"),  # W = 2, budget not a power of two
+        (6, 4, 15, 16, 512, None, "random"),  # W = 2, the budget limit
+        (7, 2, 32, 64, 512, None, "ties"),  # W = 4, every limit at once
+        (8, 2, 32, 64, 300, None, "zeros"),  # W = 4, pure rank-tuple order
+        (9, 4, 20, 64, 50, None, "zeros"),  # W = 3
+        (10, 8, 3, 3, 40, None, "neginf"),  # -inf entries; budget > nodes that exist
+        (11, 16, 1, 1, 5, None, "random"),  # L = 1, K = 1
         (12, 256, 15, 8, 16, None, "random"),
-        (13, 3, 2, 2, 10, None, "random"),       # exhausts the tree: padding
-        (14, 9, 15, 8, 1, None, "ties"),         # budget 1
-        (15, 9, 15, 8, 0, None, "ties"),         # budget 0
-        (16, 33, 15, 48, 128, 48, "ties"),       # W = 2 with bits 6
+        (13, 3, 2, 2, 10, None, "random"),  # exhausts the tree: padding
+        (14, 9, 15, 8, 1, None, "ties"),  # budget 1
+        (15, 9, 15, 8, 0, None, "ties"),  # budget 0
+        (16, 33, 15, 48, 128, 48, "ties"),  # W = 2 with bits 6
     ],
 )
 def test_gpu_kernel_equals_heap_and_batched(seed, batch, depth_limit, width, budget, cap, kind):
@@ -133,8 +132,13 @@ def test_gpu_build_tree_dispatch_and_limits():
 
 def _warmup(args, env_extra=None, timeout=300):
     env = dict(os.environ, TRITON_INTERPRET="0", **(env_extra or {}))
-    proc = subprocess.run([sys.executable, "-m", "sglang_overlay.kernels.warmup", *args],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_overlay.kernels.warmup", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return proc
 
 
@@ -145,8 +149,9 @@ def test_gpu_warmup_device_mode_and_cross_compiled_cache_is_hit(tmp_path):
     if cap != (9, 0):
         pytest.skip(f"written for sm_90, this GPU is {cap}")
     # 1. Cross-compile with the GPU hidden (what a GPU-less build host would do).
-    proc = _warmup([*common, "--cross-compile", "--manifest", str(tmp_path / "cross.json")],
-                   {"CUDA_VISIBLE_DEVICES": ""})
+    proc = _warmup(
+        [*common, "--cross-compile", "--manifest", str(tmp_path / "cross.json")], {"CUDA_VISIBLE_DEVICES": ""}
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # 2. Device mode on the same cache, in a fresh process: every variant must already be there.
     proc = _warmup([*common, "--manifest", str(tmp_path / "device.json")])

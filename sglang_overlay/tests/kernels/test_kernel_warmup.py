@@ -44,8 +44,9 @@ def test_no_gpu_fails_clearly(tmp_path, capsys):
 @no_gpu_only
 def test_allow_no_gpu_is_a_noop(tmp_path, capsys):
     manifest = tmp_path / "m.json"
-    rc = warmup.main(["--arch", "sm_90", "--cache-dir", str(tmp_path / "c"), "--manifest", str(manifest),
-                      "--allow-no-gpu"])
+    rc = warmup.main(
+        ["--arch", "sm_90", "--cache-dir", str(tmp_path / "c"), "--manifest", str(manifest), "--allow-no-gpu"]
+    )
     assert rc == 0
     assert "nothing was compiled" in capsys.readouterr().out
     assert not manifest.exists()
@@ -53,8 +54,7 @@ def test_allow_no_gpu_is_a_noop(tmp_path, capsys):
 
 def test_limits_fail_before_compiling(tmp_path, capsys):
     # The size check comes before any compilation (cross-compile: no GPU needed to get there).
-    rc = warmup.main(["--arch", "sm_90", "--cross-compile", "--cache-dir", str(tmp_path / "c"),
-                      "--budgets", "1024"])
+    rc = warmup.main(["--arch", "sm_90", "--cross-compile", "--cache-dir", str(tmp_path / "c"), "--budgets", "1024"])
     assert rc == 2
     err = capsys.readouterr().err
     assert "budget" in err
@@ -67,10 +67,29 @@ def test_cross_compile_for_sm90_without_gpu(tmp_path):
     manifest = tmp_path / "manifest.json"
     env = dict(os.environ, TRITON_INTERPRET="0", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang_overlay.kernels.warmup", "--arch", "sm_90", "--cross-compile",
-         "--cache-dir", str(cache), "--budgets", "16", "--depth-limits", "15", "--top-k", "8,32",
-         "--manifest", str(manifest)],
-        env=env, capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "sglang_overlay.kernels.warmup",
+            "--arch",
+            "sm_90",
+            "--cross-compile",
+            "--cache-dir",
+            str(cache),
+            "--budgets",
+            "16",
+            "--depth-limits",
+            "15",
+            "--top-k",
+            "8,32",
+            "--manifest",
+            str(manifest),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     doc = json.loads(manifest.read_text())
     assert doc["mode"] == "cross-compile" and doc["arch"] == "sm_90" and doc["device"] is None

@@ -23,8 +23,10 @@ DRAFT_LEN = 4
 @pytest.fixture(scope="module")
 def targets():
     # initializer_range 0.5: peaked enough that drafts are often right, so trees go deep.
-    return {arch: tiny_causal_lm(arch, vocab_size=160, seed=11, initializer_range=0.5)
-            for arch in ("llama", "qwen3", "gpt_neox")}
+    return {
+        arch: tiny_causal_lm(arch, vocab_size=160, seed=11, initializer_range=0.5)
+        for arch in ("llama", "qwen3", "gpt_neox")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +36,10 @@ def ar_outputs(targets):
 
 def test_ar_matches_hugging_face_generate(targets, ar_outputs):
     model = targets["llama"]
-    out = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                         pad_token_id=0, eos_token_id=None)
-    assert out[0, len(PROMPT):].tolist() == ar_outputs["llama"]
+    out = model.generate(
+        torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0, eos_token_id=None
+    )
+    assert out[0, len(PROMPT) :].tolist() == ar_outputs["llama"]
 
 
 @pytest.mark.parametrize("budget", [1, 4, 16, 64])
@@ -123,8 +126,17 @@ def sampled_counts(model, walk=None):
     accepted = 0
     for seed in range(RUNS):
         gen = torch.Generator().manual_seed(seed)
-        result = generate_ddtree(model, drafter, SMALL_PROMPT, SAMPLED_TOKENS, budget=6, draft_len=2,
-                                 temperature=TEMPERATURE, generator=gen, walk=walk)
+        result = generate_ddtree(
+            model,
+            drafter,
+            SMALL_PROMPT,
+            SAMPLED_TOKENS,
+            budget=6,
+            draft_len=2,
+            temperature=TEMPERATURE,
+            generator=gen,
+            walk=walk,
+        )
         counts[tuple(result.tokens)] += 1
         accepted += sum(result.accept_lens)
     return counts, accepted

@@ -109,7 +109,5 @@ def register_ddtree_algorithm() -> bool:
 
     if get_spec(ALGORITHM_NAME) is not None:
         return False
-    SpeculativeAlgorithm.register(
-        ALGORITHM_NAME, supports_overlap=True, spec_class=DDTreeSpecAlgo
-    )(_worker_factory)
+    SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=True, spec_class=DDTreeSpecAlgo)(_worker_factory)
     return True

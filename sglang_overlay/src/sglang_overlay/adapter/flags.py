@@ -84,10 +84,7 @@ def add_ddtree_cli_args(parser: argparse.ArgumentParser) -> None:
 
 def cli_flag_values(args: argparse.Namespace) -> dict[str, Any]:
     """The DDTree flag values of a parsed namespace (None where a flag was not given)."""
-    return {
-        dest: getattr(args, dest, None)
-        for dest in (s.DEST_BUDGET, s.DEST_TOP_K, s.DEST_ALLOW_HYBRID)
-    }
+    return {dest: getattr(args, dest, None) for dest in (s.DEST_BUDGET, s.DEST_TOP_K, s.DEST_ALLOW_HYBRID)}
 
 
 def is_ddtree_name(name: Any) -> bool:

@@ -21,9 +21,7 @@ TARGET_FROM_CLI_ARGS = "sglang.srt.server_args.ServerArgs.from_cli_args"
 TARGET_CREATE_WORKER = "sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker"
 # Registered lazily by the worker (importing the graph runner pulls in the GPU stack, which
 # tokenizer/detokenizer processes should not pay for).
-TARGET_CAN_RUN_GRAPH = (
-    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph"
-)
+TARGET_CAN_RUN_GRAPH = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph"
 # TARGET_VERIFY is also an "extend" mode that the prefill (piecewise/full) graph runner may take.
 TARGET_CAN_RUN_PREFILL_GRAPH = (
     "sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.can_run_graph"
@@ -31,9 +29,7 @@ TARGET_CAN_RUN_PREFILL_GRAPH = (
 GRAPH_GUARD_TARGETS = (TARGET_CAN_RUN_GRAPH, TARGET_CAN_RUN_PREFILL_GRAPH)
 # The dummy verify input a decode graph runner captures TARGET_VERIFY with. Registered at start-up:
 # the target's graphs are captured before the DDTree worker exists.
-TARGET_GRAPH_SPEC_INFO = (
-    "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
-)
+TARGET_GRAPH_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 
 # Attribute that marks the DDTree tree-verify input (see tree_verify.DDTreeVerifyInput).
 TREE_VERIFY_MARKER = "ddtree_tree_verify"
@@ -84,8 +80,11 @@ def install_tree_attention(*backends: Any) -> int:
         backend.extend_attention_fwd = extend_fn(fn)
         wrapped += 1
     if wrapped:
-        logger.info("DDTREE tree verify attention: the grouped kernel on %d backend(s) (%s=0: SGLang's)",
-                    wrapped, knobs.TREE_ATTENTION.name)
+        logger.info(
+            "DDTREE tree verify attention: the grouped kernel on %d backend(s) (%s=0: SGLang's)",
+            wrapped,
+            knobs.TREE_ATTENTION.name,
+        )
     return wrapped
 
 
@@ -186,7 +185,10 @@ def hooks_applied() -> dict[str, bool]:
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     targets = [
-        TARGET_ADD_CLI_ARGS, TARGET_FROM_CLI_ARGS, TARGET_CREATE_WORKER, TARGET_GRAPH_SPEC_INFO,
+        TARGET_ADD_CLI_ARGS,
+        TARGET_FROM_CLI_ARGS,
+        TARGET_CREATE_WORKER,
+        TARGET_GRAPH_SPEC_INFO,
         *GRAPH_GUARD_TARGETS,
     ]
     return {t: t in HookRegistry._patched for t in targets}

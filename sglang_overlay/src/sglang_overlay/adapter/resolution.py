@@ -130,9 +130,7 @@ def finalize_ddtree(server_args: Any) -> Optional[s.ResolvedDDTree]:
         return None
     refused = _refusals(cfg)
     if refused:
-        raise s.DDTreeConfigError(
-            "--speculative-algorithm DDTREE does not support: " + "; ".join(refused)
-        )
+        raise s.DDTreeConfigError("--speculative-algorithm DDTREE does not support: " + "; ".join(refused))
     resolved = s.resolve_for_window(requested, cfg.speculative_num_draft_tokens)
     _check_memory(cfg, resolved, requested.budget_source)
     if resolved.window != resolved.block:
@@ -149,9 +147,10 @@ def finalize_ddtree(server_args: Any) -> Optional[s.ResolvedDDTree]:
         resolved.effective_top_k,
         resolved.block,
         resolved.window,
-        " (per batch size: %s)" % s.format_budget(
-            [(bs, res.window) for bs, res in ((b, resolved.for_batch(b)) for b, _ in resolved.schedule)]
-        ) if resolved.schedule else "",
+        " (per batch size: %s)"
+        % s.format_budget([(bs, res.window) for bs, res in ((b, resolved.for_batch(b)) for b, _ in resolved.schedule)])
+        if resolved.schedule
+        else "",
     )
     return resolved
 

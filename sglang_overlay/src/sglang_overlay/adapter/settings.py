@@ -173,9 +173,7 @@ def _schedule_tuple(pairs: Any) -> tuple:
 
 def _check_budget(value: int, name: str, raw: Any) -> int:
     if value > MAX_BUDGET:
-        raise DDTreeConfigError(
-            f"{name} must be at most {MAX_BUDGET} (the tree kernel's frontier), got {raw!r}"
-        )
+        raise DDTreeConfigError(f"{name} must be at most {MAX_BUDGET} (the tree kernel's frontier), got {raw!r}")
     return value
 
 
@@ -247,9 +245,7 @@ def parse_bool(raw: Any, name: str) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise DDTreeConfigError(
-        f"{name} must be one of 1/0, true/false, yes/no, on/off, got {raw!r}"
-    )
+    raise DDTreeConfigError(f"{name} must be one of 1/0, true/false, yes/no, on/off, got {raw!r}")
 
 
 def _env_value(environ: Mapping[str, str], name: str) -> Optional[str]:
@@ -369,6 +365,7 @@ def check_verify_memory(
 
     The error names the flag or variable, the estimate, the limit and the largest budget that fits.
     """
+
     def total(res: ResolvedDDTree) -> int:
         return sum(
             verify_buffer_bytes(w, bs, context_len, vocab_size)
@@ -380,8 +377,9 @@ def check_verify_memory(
         return need
     fits = 0
     for budget in range(resolved.block - 1, 0, -1):
-        single = ResolvedDDTree(budget, resolved.top_k, resolved.allow_hybrid_unsafe, max(budget + 1, resolved.block),
-                                resolved.block)
+        single = ResolvedDDTree(
+            budget, resolved.top_k, resolved.allow_hybrid_unsafe, max(budget + 1, resolved.block), resolved.block
+        )
         if total(single) <= limit_bytes:
             fits = budget
             break

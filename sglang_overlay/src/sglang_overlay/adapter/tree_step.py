@@ -139,8 +139,7 @@ def run_tree_step(
     hidden = ports.draft_hidden(root_tokens, prefix_lens)
     if int(hidden.shape[1]) != settings.block:
         raise RuntimeError(
-            f"DDTREE: drafter returned {int(hidden.shape[1])} rows per request, expected its "
-            f"block of {settings.block}"
+            f"DDTREE: drafter returned {int(hidden.shape[1])} rows per request, expected its block of {settings.block}"
         )
     if stage is None:
         stage = tree_stage(ports.head_topk, settings, builder)

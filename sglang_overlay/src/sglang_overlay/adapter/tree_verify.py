@@ -120,7 +120,6 @@ def merge_shard_topk(
     return flat_v.gather(1, top) - total_lse[:, None], flat_i.gather(1, top)
 
 
-
 def vocab_parallel_head_topk(
     hidden: torch.Tensor,
     weight: torch.Tensor,
@@ -151,6 +150,7 @@ def vocab_parallel_head_topk(
         raise ValueError("vocab_parallel_head_topk: world_size > 1 needs all_gather")
     gathered = [all_gather(t[None].contiguous()) for t in (values, ids, lse)]
     return merge_shard_topk(gathered[0], gathered[1], gathered[2], k)
+
 
 # ---- tree -> SGLang tree-verify tensors ---------------------------------------------------------
 
@@ -458,9 +458,7 @@ def accepted_step(
     tokens = predict.to(torch.int64)[path_rows]
     out_tokens = torch.where(valid, tokens, torch.zeros_like(tokens))
     bonus = out_tokens.gather(1, (lens - 1).clamp(min=0)[:, None]).squeeze(1)
-    positions = prefix_lens.to(device=device, dtype=torch.int64)[:, None] + torch.arange(
-        width, device=device
-    )[None, :]
+    positions = prefix_lens.to(device=device, dtype=torch.int64)[:, None] + torch.arange(width, device=device)[None, :]
     return AcceptedStep(
         out_tokens=out_tokens,
         accept_lens=lens.to(torch.int32),

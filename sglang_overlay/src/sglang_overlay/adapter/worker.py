@@ -239,8 +239,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self.ddtree: ResolvedDDTree = settings
         if int(self.block_size) != settings.block:
             raise DDTreeConfigError(
-                f"DDTREE: the DFlash block size is {self.block_size} but the resolved drafter "
-                f"block is {settings.block}"
+                f"DDTREE: the DFlash block size is {self.block_size} but the resolved drafter block is {settings.block}"
             )
         if self.selector is not None or self.lilicorr is not None or self._is_domino:
             raise DDTreeConfigError(
@@ -413,8 +412,10 @@ class DDTreeWorker(DFlashWorkerV2):
         if window not in self._graph_use_logged and get_parallel().tp_rank == 0:
             # The target's graphs are captured after this worker is built: say once what happened.
             state = self._window_states.get(window)
-            runner = state.graph_runner if state is not None else getattr(
-                self.target_worker.model_runner, "decode_cuda_graph_runner", None
+            runner = (
+                state.graph_runner
+                if state is not None
+                else getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
             )
             logger.info(
                 "DDTREE tree verify (window %d): CUDA graph replay %s (target verify graphs %s the tree mask); "
@@ -428,8 +429,13 @@ class DDTreeWorker(DFlashWorkerV2):
                 else "allocated per step",
                 "the path only, per request" if self._path_kv_pool else "SGLang's",
                 "the grouped tree kernel"
-                if getattr(getattr(getattr(self.target_worker.model_runner, "attn_backend", None),
-                                   "extend_attention_fwd", None), "_ddtree_tree_attention", False)
+                if getattr(
+                    getattr(
+                        getattr(self.target_worker.model_runner, "attn_backend", None), "extend_attention_fwd", None
+                    ),
+                    "_ddtree_tree_attention",
+                    False,
+                )
                 else "SGLang's extend kernel",
             )
             self._graph_use_logged.add(window)
@@ -438,9 +444,7 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output = result.verified.logits_output
         logits_output.hidden_states = None  # no large D2H copies under overlap scheduling
         batch.forward_mode = ForwardMode.DECODE
-        next_draft_input = self._make_next_draft_input_decode(
-            bonus_tokens=step.bonus, new_seq_lens=new_seq_lens
-        )
+        next_draft_input = self._make_next_draft_input_decode(bonus_tokens=step.bonus, new_seq_lens=new_seq_lens)
         return GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=step.out_tokens.reshape(-1),
@@ -526,9 +530,7 @@ class DDTreeWorker(DFlashWorkerV2):
         kv_loc_plan = self.target_worker.model_runner.kv_index_translator.plan(
             req_pool_indices=batch.req_pool_indices,
             seq_lens=prefix_lens,
-            seq_lens_cpu=(
-                batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu
-            ),
+            seq_lens_cpu=(batch.seq_lens_cpu if batch.seq_lens_cpu is not None else draft_input.nxt_kv_lens_cpu),
             write_virtual=out_cache_loc,
             read_extent=block,
         )
@@ -560,9 +562,7 @@ class DDTreeWorker(DFlashWorkerV2):
             spec_info=self._draft_block_spec_info,
             capture_hidden_mode=CaptureHiddenMode.NULL,
             num_token_non_padded=(
-                torch.full((), bs * block, dtype=torch.int32, device=device)
-                if enable_num_token_non_padded()
-                else None
+                torch.full((), bs * block, dtype=torch.int32, device=device) if enable_num_token_non_padded() else None
             ),
             global_num_token_non_padded_cpu=bs * block,
             can_run_decode_cuda_graph=batch.can_run_decode_cuda_graph,
@@ -667,9 +667,7 @@ class DDTreeWorker(DFlashWorkerV2):
         logits_output = target_out.logits_output
         target_lp = self._target_logits_processor
         if target_lp is not None and target_lp.is_deferred_shard(logits_output.next_token_logits):
-            logits_output.next_token_logits = target_lp.finish_deferred_gather(
-                logits_output.next_token_logits
-            )
+            logits_output.next_token_logits = target_lp.finish_deferred_gather(logits_output.next_token_logits)
         return _Verified(logits_output=logits_output, target_out=target_out)
 
     # ---- 5. acceptance: SGLang's tree acceptance ---------------------------------------------
@@ -706,16 +704,18 @@ class DDTreeWorker(DFlashWorkerV2):
     ):
         accept_index = verified.accept_index  # [bs, W] flat verify rows, -1 after the path
         if self._need_mamba_verify_commit:
-            commit_mamba_states_after_verify(
-                self.target_worker, batch, step.accept_lens, accept_index, tensors.window
-            )
+            commit_mamba_states_after_verify(self.target_worker, batch, step.accept_lens, accept_index, tensors.window)
         # Target KV of the root and accepted nodes -> the front of the window, in path order.
         if self._path_kv_pool is None:
             self._path_kv_pool = path_kv_pool(self.model_runner.token_to_kv_pool_allocator) or False
         pool = self._path_kv_pool
         if pool and batch.out_cache_loc.numel() == accept_index.numel():
             move_path_kv(
-                pool.data_ptrs, pool.data_strides, batch.out_cache_loc, accept_index, step.accept_lens,
+                pool.data_ptrs,
+                pool.data_strides,
+                batch.out_cache_loc,
+                accept_index,
+                step.accept_lens,
                 pool._kv_copy_config,
             )
         else:
@@ -723,9 +723,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 batch, accept_index, step.accept_lens - 1, self.model_runner.token_to_kv_pool_allocator
             )
         if batch.return_logprob:
-            compute_spec_logprobs(
-                batch, verified.logits_output, verified.predict, accept_index=accept_index
-            )
+            compute_spec_logprobs(batch, verified.logits_output, verified.predict, accept_index=accept_index)
         if on_publish is not None:
             on_publish(batch.seq_lens + step.accept_lens.to(batch.seq_lens.dtype))
         # Drafter KV for the committed path, from the target hidden states of the path's rows

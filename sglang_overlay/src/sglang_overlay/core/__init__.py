@@ -19,16 +19,34 @@ from .heap import HeapTree, build_tree_heap, f32
 
 _LAZY = {
     "tree": (
-        "DDTreeBatch", "draft_topk", "build_tree_batched", "heap_trees_to_batch", "rank_key_layout",
-        "PAD_TOKEN", "PAD_PARENT", "PAD_DEPTH", "PAD_RANK", "PAD_SCORE",
+        "DDTreeBatch",
+        "draft_topk",
+        "build_tree_batched",
+        "heap_trees_to_batch",
+        "rank_key_layout",
+        "PAD_TOKEN",
+        "PAD_PARENT",
+        "PAD_DEPTH",
+        "PAD_RANK",
+        "PAD_SCORE",
     ),
     "verify": (
-        "EagleVerifyLinks", "verify_positions", "ancestor_mask", "prefix_tree_mask",
-        "eagle_verify_links", "sglang_tree_mask",
+        "EagleVerifyLinks",
+        "verify_positions",
+        "ancestor_mask",
+        "prefix_tree_mask",
+        "eagle_verify_links",
+        "sglang_tree_mask",
     ),
     "walk": (
-        "WalkResult", "CompactionPlan", "walk_tree", "greedy_walk", "sample_target_tokens",
-        "sampled_walk", "kv_keep", "compaction_plan",
+        "WalkResult",
+        "CompactionPlan",
+        "walk_tree",
+        "greedy_walk",
+        "sample_target_tokens",
+        "sampled_walk",
+        "kv_keep",
+        "compaction_plan",
     ),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}

@@ -216,8 +216,10 @@ def build_tree_batched(
     slot ``t`` its first child as candidate. Requests whose frontier is empty stop.
     """
     if log_probs.dim() != 3 or token_ids.shape != log_probs.shape:
-        raise ValueError(f"expected log_probs and token_ids of one shape [B, L, K], got "
-                         f"{tuple(log_probs.shape)} and {tuple(token_ids.shape)}")
+        raise ValueError(
+            f"expected log_probs and token_ids of one shape [B, L, K], got "
+            f"{tuple(log_probs.shape)} and {tuple(token_ids.shape)}"
+        )
     if budget < 0:
         raise ValueError(f"budget must be >= 0, got {budget}")
     batch, depth_limit, width = (int(s) for s in log_probs.shape)
@@ -237,9 +239,7 @@ def build_tree_batched(
     bits, per_word, num_words = rank_key_layout(depth_limit, cap)
     level = torch.arange(depth_limit, device=device)
     level_word = level // per_word
-    level_unit = torch.ones(depth_limit, dtype=torch.int64, device=device) << (
-        bits * (per_word - 1 - level % per_word)
-    )
+    level_unit = torch.ones(depth_limit, dtype=torch.int64, device=device) << (bits * (per_word - 1 - level % per_word))
 
     slots = budget + 1
     rows = torch.arange(batch, device=device)

@@ -25,8 +25,17 @@ from typing import Any
 
 _LAZY = {
     "tree_build": (
-        "MAX_BUDGET", "MAX_DEPTH", "MAX_TOP_K", "KernelConfig", "kernel_config", "check_kernel_limits",
-        "default_num_warps", "empty_tree_batch", "build_tree_kernel", "build_tree", "triton_available",
+        "MAX_BUDGET",
+        "MAX_DEPTH",
+        "MAX_TOP_K",
+        "KernelConfig",
+        "kernel_config",
+        "check_kernel_limits",
+        "default_num_warps",
+        "empty_tree_batch",
+        "build_tree_kernel",
+        "build_tree",
+        "triton_available",
     ),
     "draft_topk": ("MAX_FUSED_K", "fused_draft_topk", "draft_topk_fast", "fused_available"),
     "accept_path": ("accept_path", "accept_path_available"),

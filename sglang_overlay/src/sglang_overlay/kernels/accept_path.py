@@ -86,8 +86,17 @@ def accept_path(
     lens = torch.empty((bs,), dtype=torch.int32, device=device)
     if bs:
         _accept_path_kernel[(bs,)](
-            predict.contiguous(), accept_index.contiguous(), accept_lens.contiguous(), prefix_lens.contiguous(),
-            out_tokens, path_rows, path_positions, bonus, lens,
-            W=width, W_P2=triton.next_power_of_2(width), num_warps=1,
+            predict.contiguous(),
+            accept_index.contiguous(),
+            accept_lens.contiguous(),
+            prefix_lens.contiguous(),
+            out_tokens,
+            path_rows,
+            path_positions,
+            bonus,
+            lens,
+            W=width,
+            W_P2=triton.next_power_of_2(width),
+            num_warps=1,
         )
     return out_tokens, lens, bonus, path_rows, path_positions

@@ -396,8 +396,19 @@ def fused_draft_topk(
         cand_val = torch.empty((rows, chunks, k), dtype=torch.float32, device=x.device)
         cand_idx = torch.empty((rows, chunks, k), dtype=torch.int32, device=x.device)
         _chunk_topk_kernel[(rows, chunks)](
-            x, x.stride(0), vocab, cand_val, cand_idx, chunk_max, chunk_sum, chunks,
-            K=k, K_P2=triton.next_power_of_2(k), BLOCK=block, GROUP=group, num_warps=warps,
+            x,
+            x.stride(0),
+            vocab,
+            cand_val,
+            cand_idx,
+            chunk_max,
+            chunk_sum,
+            chunks,
+            K=k,
+            K_P2=triton.next_power_of_2(k),
+            BLOCK=block,
+            GROUP=group,
+            num_warps=warps,
         )
     else:
         cand_chunks = triton.cdiv(chunks, span)
@@ -406,14 +417,36 @@ def fused_draft_topk(
         # int32 keys carry a 16-bit value (bf16 logits are exact in it) and a 16-bit offset.
         key32 = x.dtype == torch.bfloat16 and span * block <= 65536
         _span_topk_kernel[(rows, cand_chunks)](
-            x, x.stride(0), vocab, cand_val, cand_idx, chunk_max, chunk_sum, chunks, cand_chunks,
-            K=k, K_P2=triton.next_power_of_2(k), BLOCK=block, GROUP=group, SPAN=span,
-            KEY32=key32, num_warps=warps,
+            x,
+            x.stride(0),
+            vocab,
+            cand_val,
+            cand_idx,
+            chunk_max,
+            chunk_sum,
+            chunks,
+            cand_chunks,
+            K=k,
+            K_P2=triton.next_power_of_2(k),
+            BLOCK=block,
+            GROUP=group,
+            SPAN=span,
+            KEY32=key32,
+            num_warps=warps,
         )
     cands_p2 = triton.next_power_of_2(cand_chunks * k)
     _merge_topk_kernel[(rows,)](
-        cand_val, cand_idx, chunk_max, chunk_sum, out_lp, out_ids, chunks, cand_chunks,
-        K=k, CHUNKS_P2=triton.next_power_of_2(chunks), CANDS_P2=cands_p2,
+        cand_val,
+        cand_idx,
+        chunk_max,
+        chunk_sum,
+        out_lp,
+        out_ids,
+        chunks,
+        cand_chunks,
+        K=k,
+        CHUNKS_P2=triton.next_power_of_2(chunks),
+        CANDS_P2=cands_p2,
         num_warps=4 if cands_p2 <= 1024 else 8,
     )
     return out_lp.view(*lead, k), out_ids.view(*lead, k)

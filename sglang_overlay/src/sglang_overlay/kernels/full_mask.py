@@ -91,6 +91,12 @@ def write_full_mask(out: torch.Tensor, ancestors: torch.Tensor, prefix_lens: tor
         return
     starts = request_starts(prefix_lens, width)
     _full_mask_kernel[(bs, width)](
-        _bytes(ancestors.contiguous()), prefix_lens.contiguous(), starts, _bytes(out), out.numel(),
-        W=width, BLOCK=BLOCK, num_warps=4,
+        _bytes(ancestors.contiguous()),
+        prefix_lens.contiguous(),
+        starts,
+        _bytes(out),
+        out.numel(),
+        W=width,
+        BLOCK=BLOCK,
+        num_warps=4,
     )

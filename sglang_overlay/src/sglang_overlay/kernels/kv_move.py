@@ -112,6 +112,6 @@ def move_path_kv_torch(
     for b in range(bs):
         n = int(accept_lens[b])
         src = out_cache_loc[accept_index[b, :n].long()]
-        tgt = out_cache_loc[b * window: b * window + n]
+        tgt = out_cache_loc[b * window : b * window + n]
         for buf in buffers:
             buf[tgt] = buf[src].clone()

@@ -286,27 +286,63 @@ def tree_verify_attention(
     heads, rows = launch_shape(q_heads, kv_heads, max_len_extend, config.max_rows)
     mask = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
     _tree_verify_attn_kernel[(bs, q_heads // heads)](
-        q, k_extend, v_extend, o, k_buffer, v_buffer,
-        qo_indptr, kv_indptr, kv_indices, mask, mask_indptr,
-        float(sm_scale if sm_scale is not None else 1.0 / (lq ** 0.5)), float(k_scale), float(v_scale),
-        q.stride(0), q.stride(1), k_extend.stride(0), k_extend.stride(1),
-        v_extend.stride(0), v_extend.stride(1), o.stride(0), o.stride(1),
-        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        GROUP=q_heads // kv_heads, HEADS=heads, ROWS=rows, Lq=lq, Lv=lv,
-        BLOCK_DMODEL=_pow2(lq), BLOCK_DV=_pow2(lv), BLOCK_N=config.block_n,
-        num_warps=config.num_warps, num_stages=1,
+        q,
+        k_extend,
+        v_extend,
+        o,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        mask,
+        mask_indptr,
+        float(sm_scale if sm_scale is not None else 1.0 / (lq**0.5)),
+        float(k_scale),
+        float(v_scale),
+        q.stride(0),
+        q.stride(1),
+        k_extend.stride(0),
+        k_extend.stride(1),
+        v_extend.stride(0),
+        v_extend.stride(1),
+        o.stride(0),
+        o.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        GROUP=q_heads // kv_heads,
+        HEADS=heads,
+        ROWS=rows,
+        Lq=lq,
+        Lv=lv,
+        BLOCK_DMODEL=_pow2(lq),
+        BLOCK_DV=_pow2(lv),
+        BLOCK_N=config.block_n,
+        num_warps=config.num_warps,
+        num_stages=1,
     )
 
 
 def tree_verify_attention_torch(
-    q, k_extend, v_extend, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices, custom_mask,
-    mask_indptr, sm_scale: Optional[float] = None,
+    q,
+    k_extend,
+    v_extend,
+    k_buffer,
+    v_buffer,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    custom_mask,
+    mask_indptr,
+    sm_scale: Optional[float] = None,
 ) -> torch.Tensor:
     """Reference in float32 torch (host loop; tests only): the attention ``tree_verify_attention`` computes."""
     tokens, q_heads, lq = (int(d) for d in q.shape)
     kv_heads = int(k_extend.shape[1])
     group = q_heads // kv_heads
-    scale = sm_scale if sm_scale is not None else 1.0 / (lq ** 0.5)
+    scale = sm_scale if sm_scale is not None else 1.0 / (lq**0.5)
     out = torch.zeros((tokens, q_heads, int(v_extend.shape[-1])), dtype=torch.float32)
     mask = custom_mask.to(torch.bool)
     for b in range(int(qo_indptr.shape[0]) - 1):
@@ -370,17 +406,67 @@ def extend_fn(original: Callable, config: Optional[TreeAttentionConfig] = None) 
         return original
     cfg = config or config_from_env()
 
-    def extend_attention_fwd(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-                             custom_mask, is_causal, mask_indptr, max_len_extend, k_scale=1.0,
-                             v_scale=1.0, sm_scale=None, *args, **kwargs):
-        if args or not _eligible(q, k, k_buffer, custom_mask, is_causal, max_len_extend,
-                                 kwargs.get("page_size", 1), kwargs):
-            return original(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-                            custom_mask, is_causal, mask_indptr, max_len_extend, k_scale, v_scale,
-                            sm_scale, *args, **kwargs)
-        tree_verify_attention(q, k, v, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
-                              custom_mask, mask_indptr, int(max_len_extend), k_scale, v_scale,
-                              sm_scale, cfg)
+    def extend_attention_fwd(
+        q,
+        k,
+        v,
+        o,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        custom_mask,
+        is_causal,
+        mask_indptr,
+        max_len_extend,
+        k_scale=1.0,
+        v_scale=1.0,
+        sm_scale=None,
+        *args,
+        **kwargs,
+    ):
+        if args or not _eligible(
+            q, k, k_buffer, custom_mask, is_causal, max_len_extend, kwargs.get("page_size", 1), kwargs
+        ):
+            return original(
+                q,
+                k,
+                v,
+                o,
+                k_buffer,
+                v_buffer,
+                qo_indptr,
+                kv_indptr,
+                kv_indices,
+                custom_mask,
+                is_causal,
+                mask_indptr,
+                max_len_extend,
+                k_scale,
+                v_scale,
+                sm_scale,
+                *args,
+                **kwargs,
+            )
+        tree_verify_attention(
+            q,
+            k,
+            v,
+            o,
+            k_buffer,
+            v_buffer,
+            qo_indptr,
+            kv_indptr,
+            kv_indices,
+            custom_mask,
+            mask_indptr,
+            int(max_len_extend),
+            k_scale,
+            v_scale,
+            sm_scale,
+            cfg,
+        )
         return None
 
     setattr(extend_attention_fwd, WRAPPED, True)

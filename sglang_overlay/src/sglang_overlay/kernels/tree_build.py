@@ -140,17 +140,20 @@ def check_kernel_limits(depth_limit: int, width: int, budget: int, top_k_cap: in
         raise ValueError(f"top_k_cap must be >= 1, got {top_k_cap}")
     if depth_limit > MAX_DEPTH:
         raise ValueError(
-            f"depth limit L={depth_limit} (log_probs.shape[1]) exceeds the GPU tree kernel's limit of {MAX_DEPTH}")
+            f"depth limit L={depth_limit} (log_probs.shape[1]) exceeds the GPU tree kernel's limit of {MAX_DEPTH}"
+        )
     cap = int(width) if top_k_cap is None else min(int(top_k_cap), int(width))
     if cap > MAX_TOP_K:
         raise ValueError(
             f"top-k {cap} (min(top_k_cap, K), K = log_probs.shape[2] = {width}) exceeds the GPU tree "
-            f"kernel's limit of {MAX_TOP_K}; pass top_k_cap <= {MAX_TOP_K}")
+            f"kernel's limit of {MAX_TOP_K}; pass top_k_cap <= {MAX_TOP_K}"
+        )
     return cap
 
 
-def kernel_config(depth_limit: int, width: int, budget: int, top_k_cap: int | None = None,
-                  num_warps: int | None = None) -> KernelConfig:
+def kernel_config(
+    depth_limit: int, width: int, budget: int, top_k_cap: int | None = None, num_warps: int | None = None
+) -> KernelConfig:
     """The kernel variant used for these sizes (validated with ``check_kernel_limits``)."""
     cap = check_kernel_limits(depth_limit, width, budget, top_k_cap)
     bits, per_word, words = rank_key_layout(max(int(depth_limit), 1), max(cap, 1))
@@ -212,43 +215,87 @@ if triton is not None:
     @triton.jit
     def _pick_w1(o1, a1, m1, c1, o2, a2, m2, c2):
         take1 = (o1 > o2) | ((o1 == o2) & (a1 < a2))
-        return (tl.where(take1, o1, o2), tl.where(take1, a1, a2), tl.where(take1, m1, m2),
-                tl.where(take1, c1, c2))
+        return (tl.where(take1, o1, o2), tl.where(take1, a1, a2), tl.where(take1, m1, m2), tl.where(take1, c1, c2))
 
     @triton.jit
     def _pick_w2(o1, a1, b1, m1, c1, o2, a2, b2, m2, c2):
         lt = (a1 < a2) | ((a1 == a2) & (b1 < b2))
         take1 = (o1 > o2) | ((o1 == o2) & lt)
-        return (tl.where(take1, o1, o2), tl.where(take1, a1, a2), tl.where(take1, b1, b2),
-                tl.where(take1, m1, m2), tl.where(take1, c1, c2))
+        return (
+            tl.where(take1, o1, o2),
+            tl.where(take1, a1, a2),
+            tl.where(take1, b1, b2),
+            tl.where(take1, m1, m2),
+            tl.where(take1, c1, c2),
+        )
 
     @triton.jit
     def _pick_w3(o1, a1, b1, e1, m1, c1, o2, a2, b2, e2, m2, c2):
         lt = (a1 < a2) | ((a1 == a2) & ((b1 < b2) | ((b1 == b2) & (e1 < e2))))
         take1 = (o1 > o2) | ((o1 == o2) & lt)
-        return (tl.where(take1, o1, o2), tl.where(take1, a1, a2), tl.where(take1, b1, b2),
-                tl.where(take1, e1, e2), tl.where(take1, m1, m2), tl.where(take1, c1, c2))
+        return (
+            tl.where(take1, o1, o2),
+            tl.where(take1, a1, a2),
+            tl.where(take1, b1, b2),
+            tl.where(take1, e1, e2),
+            tl.where(take1, m1, m2),
+            tl.where(take1, c1, c2),
+        )
 
     @triton.jit
     def _pick_w4(o1, a1, b1, e1, g1, m1, c1, o2, a2, b2, e2, g2, m2, c2):
         lt = (a1 < a2) | ((a1 == a2) & ((b1 < b2) | ((b1 == b2) & ((e1 < e2) | ((e1 == e2) & (g1 < g2))))))
         take1 = (o1 > o2) | ((o1 == o2) & lt)
-        return (tl.where(take1, o1, o2), tl.where(take1, a1, a2), tl.where(take1, b1, b2),
-                tl.where(take1, e1, e2), tl.where(take1, g1, g2), tl.where(take1, m1, m2),
-                tl.where(take1, c1, c2))
+        return (
+            tl.where(take1, o1, o2),
+            tl.where(take1, a1, a2),
+            tl.where(take1, b1, b2),
+            tl.where(take1, e1, e2),
+            tl.where(take1, g1, g2),
+            tl.where(take1, m1, m2),
+            tl.where(take1, c1, c2),
+        )
 
     # No value specialisation of the runtime arguments (ints equal to 1 or divisible by 16, pointer
     # alignment): one compiled variant per (BUDGET, NP, W, HAS_ROOT, num_warps), whatever the
     # shapes and allocations, so the AOT warm-up's cache entries are exactly the ones used.
-    _RUNTIME_ARGS = ["lp_ptr", "ids_ptr", "root_ptr", "tok_ptr", "par_ptr", "dep_ptr", "rank_ptr", "score_ptr",
-                     "num_ptr", "L", "K", "cap", "bits", "per_word"]
+    _RUNTIME_ARGS = [
+        "lp_ptr",
+        "ids_ptr",
+        "root_ptr",
+        "tok_ptr",
+        "par_ptr",
+        "dep_ptr",
+        "rank_ptr",
+        "score_ptr",
+        "num_ptr",
+        "L",
+        "K",
+        "cap",
+        "bits",
+        "per_word",
+    ]
 
     @triton.jit(do_not_specialize=_RUNTIME_ARGS, do_not_specialize_on_alignment=_RUNTIME_ARGS)
     def _ddtree_build_kernel(
-        lp_ptr, ids_ptr, root_ptr,
-        tok_ptr, par_ptr, dep_ptr, rank_ptr, score_ptr, num_ptr,
-        L, K, cap, bits, per_word,
-        BUDGET: tl.constexpr, NP: tl.constexpr, W: tl.constexpr, HAS_ROOT: tl.constexpr,
+        lp_ptr,
+        ids_ptr,
+        root_ptr,
+        tok_ptr,
+        par_ptr,
+        dep_ptr,
+        rank_ptr,
+        score_ptr,
+        num_ptr,
+        L,
+        K,
+        cap,
+        bits,
+        per_word,
+        BUDGET: tl.constexpr,
+        NP: tl.constexpr,
+        W: tl.constexpr,
+        HAS_ROOT: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
         lp = lp_ptr + b * L * K
@@ -295,12 +342,12 @@ if triton is not None:
                 b_k2 = 0
                 b_k3 = 0
             elif W == 3:
-                b_ord, b_k0, b_k1, b_k2, b_meta, b_c0 = tl.reduce(
-                    (f_ord, f_k0, f_k1, f_k2, f_meta, f_c0), 0, _pick_w3)
+                b_ord, b_k0, b_k1, b_k2, b_meta, b_c0 = tl.reduce((f_ord, f_k0, f_k1, f_k2, f_meta, f_c0), 0, _pick_w3)
                 b_k3 = 0
             else:
                 b_ord, b_k0, b_k1, b_k2, b_k3, b_meta, b_c0 = tl.reduce(
-                    (f_ord, f_k0, f_k1, f_k2, f_k3, f_meta, f_c0), 0, _pick_w4)
+                    (f_ord, f_k0, f_k1, f_k2, f_k3, f_meta, f_c0), 0, _pick_w4
+                )
             active = b_ord != INVALID
             p = b_meta & 1023
             r = (b_meta >> 10) & 127
@@ -381,8 +428,10 @@ def _check_out(out: DDTreeBatch, batch: int, budget: int, device: torch.device) 
         t, w = getattr(out, f), getattr(want, f)
         shape = (batch, *w.shape[1:])
         if tuple(t.shape) != shape or t.dtype != w.dtype or t.device != device or not t.is_contiguous():
-            raise ValueError(f"out.{f} must be a contiguous {w.dtype} tensor of shape {shape} on {device}, "
-                             f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+            raise ValueError(
+                f"out.{f} must be a contiguous {w.dtype} tensor of shape {shape} on {device}, "
+                f"got {t.dtype} {tuple(t.shape)} on {t.device}"
+            )
 
 
 def _launch_args(
@@ -396,8 +445,10 @@ def _launch_args(
 ) -> tuple[tuple, dict, DDTreeBatch, KernelConfig]:
     """Validate (shapes, dtypes, devices only: no values, no sync) and build the launch arguments."""
     if log_probs.dim() != 3 or tuple(token_ids.shape) != tuple(log_probs.shape):
-        raise ValueError(f"expected log_probs and token_ids of one shape [B, L, K], got "
-                         f"{tuple(log_probs.shape)} and {tuple(token_ids.shape)}")
+        raise ValueError(
+            f"expected log_probs and token_ids of one shape [B, L, K], got "
+            f"{tuple(log_probs.shape)} and {tuple(token_ids.shape)}"
+        )
     budget = int(budget)
     batch, depth_limit, width = (int(s) for s in log_probs.shape)
     cfg = kernel_config(depth_limit, width, budget, top_k_cap, num_warps)
@@ -417,11 +468,30 @@ def _launch_args(
     lp = log_probs.to(torch.float32).contiguous()
     ids = token_ids.to(torch.int64).contiguous()
     roots = ids if root_tokens is None else root_tokens.reshape(batch).to(torch.int64).contiguous()
-    args = (lp, ids, roots,
-            out.tokens, out.parents, out.depths, out.ranks, out.scores, out.num_nodes,
-            depth_limit, width, cap, cfg.bits, cfg.per_word)
-    kwargs = dict(BUDGET=cfg.budget, NP=cfg.block, W=cfg.words, HAS_ROOT=root_tokens is not None,
-                  num_warps=cfg.num_warps, num_stages=1)
+    args = (
+        lp,
+        ids,
+        roots,
+        out.tokens,
+        out.parents,
+        out.depths,
+        out.ranks,
+        out.scores,
+        out.num_nodes,
+        depth_limit,
+        width,
+        cap,
+        cfg.bits,
+        cfg.per_word,
+    )
+    kwargs = dict(
+        BUDGET=cfg.budget,
+        NP=cfg.block,
+        W=cfg.words,
+        HAS_ROOT=root_tokens is not None,
+        num_warps=cfg.num_warps,
+        num_stages=1,
+    )
     return args, kwargs, out, cfg
 
 

@@ -119,6 +119,7 @@ def _dummy_inputs(shape: _Shape, device, has_root: bool, seed: int):
     lp = lp.sort(dim=-1, descending=True).values.contiguous()
     ids = torch.randint(0, 1000, (2, shape.depth_limit, shape.top_k), generator=gen)
     roots = torch.tensor([1, 2]) if has_root else None
+
     def to(t):
         return None if t is None else t.to(device)
 
@@ -181,12 +182,14 @@ def warmup_kernels(
             raise WarmupError(
                 "no CUDA GPU is visible: the warm-up compiles the kernel by launching it on the GPU that will run "
                 "it. Run it on the GPU host, pass --cross-compile --arch sm_XX to compile without a GPU, or "
-                "--allow-no-gpu to skip (nothing is compiled then).")
+                "--allow-no-gpu to skip (nothing is compiled then)."
+            )
         capability, device_name = gpu
         if arch is not None and parse_arch(arch) != capability:
             raise WarmupError(
                 f"this GPU ({device_name}) is sm_{capability} but --arch {arch} was asked for; run the warm-up on a "
-                f"GPU of that architecture or use --cross-compile")
+                f"GPU of that architecture or use --cross-compile"
+            )
 
     from . import tree_build as tb
 
@@ -228,18 +231,20 @@ def warmup_kernels(
             if not verified:
                 raise WarmupError(f"variant budget={budget} W={words}: the kernel disagrees with build_tree_batched")
         sub, files = _cache_entry(cache_dir, compiled.hash)
-        records.append(dict(
-            constexprs=dict(BUDGET=budget, NP=block, W=words, HAS_ROOT=has_root),
-            num_warps=nw,
-            num_stages=kwargs["num_stages"],
-            shapes=[dict(depth_limit=s.depth_limit, top_k=s.top_k, top_k_cap=s.top_k_cap) for s in entry["shapes"]],
-            hash=compiled.hash,
-            cache_subdir=sub,
-            files=files,
-            was_cached=sub in before,
-            compile_s=round(compile_s, 3),
-            verified=verified,
-        ))
+        records.append(
+            dict(
+                constexprs=dict(BUDGET=budget, NP=block, W=words, HAS_ROOT=has_root),
+                num_warps=nw,
+                num_stages=kwargs["num_stages"],
+                shapes=[dict(depth_limit=s.depth_limit, top_k=s.top_k, top_k_cap=s.top_k_cap) for s in entry["shapes"]],
+                hash=compiled.hash,
+                cache_subdir=sub,
+                files=files,
+                was_cached=sub in before,
+                compile_s=round(compile_s, 3),
+                verified=verified,
+            )
+        )
         log(
             f"{'found' if sub in before else 'compiled'} BUDGET={budget} NP={block} W={words} "
             f"HAS_ROOT={has_root} num_warps={nw} -> {sub} ({compile_s:.2f} s{', verified' if verified else ''})"
@@ -293,21 +298,36 @@ def _cap_list(text: str) -> list[int | None]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sglang_overlay.kernels.warmup",
-        description="Compile the DDTree GPU tree kernel ahead of time into a Triton cache and write a manifest.")
+        description="Compile the DDTree GPU tree kernel ahead of time into a Triton cache and write a manifest.",
+    )
     parser.add_argument("--arch", help="GPU architecture, e.g. sm_90 (default: the visible GPU's)")
     parser.add_argument("--cache-dir", help="Triton cache directory (default: $TRITON_CACHE_DIR or ~/.triton/cache)")
     parser.add_argument("--budgets", type=_int_list, default=[16, 64, 256], help="comma-separated (default 16,64,256)")
-    parser.add_argument("--depth-limits", type=_int_list, default=[15],
-                        help="draft positions L = block_size - 1, comma-separated (default 15)")
+    parser.add_argument(
+        "--depth-limits",
+        type=_int_list,
+        default=[15],
+        help="draft positions L = block_size - 1, comma-separated (default 15)",
+    )
     parser.add_argument("--top-k", type=_int_list, default=[8], help="K per position, comma-separated (default 8)")
-    parser.add_argument("--top-k-caps", type=_cap_list, default=[None],
-                        help="top_k_cap values, comma-separated, 'none' = K (default none)")
+    parser.add_argument(
+        "--top-k-caps",
+        type=_cap_list,
+        default=[None],
+        help="top_k_cap values, comma-separated, 'none' = K (default none)",
+    )
     parser.add_argument("--num-warps", type=int, default=None, help="override warps per program")
     parser.add_argument("--manifest", help=f"manifest path (default CACHE_DIR/{MANIFEST_NAME})")
-    parser.add_argument("--cross-compile", action="store_true",
-                        help="compile for --arch without a GPU (needs the identical triton install at run time)")
-    parser.add_argument("--allow-no-gpu", action="store_true",
-                        help="without a GPU (and without --cross-compile): compile nothing, exit 0")
+    parser.add_argument(
+        "--cross-compile",
+        action="store_true",
+        help="compile for --arch without a GPU (needs the identical triton install at run time)",
+    )
+    parser.add_argument(
+        "--allow-no-gpu",
+        action="store_true",
+        help="without a GPU (and without --cross-compile): compile nothing, exit 0",
+    )
     parser.add_argument("--no-verify", action="store_true", help="skip the checking launch of each variant")
     ns = parser.parse_args(argv)
 
@@ -316,9 +336,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         warmup_kernels(
-            arch=ns.arch, cache_dir=ns.cache_dir, budgets=ns.budgets, depth_limits=ns.depth_limits,
-            top_ks=ns.top_k, top_k_caps=ns.top_k_caps, num_warps=ns.num_warps, cross_compile=ns.cross_compile,
-            verify=not ns.no_verify, manifest=ns.manifest,
+            arch=ns.arch,
+            cache_dir=ns.cache_dir,
+            budgets=ns.budgets,
+            depth_limits=ns.depth_limits,
+            top_ks=ns.top_k,
+            top_k_caps=ns.top_k_caps,
+            num_warps=ns.num_warps,
+            cross_compile=ns.cross_compile,
+            verify=not ns.no_verify,
+            manifest=ns.manifest,
             log=lambda msg: print(f"ddtree warmup: {msg}", flush=True),
         )
     except (WarmupError, ValueError) as exc:

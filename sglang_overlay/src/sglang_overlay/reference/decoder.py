@@ -82,8 +82,12 @@ def generate_ar(
     device = next(model.parameters()).device
     ids = _as_ids(input_ids, device)
     cache = _new_cache()
-    out = model(input_ids=ids, position_ids=torch.arange(ids.shape[1], device=device)[None],
-                past_key_values=cache, use_cache=True)
+    out = model(
+        input_ids=ids,
+        position_ids=torch.arange(ids.shape[1], device=device)[None],
+        past_key_values=cache,
+        use_cache=True,
+    )
     tokens: list[int] = []
     pos = ids.shape[1]
     while len(tokens) < max_new_tokens:
@@ -91,9 +95,12 @@ def generate_ar(
         tokens.append(tok)
         if tok == eos_token_id or len(tokens) == max_new_tokens:
             break
-        out = model(input_ids=torch.tensor([[tok]], device=device),
-                    position_ids=torch.tensor([[pos]], device=device),
-                    past_key_values=cache, use_cache=True)
+        out = model(
+            input_ids=torch.tensor([[tok]], device=device),
+            position_ids=torch.tensor([[pos]], device=device),
+            past_key_values=cache,
+            use_cache=True,
+        )
         pos += 1
     return DecodeResult(_finish(tokens, max_new_tokens, eos_token_id))
 
@@ -126,8 +133,9 @@ def compact_kv_cache(cache, src_rows: torch.Tensor, dst_start: int) -> None:
         layer.values = torch.cat([layer.values[..., :dst_start, :], layer.values.index_select(-2, idx)], dim=-2)
 
 
-def _default_walk(tree: DDTreeBatch, logits: torch.Tensor, temperature: float,
-                  generator: torch.Generator | None) -> WalkResult:
+def _default_walk(
+    tree: DDTreeBatch, logits: torch.Tensor, temperature: float, generator: torch.Generator | None
+) -> WalkResult:
     if temperature <= 0:
         return greedy_walk(tree, logits)
     return sampled_walk(tree, logits, temperature, generator)
@@ -170,8 +178,9 @@ def generate_ddtree(
     ids = _as_ids(input_ids, device)
     cache = _new_cache()
     prompt_len = ids.shape[1]
-    out = target(input_ids=ids, position_ids=torch.arange(prompt_len, device=device)[None],
-                 past_key_values=cache, use_cache=True)
+    out = target(
+        input_ids=ids, position_ids=torch.arange(prompt_len, device=device)[None], past_key_values=cache, use_cache=True
+    )
     root = _pick(out.logits[0, -1], temperature, generator)
     tokens = [root]
     accept_lens: list[int] = []
@@ -182,14 +191,14 @@ def generate_ddtree(
         context = torch.cat([ids[0], torch.tensor(tokens, dtype=torch.int64, device=device)])
         draft_logits = drafter.draft(context, draft_len).to(device)
         log_probs, token_ids = draft_topk(draft_logits[None], k, temperature=draft_temperature)
-        tree = build_tree_batched(log_probs, token_ids, budget,
-                                  root_tokens=torch.tensor([root], device=device))
+        tree = build_tree_batched(log_probs, token_ids, budget, root_tokens=torch.tensor([root], device=device))
         tree = tree.truncate(int(tree.num_nodes[0]) + 1)
 
         positions = past + tree.depths.to(torch.int64)
         mask = tree_attention_mask_4d(tree, past, dtype)
-        out = target(input_ids=tree.tokens, position_ids=positions, attention_mask=mask,
-                     past_key_values=cache, use_cache=True)
+        out = target(
+            input_ids=tree.tokens, position_ids=positions, attention_mask=mask, past_key_values=cache, use_cache=True
+        )
         result = walk(tree, out.logits, temperature, generator)
 
         plan = compaction_plan(result, base=past)

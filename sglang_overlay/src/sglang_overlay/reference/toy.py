@@ -21,8 +21,16 @@ __all__ = [
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "mistral", "gpt_neox")
 
 
-def _config(arch: str, vocab_size: int, hidden_size: int, num_layers: int, num_heads: int,
-            num_kv_heads: int, initializer_range: float, max_positions: int):
+def _config(
+    arch: str,
+    vocab_size: int,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    initializer_range: float,
+    max_positions: int,
+):
     import transformers
 
     common = dict(
@@ -71,8 +79,9 @@ def tiny_causal_lm(
     """
     import transformers
 
-    config = _config(arch, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads,
-                     initializer_range, max_positions)
+    config = _config(
+        arch, vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, initializer_range, max_positions
+    )
     config._attn_implementation = "sdpa"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
