@@ -6,7 +6,15 @@
 #   tp2     the TP=2 scenario (scenario.py tp2, kind nvidia-h200-x2) -> results-tp2.json
 #   topk    the fused draft top-k benchmark (sglang_overlay/benchmarks/draft_topk.py) -> results-topk.json
 #   perf    tokens/s of NONE, DFLASH, DDTREE before and after (perf.py) -> results-perf.json;
-#           PERF_TARGET=qwen3-8b: on a Qwen3-8B-shaped random target (make_shaped.py writes its configs)
+#           PERF_TARGET=qwen3-8b: on a Qwen3-8B-shaped random target (make_shaped.py writes its configs);
+#           PERF_TARGET=embedded-qwen3-8b | embedded-qwen3-30b-a3b: on the embedded test bed (step embed, run
+#           first when the bed is missing; PERF_DRAFTER picks the drafter level)
+#   embed   the embedded test bed for EMBED_SHAPE (default qwen3-8b; qwen3-30b-a3b): trains the drafter levels
+#           EMBED_LEVELS when MODELS lacks them (train_models.py --drafter-levels -> drafter-levels.tgz, keep it
+#           in .cache/gpu-sglang/drafters/), then embeds the tiny target and the drafters tiny-qwen3-dflash +
+#           the levels into /tmp/gs/embedded-SHAPE (embed_models.py; EMBED_LAYERS trims the target, default
+#           24 for the 30B-A3B); a warm machine that holds the same bed skips it; EMBED_VERIFY=1 then compares
+#           tiny and embedded logits in float32 on the GPU (embed-SHAPE.json in logs.tgz)
 #   attn    the tree-verify attention kernel against SGLang's Triton extend kernel, causal and masked
 #           (sglang_overlay/benchmarks/tree_attention.py) -> results-attn.json
 #   stage   the graphed tree stage == the eager one, and its time (sglang_overlay/tests/adapter/
@@ -43,6 +51,33 @@ fi
 if [ -d "$REPO/.cache/gpu-sglang/drafters" ] && [ "$MODELS" = "$W/models" ]; then
   for tgz in "$REPO"/.cache/gpu-sglang/drafters/*.tgz; do [ -f "$tgz" ] && tar xzf "$tgz" -C "$MODELS"; done
 fi
+# The embedded test bed's drafters besides the trained tiny-qwen3-dflash (in-server acceptance ~12): levels
+# saved by one training run when its offline acceptance first reaches each threshold (in server: ~3-4, ~6-7).
+EMBED_LEVELS=${EMBED_LEVELS:-tiny-qwen3-dflash-low:4.8,tiny-qwen3-dflash-mid:8.2}
+level_names() { echo "$EMBED_LEVELS" | tr ',' '\n' | sed 's/:[^:]*$//'; }
+train_levels() {  # the drafter levels MODELS lacks, from one training run
+  local missing=0 name
+  for name in $(level_names); do [ -f "$MODELS/$name/config.json" ] || missing=1; done
+  [ "$missing" = 1 ] || return 0
+  timeout 240 python3 "$H/train_models.py" "$MODELS" --drafter-levels "$EMBED_LEVELS" 2>&1 | tr '\r' '\n' \
+    | tee "$W/logs/train-levels.log" | grep -E "level|acceptance|budget" | tail -40
+  cp "$MODELS/train-levels.json" "$W/logs/" 2>/dev/null
+  # shellcheck disable=SC2046
+  tar czf "$OUT/drafter-levels.tgz" -C "$MODELS" $(level_names)
+}
+embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embedded into $W/embedded-SHAPE
+  local shape=$1 layers=${EMBED_LAYERS:-} args=() name old
+  [ "$shape" = qwen3-30b-a3b ] && layers=${layers:-24}  # 48 layers are ~61 GB: a third of what the disk holds
+  train_levels
+  for name in tiny-qwen3-dflash $(level_names); do args+=(--drafter "$name"); done
+  [ -n "$layers" ] && args+=(--layers "$layers")
+  # One bed on the disk at a time (64 GB); embed_models.py --reuse keeps a bed made the same way.
+  for old in "$W"/embedded-*; do [ "$old" = "$W/embedded-$shape" ] || rm -rf "$old"; done
+  [ -n "${EMBED_VERIFY:-}" ] && args+=(--verify)
+  timeout "$(left)" python3 "$H/embed_models.py" "$MODELS" "$W/embedded-$shape" --shape "$shape" --reuse "${args[@]}" \
+    2>&1 | tee "$W/logs/embed-$shape.log" | tail -8
+  cp "$W/embedded-$shape/embed.json" "$W/logs/embed-$shape.json" 2>/dev/null
+}
 for step in "$@"; do
   stamp "step $step"
   case $step in
@@ -65,12 +100,15 @@ for step in "$@"; do
     stage) TRITON_INTERPRET=0 timeout 150 python3 "$REPO/sglang_overlay/tests/adapter/gpu_stage_check.py" \
             > "$W/logs/results-stage.json" 2> "$W/logs/stage.log"; echo "stage rc $?"
            tail -25 "$W/logs/results-stage.json"; tail -5 "$W/logs/stage.log" ;;
-    perf|profile) perf_models=$MODELS
-          [ "$step" = profile ] && export PERF_TARGET=${PERF_TARGET:-qwen3-8b}
+    embed) embed_bed "${EMBED_SHAPE:-qwen3-8b}" ;;
+    perf|profile) [ "$step" = profile ] && export PERF_TARGET=${PERF_TARGET:-qwen3-8b}
+          perf_models=$(python3 "$H/models_for_target.py" "${PERF_TARGET:-tiny}" "$MODELS" "$W") || continue
           if [ "${PERF_TARGET:-tiny}" = qwen3-8b ]; then
             python3 "$H/make_shaped.py" "$W/shaped" > "$W/logs/make-shaped.log" 2>&1 || { cat "$W/logs/make-shaped.log"; continue; }
-            perf_models=$W/shaped
           fi
+          case ${PERF_TARGET:-tiny} in
+            embedded-*) [ -f "$perf_models/embed.json" ] || embed_bed "${PERF_TARGET#embedded-}" ;;
+          esac
           if [ "$step" = profile ]; then
             timeout "$(left)" python3 "$H/profile_step.py" "$W/logs" "$perf_models" 2>&1 | tail -80
           else

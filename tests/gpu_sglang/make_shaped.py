@@ -1,6 +1,8 @@
 """Write a Qwen3-8B-shaped target and a DFlash drafter for it as config + tokenizer only (no weights).
 
 Usage: python make_shaped.py OUTDIR  -> OUTDIR/qwen3-8b-shaped, OUTDIR/qwen3-8b-shaped-dflash.
+The production shapes live here (`SHAPES`: qwen3-8b, qwen3-30b-a3b); embed_models.py embeds the trained tiny
+pair into them with real weights.
 The servers load them with ``--load-format dummy`` (target) and ``--speculative-draft-load-format dummy``
 (drafter): SGLang fills random weights from config.json, so nothing large travels to the device and the
 start costs no weight reading. Random target + random drafter: nothing is accepted beyond the bonus token,
@@ -35,8 +37,41 @@ QWEN3_8B = dict(
     rms_norm_eps=1e-6,
     tie_word_embeddings=False,
 )
+# Qwen3-Coder-30B-A3B: 48 MoE layers (128 experts of 768, 8 routed, renormalised top-k), 32 query / 4 KV heads.
+# Its DFlash drafter is dense (Qwen3 layers of the target's width, the config's intermediate_size 6144).
+QWEN3_30B_A3B = dict(
+    vocab_size=VOCAB,
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=48,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    norm_topk_prob=True,
+    decoder_sparse_step=1,
+    mlp_only_layers=[],
+    max_position_embeddings=40960,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    output_router_logits=False,
+    router_aux_loss_coef=0.0,
+)
+SHAPES = {"qwen3-8b": QWEN3_8B, "qwen3-30b-a3b": QWEN3_30B_A3B}
+MOE_KEYS = (
+    "moe_intermediate_size",
+    "num_experts",
+    "num_experts_per_tok",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "output_router_logits",
+    "router_aux_loss_coef",
+)
 ROPE_THETA = 1000000.0
-DRAFT_LAYERS, BLOCK, TARGET_LAYER_IDS = 5, 16, [1, 9, 17, 25, 33]
+DRAFT_LAYERS, BLOCK = 5, 16
 
 
 def vocabulary():
@@ -49,11 +84,20 @@ def vocabulary():
     return vocab
 
 
-def target_config():
+def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list:
+    """SGLang's default DFlash feature layers (speculative/dflash_utils.py): spread over 1..L-3."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [int(round(1 + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def target_config(shape: str = "qwen3-8b") -> dict:
+    moe = "num_experts" in SHAPES[shape]
     return dict(
-        QWEN3_8B,
-        architectures=["Qwen3ForCausalLM"],
-        model_type="qwen3",
+        SHAPES[shape],
+        architectures=["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+        model_type="qwen3_moe" if moe else "qwen3",
         hidden_act="silu",
         attention_bias=False,
         attention_dropout=0.0,
@@ -69,15 +113,22 @@ def target_config():
     )
 
 
-def drafter_config():
-    cfg = target_config()
+def drafter_config(shape: str = "qwen3-8b") -> dict:
+    """A dense DFlash drafter of the target's width: DRAFT_LAYERS layers reading DRAFT_LAYERS target layers."""
+    cfg = {k: v for k, v in target_config(shape).items() if k not in MOE_KEYS}
+    layers = cfg["num_hidden_layers"]
     cfg.update(
         architectures=["DFlashDraftModel"],
+        model_type="qwen3",
         num_hidden_layers=DRAFT_LAYERS,
         block_size=BLOCK,
-        num_target_layers=QWEN3_8B["num_hidden_layers"],
+        num_target_layers=layers,
         layer_types=["full_attention"] * DRAFT_LAYERS,
-        dflash_config={"target_layer_ids": TARGET_LAYER_IDS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK},
+        dflash_config={
+            "target_layer_ids": build_target_layer_ids(layers, DRAFT_LAYERS),
+            "mask_token_id": sl.MASK_ID,
+            "block_size": BLOCK,
+        },
     )
     return cfg
 

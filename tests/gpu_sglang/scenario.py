@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import models_for_target  # noqa: E402
 import synth_lang as sl  # noqa: E402
 
 SITE = os.environ.get("SGLANG_SITE", "/tmp/site")
@@ -46,6 +47,9 @@ SHAPES = {
         ["--speculative-draft-load-format", "dummy"],
     ),
 }
+# "embedded-qwen3-8b", "embedded-qwen3-30b-a3b": the trained tiny pair inside those shapes' weights
+# (embed_models.py; MODELS is WORK/embedded-<shape>, PERF_DRAFTER picks a drafter level).
+SHAPES.update(models_for_target.embedded_shapes())
 
 
 def flags(models, port, tp=1, seed=1, shape="tiny"):

@@ -13,6 +13,13 @@ Seeded; on one GPU of the device it takes about two minutes. --quick is a CPU sm
    DFlash drafters on real models are (acceptance about 4-8), where a tree has siblings worth verifying.
    Writes OUTDIR/train-NAME.json.
 
+       python train_models.py OUTDIR --drafter-levels NAME1:4.5,NAME2:8.5
+   keeps OUTDIR/tiny-qwen3 and trains ONE drafter, saving a snapshot into OUTDIR/NAMEi the first time its
+   offline acceptance (16 held-out prompts; checked every 5 steps up to step 100, then every 25) reaches
+   each threshold, and stops at the last: drafters at several acceptance levels from one run. In-server
+   acceptance is lower than offline (offline 6.08 served 4.5, offline 13.5 served 12.75). Writes
+   OUTDIR/train-levels.json (per level: the step and the offline acceptance that saved it).
+
 The drafter's forward below mirrors sglang/srt/models/dflash.py and the DFlash worker: context K/V come
 from fc(concat(target hidden states after layers target_layer_ids)) -> hidden_norm -> each layer's
 k/v projections (no input norm) -> k_norm -> RoPE at the context positions; the block [root, MASK x 15]
@@ -27,6 +34,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +45,42 @@ import synth_lang as sl  # noqa: E402
 H, L, NH, NKV, HD, INTER = 256, 4, 4, 2, 64, 768
 DL, BLOCK, TARGET_LAYERS = 2, 16, [1, 2]
 ROPE_THETA, EPS = 10000.0, 1e-6
+
+
+@dataclass(frozen=True)
+class DraftDims:
+    """The shape of a DFlash drafter (and of the target features it reads)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    layers: int
+    block: int
+    target_layer_ids: tuple
+    eps: float
+    theta: float
+
+
+TINY_DRAFT = DraftDims(H, NH, NKV, HD, INTER, DL, BLOCK, tuple(TARGET_LAYERS), EPS, ROPE_THETA)
+
+
+def draft_dims_from_config(cfg: dict) -> DraftDims:
+    """DraftDims of a DFlashDraftModel config.json (the layout SGLang loads)."""
+    rope = cfg.get("rope_parameters") or {}
+    return DraftDims(
+        cfg["hidden_size"],
+        cfg["num_attention_heads"],
+        cfg["num_key_value_heads"],
+        cfg["head_dim"],
+        cfg["intermediate_size"],
+        cfg["num_hidden_layers"],
+        cfg["dflash_config"]["block_size"],
+        tuple(cfg["dflash_config"]["target_layer_ids"]),
+        cfg["rms_norm_eps"],
+        rope.get("rope_theta", cfg.get("rope_theta", ROPE_THETA)),
+    )
 
 
 def make_tokenizer(path):
@@ -115,75 +159,98 @@ def train_target(lang, dev, steps, log, bs=128):
 # ---- the DFlash drafter (training-side mirror of SGLang's DFlashDraftModel) -------------------------
 
 
-def rms(x, w):
+def rms(x, w, eps=EPS):
     xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + EPS)).to(x.dtype) * w
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
 
-def rope(x, pos):
-    # x [..., T, heads, HD], pos [..., T]; neox style (rotate half), as SGLang's get_rope default
-    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, HD, 2, device=x.device, dtype=torch.float32) / HD))
+def rope(x, pos, theta=ROPE_THETA):
+    # x [..., T, heads, head_dim], pos [..., T]; neox style (rotate half), as SGLang's get_rope default
+    hd = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd))
     f = pos.float()[..., None] * inv
     cos = torch.cat([f.cos(), f.cos()], -1)[..., None, :]
     sin = torch.cat([f.sin(), f.sin()], -1)[..., None, :]
-    x1, x2 = x.float()[..., : HD // 2], x.float()[..., HD // 2 :]
+    x1, x2 = x.float()[..., : hd // 2], x.float()[..., hd // 2 :]
     rot = torch.cat([-x2, x1], -1)
     return (x.float() * cos + rot * sin).to(x.dtype)
 
 
 class Drafter(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, dims: DraftDims = TINY_DRAFT):
         super().__init__()
-        K = len(TARGET_LAYERS)
-        self.fc = torch.nn.Linear(K * H, H, bias=False)
-        self.hidden_norm = torch.nn.Parameter(torch.ones(H))
-        self.norm = torch.nn.Parameter(torch.ones(H))
+        self.dims = d = dims
+        h = d.hidden
+        self.fc = torch.nn.Linear(len(d.target_layer_ids) * h, h, bias=False)
+        self.hidden_norm = torch.nn.Parameter(torch.ones(h))
+        self.norm = torch.nn.Parameter(torch.ones(h))
         self.layers = torch.nn.ModuleList()
-        for _i in range(DL):
+        for _i in range(d.layers):
             m = torch.nn.Module()
-            m.q_proj = torch.nn.Linear(H, NH * HD, bias=False)
-            m.k_proj = torch.nn.Linear(H, NKV * HD, bias=False)
-            m.v_proj = torch.nn.Linear(H, NKV * HD, bias=False)
-            m.o_proj = torch.nn.Linear(NH * HD, H, bias=False)
-            m.q_norm = torch.nn.Parameter(torch.ones(HD))
-            m.k_norm = torch.nn.Parameter(torch.ones(HD))
-            m.input_layernorm = torch.nn.Parameter(torch.ones(H))
-            m.post_attention_layernorm = torch.nn.Parameter(torch.ones(H))
-            m.gate_proj = torch.nn.Linear(H, INTER, bias=False)
-            m.up_proj = torch.nn.Linear(H, INTER, bias=False)
-            m.down_proj = torch.nn.Linear(INTER, H, bias=False)
+            m.q_proj = torch.nn.Linear(h, d.heads * d.head_dim, bias=False)
+            m.k_proj = torch.nn.Linear(h, d.kv_heads * d.head_dim, bias=False)
+            m.v_proj = torch.nn.Linear(h, d.kv_heads * d.head_dim, bias=False)
+            m.o_proj = torch.nn.Linear(d.heads * d.head_dim, h, bias=False)
+            m.q_norm = torch.nn.Parameter(torch.ones(d.head_dim))
+            m.k_norm = torch.nn.Parameter(torch.ones(d.head_dim))
+            m.input_layernorm = torch.nn.Parameter(torch.ones(h))
+            m.post_attention_layernorm = torch.nn.Parameter(torch.ones(h))
+            m.gate_proj = torch.nn.Linear(h, d.inter, bias=False)
+            m.up_proj = torch.nn.Linear(h, d.inter, bias=False)
+            m.down_proj = torch.nn.Linear(d.inter, h, bias=False)
             self.layers.append(m)
         for p in self.parameters():
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.02)
 
+    @classmethod
+    def from_pretrained(cls, path: str, dtype=torch.float32) -> "Drafter":
+        """A drafter directory as SGLang loads it (config.json + model.safetensors, state_for_sglang's names)."""
+        from safetensors.torch import load_file
+
+        with open(os.path.join(path, "config.json")) as fh:
+            drafter = cls(draft_dims_from_config(json.load(fh)))
+        state = {}
+        for name in sorted(os.listdir(path)):
+            if name.endswith(".safetensors"):
+                state.update(load_file(os.path.join(path, name)))
+        own = dict(drafter.named_parameters())
+        for key, value in state.items():
+            own[sglang_to_module_name(key)].data.copy_(value.to(dtype))
+        missing = set(own) - {sglang_to_module_name(k) for k in state}
+        if missing:
+            raise ValueError("%s lacks %s" % (path, sorted(missing)[:4]))
+        return drafter.to(dtype)
+
     def forward(self, feats, ctx_mask, block_emb, block_pos):
         """feats [B, T, K*H] target features; ctx_mask [B, Q, T] bool (query row may see context j);
-        block_emb [B, A, 16, H]; block_pos [B, A, 16]. Returns hidden [B, A, 16, H]."""
-        B, A = block_emb.shape[:2]
+        block_emb [B, A, block, H]; block_pos [B, A, block]. Returns hidden [B, A, block, H]."""
+        d = self.dims
+        B, A, blen, hid = block_emb.shape
         T = feats.shape[1]
+        nh, nkv, hd = d.heads, d.kv_heads, d.head_dim
         feats, block_emb = feats.float(), block_emb.float()
-        c = rms(self.fc(feats), self.hidden_norm)  # [B, T, H]
+        c = rms(self.fc(feats), self.hidden_norm, d.eps)  # [B, T, H]
         ctx_pos = torch.arange(T, device=feats.device).expand(B, T)
-        h = block_emb.reshape(B, A * BLOCK, H)
-        pos = block_pos.reshape(B, A * BLOCK)
-        blk = torch.arange(A, device=feats.device).repeat_interleave(BLOCK)
+        h = block_emb.reshape(B, A * blen, hid)
+        pos = block_pos.reshape(B, A * blen)
+        blk = torch.arange(A, device=feats.device).repeat_interleave(blen)
         self_mask = (blk[:, None] == blk[None, :]).expand(B, -1, -1)
         mask = torch.cat([ctx_mask, self_mask], -1)[:, None]  # [B, 1, Q, T+Q]
         for m in self.layers:
-            x = rms(h, m.input_layernorm)
-            q = rope(rms(m.q_proj(x).view(B, -1, NH, HD), m.q_norm), pos)
-            kb = rope(rms(m.k_proj(x).view(B, -1, NKV, HD), m.k_norm), pos)
-            vb = m.v_proj(x).view(B, -1, NKV, HD)
-            kc = rope(rms(m.k_proj(c).view(B, T, NKV, HD), m.k_norm), ctx_pos)
-            vc = m.v_proj(c).view(B, T, NKV, HD)
-            k = torch.cat([kc, kb], 1).repeat_interleave(NH // NKV, 2)
-            v = torch.cat([vc, vb], 1).repeat_interleave(NH // NKV, 2)
+            x = rms(h, m.input_layernorm, d.eps)
+            q = rope(rms(m.q_proj(x).view(B, -1, nh, hd), m.q_norm, d.eps), pos, d.theta)
+            kb = rope(rms(m.k_proj(x).view(B, -1, nkv, hd), m.k_norm, d.eps), pos, d.theta)
+            vb = m.v_proj(x).view(B, -1, nkv, hd)
+            kc = rope(rms(m.k_proj(c).view(B, T, nkv, hd), m.k_norm, d.eps), ctx_pos, d.theta)
+            vc = m.v_proj(c).view(B, T, nkv, hd)
+            k = torch.cat([kc, kb], 1).repeat_interleave(nh // nkv, 2)
+            v = torch.cat([vc, vb], 1).repeat_interleave(nh // nkv, 2)
             o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-            h = h + m.o_proj(o.transpose(1, 2).reshape(B, -1, NH * HD))
-            x = rms(h, m.post_attention_layernorm)
+            h = h + m.o_proj(o.transpose(1, 2).reshape(B, -1, nh * hd))
+            x = rms(h, m.post_attention_layernorm, d.eps)
             h = h + m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
-        return rms(h, self.norm).view(B, A, BLOCK, H)
+        return rms(h, self.norm, d.eps).view(B, A, blen, hid)
 
     def state_for_sglang(self):
         w = {"fc.weight": self.fc.weight, "hidden_norm.weight": self.hidden_norm, "norm.weight": self.norm}
@@ -198,6 +265,14 @@ class Drafter(torch.nn.Module):
             for name in ("gate_proj", "up_proj", "down_proj"):
                 w[p + "mlp.%s.weight" % name] = getattr(m, name).weight
         return {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in w.items()}
+
+
+def sglang_to_module_name(key: str) -> str:
+    """state_for_sglang's name -> the Drafter parameter's name (the inverse of its renaming)."""
+    key = key.replace(".self_attn.", ".").replace(".mlp.", ".")
+    if key.endswith("norm.weight"):
+        key = key[: -len(".weight")]
+    return key
 
 
 @torch.no_grad()
@@ -217,9 +292,11 @@ def greedy_continue(target, prompts, n_new, dev):
 
 
 @torch.no_grad()
-def features(target, seqs):
+def features(target, seqs, layer_ids=tuple(TARGET_LAYERS)):
+    """The drafter's context features: the hidden states after target layers `layer_ids` (HF's
+    hidden_states[k + 1], SGLang's capture before layer k + 1), concatenated."""
     hs = target(input_ids=seqs, output_hidden_states=True).hidden_states
-    return torch.cat([hs[k + 1] for k in TARGET_LAYERS], -1)
+    return torch.cat([hs[k + 1] for k in layer_ids], -1)
 
 
 def make_batch(seqs, feats, starts, embed, A, gen):
@@ -260,6 +337,87 @@ def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev):
     return sum(lens) / max(1, len(lens)), lens
 
 
+def tiny_drafter_config() -> dict:
+    """The config.json of a tiny drafter (SGLang's DFlashDraftModel over the tiny target)."""
+    dcfg = target_config().to_dict()
+    dcfg.update(
+        architectures=["DFlashDraftModel"],
+        num_hidden_layers=DL,
+        block_size=BLOCK,
+        num_target_layers=L,
+        layer_types=["full_attention"] * DL,
+        dflash_config={"target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK},
+    )
+    return dcfg
+
+
+def save_drafter(drafter: Drafter, path: str) -> None:
+    """A drafter directory SGLang loads: weights, config.json, the word-level tokenizer."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    make_tokenizer(path)
+    save_file(drafter.state_for_sglang(), os.path.join(path, "model.safetensors"))
+    with open(os.path.join(path, "config.json"), "w") as fh:
+        json.dump(tiny_drafter_config(), fh, indent=1)
+
+
+def parse_levels(spec: str) -> list:
+    """'NAME1:4.5,NAME2:8.5' -> [(NAME1, 4.5), (NAME2, 8.5)], lowest threshold first."""
+    levels = []
+    for item in spec.split(","):
+        name, _sep, threshold = item.strip().rpartition(":")
+        if not name:
+            raise SystemExit("--drafter-levels wants NAME:ACCEPT[,NAME:ACCEPT...], got %r" % spec)
+        levels.append((name, float(threshold)))
+    return sorted(levels, key=lambda level: level[1])
+
+
+def check_due(step: int, mode: str, quick: bool) -> bool:
+    """When the offline acceptance is measured: --drafter-only every 25 steps from 50; --drafter-levels every
+    5 steps up to 100 (a drafter passes acceptance 5 near step 50) and every 25 after; --quick every step."""
+    if mode == "full":
+        return False
+    if quick:
+        return step >= 1
+    if mode == "only":
+        return step >= 50 and step % 25 == 0
+    return step >= 5 and step % (5 if step < 100 else 25) == 0
+
+
+class LevelSaver:
+    """--drafter-levels: a snapshot of the drafter into OUT/NAME the first time its offline acceptance reaches
+    NAME's threshold; done once every level has one."""
+
+    def __init__(self, out: str, levels: list, log):
+        self.out, self.pending, self.saved, self.log = out, list(levels), [], log
+
+    def record(self, drafter: Drafter, step: int, accept: float) -> None:
+        while self.pending and accept >= self.pending[0][1]:
+            name, threshold = self.pending.pop(0)
+            save_drafter(drafter, os.path.join(self.out, name))
+            self.saved.append(
+                {"name": name, "threshold": threshold, "step": step, "offline_accept": accept, "reached": True}
+            )
+            self.log(
+                "drafter level %s saved at step %d (offline acceptance %.3f >= %.2f)" % (name, step, accept, threshold)
+            )
+
+    def finish(self, drafter: Drafter, step: int, accept) -> None:
+        """Levels never reached get the last drafter, marked reached: false."""
+        for name, threshold in self.pending:
+            save_drafter(drafter, os.path.join(self.out, name))
+            self.saved.append(
+                {"name": name, "threshold": threshold, "step": step, "offline_accept": accept, "reached": False}
+            )
+            self.log("drafter level %s NOT reached; saved the last drafter (step %d)" % (name, step))
+        self.pending = []
+
+    @property
+    def done(self) -> bool:
+        return not self.pending
+
+
 def main():
     out = sys.argv[1]
     quick = "--quick" in sys.argv
@@ -273,17 +431,17 @@ def main():
         logs.append(line)
 
     lang = sl.Language()
-    drafter_only = "--drafter-only" in sys.argv
-    name, stop_at = "tiny-qwen3-dflash", None
-    if drafter_only:
+    mode, name, stop_at, levels = "full", "tiny-qwen3-dflash", None, None
+    if "--drafter-only" in sys.argv:
         at = sys.argv.index("--drafter-only")
-        name, stop_at = sys.argv[at + 1], float(sys.argv[at + 2])
+        mode, name, stop_at = "only", sys.argv[at + 1], float(sys.argv[at + 2])
+    elif "--drafter-levels" in sys.argv:
+        mode = "levels"
+        levels = LevelSaver(out, parse_levels(sys.argv[sys.argv.index("--drafter-levels") + 1]), log)
     tdir, ddir = os.path.join(out, "tiny-qwen3"), os.path.join(out, name)
     os.makedirs(tdir, exist_ok=True)
-    os.makedirs(ddir, exist_ok=True)
-    make_tokenizer(ddir)
     tloss = None
-    if not drafter_only:
+    if mode == "full":
         make_tokenizer(tdir)
         model, tloss = train_target(lang, dev, 10 if quick else 1500, log, bs=4 if quick else 128)
         model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
@@ -318,10 +476,11 @@ def main():
         for p in sl.greedy_prompts(lang)
     ]
     check = (
-        [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[: 2 if quick else 16]]
-        if drafter_only
-        else []
+        []
+        if mode == "full"
+        else [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[: 2 if quick else 16]]
     )
+    accept = None
     for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, 2e-3)
@@ -342,35 +501,39 @@ def main():
         if time.time() - t0 > 200 and not quick:  # keep the device call inside its limit
             log("drafter: time budget reached at step %d" % step)
             break
-        if drafter_only and step >= (1 if quick else 50) and step % (1 if quick else 25) == 0:
+        if check_due(step, mode, quick):
             drafter.eval()
             accept = sum(
                 simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev)[0] for g, pl in check
             ) / len(check)
             drafter.train()
             log("drafter step %d loss %.4f offline acceptance %.3f" % (step, loss.item(), accept))
-            if accept >= stop_at:
+            if mode == "only" and accept >= stop_at:
                 break
+            if mode == "levels":
+                levels.record(drafter, step, accept)
+                if levels.done:
+                    break
         if step % 250 == 0 or step == steps - 1:
             acc1 = (logits.argmax(-1) == labels[:, :, 1:]).float().mean(dim=(0, 1))
             log(
                 "drafter step %d loss %.4f pos-acc %s"
                 % (step, loss.item(), " ".join("%.2f" % a for a in acc1[:8].tolist()))
             )
-    from safetensors.torch import save_file
-
-    save_file(drafter.state_for_sglang(), os.path.join(ddir, "model.safetensors"))
-    dcfg = target_config().to_dict()
-    dcfg.update(
-        architectures=["DFlashDraftModel"],
-        num_hidden_layers=DL,
-        block_size=BLOCK,
-        num_target_layers=L,
-        layer_types=["full_attention"] * DL,
-        dflash_config={"target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK},
-    )
-    with open(os.path.join(ddir, "config.json"), "w") as fh:
-        json.dump(dcfg, fh, indent=1)
+    if mode == "levels":
+        levels.finish(drafter, step, accept)
+        res = {
+            "levels": levels.saved,
+            "check_prompts": len(check),
+            "seconds": round(time.time() - t0, 1),
+            "device": str(dev),
+            "torch": torch.__version__,
+            "log": logs,
+        }
+        with open(os.path.join(out, "train-levels.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+        return
+    save_drafter(drafter, ddir)
 
     # offline DFlash acceptance on the held-out greedy prompts
     accs = []
@@ -400,7 +563,7 @@ def main():
             "stop_at_accept": stop_at,
         },
     }
-    with open(os.path.join(out, "train-%s.json" % name if drafter_only else "train.json"), "w") as fh:
+    with open(os.path.join(out, "train-%s.json" % name if mode == "only" else "train.json"), "w") as fh:
         json.dump(res, fh, indent=1)
 
 
