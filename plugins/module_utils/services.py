@@ -34,6 +34,17 @@ GATE_SETTINGS = ("start_timeout", "no_progress_timeout", "min_tokens_per_second"
                  "max_regression", "baseline_tolerance")
 # launch_server flags whose value is a secret: never on a command line (docs/services.md, "The API key").
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
+# The attention backend DDTREE runs on: the only one whose tree-verify mask is proven on the GPU, and the one
+# the overlay's grouped tree-verify kernel hooks (docs/decisions/ddtree-attention-backend.md).
+DDTREE_ATTENTION_BACKEND = "triton"
+# SGLang 0.5.23's flags that choose the kernels a tree verify can run on (a verify is a prefill-mode extend by
+# default, --speculative-attention-mode decode makes it a decode), each with its shortest abbreviation argparse
+# accepts (no other flag starts with it).
+ATTENTION_BACKEND_FLAGS = {
+    "--attention-backend": "--attention-b",
+    "--prefill-attention-backend": "--prefill-a",
+    "--decode-attention-backend": "--decode-a",
+}
 
 
 def service_problems(services, gpu_indices, host="host"):
@@ -76,6 +87,7 @@ def service_problems(services, gpu_indices, host="host"):
             problems.append("%s: tp_size %s does not divide the %d GPU(s) %s" % (label, tp_size, len(gpus), gpus))
         problems.extend(_speculative_problems(label, service))
         problems.extend(_secret_flag_problems(label, service))
+        problems.extend(attention_backend_problems(label, service))
         problems.extend(release_pin_problems(label, service))
     problems.extend(shadow_problems(services, host))
     problems.extend(autotune_host_problems(services, gpu_indices, host))
@@ -206,6 +218,34 @@ def _secret_flag_problems(label, service):
     return problems
 
 
+def attention_backends(extra_args: list) -> dict:
+    """{flag: value} of the attention-backend flags in extra_args, by their full names; a flag written
+    as an abbreviation or as --flag=value counts too. A flag without its value maps to None."""
+    args = [str(arg) for arg in extra_args or []]
+    found = {}
+    for position, arg in enumerate(args):
+        name, equals, value = arg.partition("=")
+        for flag, shortest in ATTENTION_BACKEND_FLAGS.items():
+            if name.startswith(shortest) and flag.startswith(name):
+                if not equals:
+                    value = args[position + 1] if position + 1 < len(args) else None
+                found[flag] = value
+    return found
+
+
+def attention_backend_problems(label: str, service: dict) -> list:
+    """A DDTREE service runs on the Triton attention backend: any other backend for its verify is refused,
+    naming the flag, the value and the fix (docs/decisions/ddtree-attention-backend.md)."""
+    algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
+    if algorithm != "DDTREE":
+        return []
+    return ["%s: %s %s is not proven with DDTREE's tree mask; use %s (or drop the flag: the collection sets "
+            "--attention-backend %s for DDTREE) or run the service with DFLASH"
+            % (label, flag, value, DDTREE_ATTENTION_BACKEND, DDTREE_ATTENTION_BACKEND)
+            for flag, value in attention_backends(service.get("extra_args")).items()
+            if value is not None and value != DDTREE_ATTENTION_BACKEND]
+
+
 def _speculative_problems(label, service):
     spec = service.get("speculative") or {}
     algorithm = spec.get("algorithm", "NONE")
@@ -254,6 +294,8 @@ def service_flags(service):
                 flags += ["--speculative-ddtree-top-k", str(spec["top_k"])]
             if spec.get("allow_hybrid_unsafe"):
                 flags.append("--speculative-ddtree-allow-hybrid-unsafe")
+            if "--attention-backend" not in attention_backends(service.get("extra_args")):
+                flags += ["--attention-backend", DDTREE_ATTENTION_BACKEND]
         for key, flag in (("num_steps", "--speculative-num-steps"), ("eagle_topk", "--speculative-eagle-topk"),
                           ("num_draft_tokens", "--speculative-num-draft-tokens")):
             if spec.get(key) is not None:

@@ -28,7 +28,8 @@ def test_each_setting_runs_in_turn_dflash_first_as_the_service_would_on_the_spar
     assert (dflash["algorithm"], dflash["loads_overlay"]) == ("DFLASH", False)
     assert budget8["flags"][10:] == ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/models/coder-dflash",
                                      "--speculative-ddtree-budget", "8", "--speculative-ddtree-top-k", "4",
-                                     "--speculative-ddtree-allow-hybrid-unsafe", "--mem-fraction-static", "0.8"]
+                                     "--speculative-ddtree-allow-hybrid-unsafe", "--attention-backend", "triton",
+                                     "--mem-fraction-static", "0.8"]
     assert (budget8["algorithm"], budget8["loads_overlay"], budget8["has_api_key"]) == ("DDTREE", True, True)
     assert "s3cret" not in repr(trials)  # the key reaches the instance through its key file, never its entry
     assert CODER["speculative"]["autotune"]["gpus"] == [2, 3] and CODER["port"] == 30000  # the declaration is not changed

@@ -52,7 +52,7 @@ def test_ddtree_flags():
     assert services.service_flags(CODER) == [
         "--model-path", "/models/coder", "--served-model-name", "coder", "--host", "127.0.0.1", "--port", "30000", "--tp-size", "2",
         "--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/models/coder-dflash",
-        "--speculative-ddtree-budget", "15", "--speculative-ddtree-top-k", "8",
+        "--speculative-ddtree-budget", "15", "--speculative-ddtree-top-k", "8", "--attention-backend", "triton",
     ]
 
 
