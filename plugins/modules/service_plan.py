@@ -23,6 +23,10 @@ description:
     no release id or revision.
   - Refuses a secret flag (C(--api-key), C(--admin-api-key)) in C(extra_args), which would put it in the
     server's command line, readable by every local user; C(api_key) is the way.
+  - Runs a DDTREE service on SGLang's Triton attention backend - the only one proven with DDTREE's tree mask -
+    adding C(--attention-backend triton) to its flags when its C(extra_args) do not set it, and refuses another
+    backend for it (C(--attention-backend), C(--prefill-attention-backend) or C(--decode-attention-backend), in
+    full or abbreviated), naming the flag, the value and the fix. Other algorithms keep the backend they declare.
   - Returns, per service, its systemd unit name, its C(launch_server) flags and its environment, never
     the API key (only whether there is one, C(has_api_key)).
   - A service that declares C(speculative.autotune) runs the setting its tuning chose
