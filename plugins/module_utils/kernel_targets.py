@@ -42,7 +42,7 @@ def kernel_capabilities() -> list[str]:
 
 def capability_number(capability: str) -> int:
     """"12.0" -> 120, Triton's form of a compute capability (GPUTarget("cuda", 120, 32))."""
-    major, _, minor = str(capability).partition(".")
+    major, minor = (str(capability).split(".") + ["0"])[:2]
     return int(major) * 10 + int(minor or 0)
 
 
