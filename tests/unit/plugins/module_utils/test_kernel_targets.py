@@ -4,7 +4,6 @@ stage applies, and the preflight rule for DDTREE services on GPUs outside that l
 import pytest
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import kernel_targets
-from ansible_collections.ddtree.sglang.plugins.filter.kernel_gpu_problems import kernel_gpu_problems
 
 BLACKWELL = [{"index": index, "name": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "compute_capability": "12.0"} for index in range(8)]
 L40S = [{"index": index, "name": "NVIDIA L40S", "compute_capability": "8.9"} for index in range(4)]
@@ -73,9 +72,3 @@ def test_a_tuned_service_is_checked_on_the_spare_gpus_its_trials_run_on():
 
 def test_a_gpu_index_the_host_lacks_is_left_to_the_gpu_existence_check():
     assert kernel_targets.ddtree_gpu_problems([dict(CODER, gpus=[9])], L40S, "ct300") == []
-
-
-def test_the_filter_is_the_rule():
-    assert kernel_gpu_problems([CODER], L40S, "ct300") == kernel_targets.ddtree_gpu_problems([CODER], L40S, "ct300")
-    with pytest.raises(Exception, match="sglang_services list"):
-        kernel_gpu_problems({"name": "coder"}, L40S)
