@@ -89,8 +89,13 @@ def inventory_models(repo: str) -> list[dict]:
     models = []
     for path, variables in inventory_vars(repo):
         for service in variables.get("sglang_services") or []:
-            models.append({"model": os.path.basename(str(service["model_path"]).rstrip("/")),
-                           "tp_size": int(service.get("tp_size") or 1), "file": path})
+            models.append(
+                {
+                    "model": os.path.basename(str(service["model_path"]).rstrip("/")),
+                    "tp_size": int(service.get("tp_size") or 1),
+                    "file": path,
+                }
+            )
     return models
 
 
@@ -122,8 +127,13 @@ def launch_cases(models: list[dict]):
 
     for budget in BUDGETS + (tree_build.MAX_BUDGET,):
         cases.append(("tree_build", "budget %d L%d K8" % (budget, DEPTH_LIMIT), tree(budget, DEPTH_LIMIT, 8)))
-        cases.append(("tree_build", "budget %d L%d K%d" % (budget, tree_build.MAX_DEPTH, tree_build.MAX_TOP_K),
-                      tree(budget, tree_build.MAX_DEPTH, tree_build.MAX_TOP_K)))
+        cases.append(
+            (
+                "tree_build",
+                "budget %d L%d K%d" % (budget, tree_build.MAX_DEPTH, tree_build.MAX_TOP_K),
+                tree(budget, tree_build.MAX_DEPTH, tree_build.MAX_TOP_K),
+            )
+        )
 
     def topk(vocab, k, span):
         logits = torch.zeros((1, vocab), dtype=torch.bfloat16)
@@ -144,8 +154,20 @@ def launch_cases(models: list[dict]):
         zero = torch.zeros(2, dtype=torch.int32)
         mask = torch.ones(window * window, dtype=torch.bool)
         return lambda: tree_attention.tree_verify_attention(
-            q, kv, kv, torch.empty_like(q), buffer, buffer, indptr, zero, zero[:0], mask,
-            torch.tensor([0, window * window], dtype=torch.int64), window, config=config)
+            q,
+            kv,
+            kv,
+            torch.empty_like(q),
+            buffer,
+            buffer,
+            indptr,
+            zero,
+            zero[:0],
+            mask,
+            torch.tensor([0, window * window], dtype=torch.int64),
+            window,
+            config=config,
+        )
 
     # The tile the adapter runs (DDTREE_TREE_ATTENTION_CONFIG, else the default), on every window it serves.
     config = tree_attention.config_from_env()
@@ -154,28 +176,46 @@ def launch_cases(models: list[dict]):
         shape = MODEL_SHAPES[name]
         q_heads, kv_heads = shape["q_heads"] // tp_size, max(1, shape["kv_heads"] // tp_size)
         for window in [w for w in [16, 32, 64] if w <= tree_attention.MAX_WINDOW]:
-            cases.append(("tree_attention", "%s/tp%d %dq/%dkv d%d W%d" % (name, tp_size, q_heads, kv_heads, shape["head_dim"], window),
-                          attention(q_heads, kv_heads, shape["head_dim"], window, config)))
+            cases.append(
+                (
+                    "tree_attention",
+                    "%s/tp%d %dq/%dkv d%d W%d" % (name, tp_size, q_heads, kv_heads, shape["head_dim"], window),
+                    attention(q_heads, kv_heads, shape["head_dim"], window, config),
+                )
+            )
         stride = kv_heads * shape["head_dim"] * 2
+        copy_config = kv_copy_config(stride)
         for window in windows:
             ptrs = torch.zeros(2, dtype=torch.int64)
             strides = torch.full((2,), stride, dtype=torch.int64)
             loc = torch.zeros(window, dtype=torch.int64)
             index = torch.zeros((1, window), dtype=torch.int64)
             lens = torch.ones(1, dtype=torch.int64)
-            cases.append(("kv_move", "%s/tp%d %d B/slot W%d" % (name, tp_size, stride, window),
-                          (lambda p=ptrs, s=strides, o=loc, i=index, n=lens, c=kv_copy_config(stride):
-                           kv_move.move_path_kv(p, s, o, i, n, c))))
+            cases.append(
+                (
+                    "kv_move",
+                    "%s/tp%d %d B/slot W%d" % (name, tp_size, stride, window),
+                    (
+                        lambda p=ptrs, s=strides, o=loc, i=index, n=lens, c=copy_config: kv_move.move_path_kv(
+                            p, s, o, i, n, c
+                        )
+                    ),
+                )
+            )
 
     for window in windows:
         ancestors = torch.zeros((1, window, window), dtype=torch.bool)
         prefix = torch.zeros(1, dtype=torch.int64)
         out = torch.zeros(window * window, dtype=torch.bool)
-        cases.append(("full_mask", "W%d" % window, (lambda o=out, a=ancestors, p=prefix: full_mask.write_full_mask(o, a, p))))
+        cases.append(
+            ("full_mask", "W%d" % window, (lambda o=out, a=ancestors, p=prefix: full_mask.write_full_mask(o, a, p)))
+        )
         index = torch.zeros((1, window), dtype=torch.int64)
         one = torch.ones(1, dtype=torch.int64)
-        cases.append(("accept_path", "W%d" % window,
-                      (lambda i=index, n=one, p=torch.zeros(window, dtype=torch.int64): accept_path.accept_path(p, i, n, n))))
+        predict = torch.zeros(window, dtype=torch.int64)
+        cases.append(
+            ("accept_path", "W%d" % window, (lambda i=index, n=one, p=predict: accept_path.accept_path(p, i, n, n)))
+        )
     return cases
 
 
@@ -215,8 +255,12 @@ def parse_ptxas_log(text: str) -> dict | None:
     registers, spills = PTXAS_REGISTERS.search(text), PTXAS_SPILLS.search(text)
     if not registers or not spills:
         return None
-    return {"registers": int(registers.group(1)), "stack_bytes": int(spills.group(1)),
-            "spill_store_bytes": int(spills.group(2)), "spill_load_bytes": int(spills.group(3))}
+    return {
+        "registers": int(registers.group(1)),
+        "stack_bytes": int(spills.group(1)),
+        "spill_store_bytes": int(spills.group(2)),
+        "spill_load_bytes": int(spills.group(3)),
+    }
 
 
 def compile_for(function, args, kwargs, capability: int, cache_dir: str) -> tuple[object, dict, bool]:
@@ -248,6 +292,11 @@ def compile_for(function, args, kwargs, capability: int, cache_dir: str) -> tupl
     raise RuntimeError("ptxas reported nothing for %s on sm_%d" % (function.__name__, capability))
 
 
+def status(problems: list, report: dict) -> str:
+    """over: beyond a limit (the stage fails); spills: within the limits, with registers spilled; else ok."""
+    return "over" if problems else ("spills" if report["spill_store_bytes"] else "ok")
+
+
 def human(size: int) -> str:
     return "%d" % size if size < 1024 else "%.1fK" % (size / 1024)
 
@@ -256,22 +305,33 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", required=True, help="the repository (its inventories and plugins/module_utils)")
     parser.add_argument("--report", required=True, help="where the JSON report goes")
-    parser.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(), "ddtree-kernel-check"),
-                        help="compiled kernels and ptxas reports, kept between runs")
-    parser.add_argument("--list", action="store_true", help="print the launches (kernel, function, shape), compile nothing")
+    parser.add_argument(
+        "--cache-dir",
+        default=os.path.join(tempfile.gettempdir(), "ddtree-kernel-check"),
+        help="compiled kernels and ptxas reports, kept between runs",
+    )
+    parser.add_argument(
+        "--list", action="store_true", help="print the launches (kernel, function, shape), compile nothing"
+    )
     options = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     targets = load_kernel_targets(options.repo)
 
     declared = inventory_capabilities(options.repo)
     models = inventory_models(options.repo)
-    errors = ["%s declares compute capability %s, which KERNEL_GPUS (plugins/module_utils/kernel_targets.py) has no row "
-              "for: add it with that GPU's limits so the kernels are compiled and checked for it (preflight refuses DDTREE "
-              "on it until then)" % (", ".join(files), capability)
-              for capability, files in sorted(declared.items()) if capability not in targets.KERNEL_GPUS]
-    errors += ["%s: model %s has no row in MODEL_SHAPES (sglang_overlay/scripts/check_kernels.py): add its attention "
-               "heads, KV heads, head dim and vocabulary (config.json)" % (model["file"], model["model"])
-               for model in models if model["model"] not in MODEL_SHAPES]
+    errors = [
+        "%s declares compute capability %s, which KERNEL_GPUS (plugins/module_utils/kernel_targets.py) has "
+        "no row for: add it with that GPU's limits so the kernels are compiled and checked for it (preflight "
+        "refuses DDTREE on it until then)" % (", ".join(files), capability)
+        for capability, files in sorted(declared.items())
+        if capability not in targets.KERNEL_GPUS
+    ]
+    errors += [
+        "%s: model %s has no row in MODEL_SHAPES (sglang_overlay/scripts/check_kernels.py): add its attention "
+        "heads, KV heads, head dim and vocabulary (config.json)" % (model["file"], model["model"])
+        for model in models
+        if model["model"] not in MODEL_SHAPES
+    ]
     if errors:
         print("\n".join("error: " + error for error in errors), file=sys.stderr)
         return 2
@@ -287,8 +347,9 @@ def main(argv=None) -> int:
     for kernel, shape, function, args, kwargs in launches:
         for capability in capabilities:
             t0 = time.monotonic()
-            compiled, report, fresh = compile_for(function, args, kwargs, targets.capability_number(capability),
-                                                  options.cache_dir)
+            compiled, report, fresh = compile_for(
+                function, args, kwargs, targets.capability_number(capability), options.cache_dir
+            )
             seconds = time.monotonic() - t0
             compiled_count += fresh
             warps = compiled.metadata.num_warps
@@ -296,25 +357,51 @@ def main(argv=None) -> int:
             found = targets.resource_problems(label, capability, compiled.metadata.shared, report["registers"], warps)
             problems += found
             limits = targets.KERNEL_GPUS[capability]
-            rows.append(dict(kernel=kernel, function=function.__name__, shape=shape, capability=capability,
-                             constexprs={name: value for name, value in kwargs.items() if name.isupper()},
-                             num_warps=warps, shared_bytes=compiled.metadata.shared,
-                             shared_limit=limits["shared_bytes_per_block"],
-                             registers_per_block=targets.registers_per_block(report["registers"], warps),
-                             status="over" if found else ("spills" if report["spill_store_bytes"] else "ok"), problems=found, hash=compiled.hash,
-                             compile_seconds=round(seconds, 2), **report))
-    doc = {"capabilities": capabilities, "inventory_capabilities": declared, "models": models,
-           "limits": {capability: targets.KERNEL_GPUS[capability] for capability in capabilities},
-           "kernels": rows, "problems": problems, "seconds": round(time.monotonic() - started, 1)}
+            rows.append(
+                dict(
+                    kernel=kernel,
+                    function=function.__name__,
+                    shape=shape,
+                    capability=capability,
+                    constexprs={name: value for name, value in kwargs.items() if name.isupper()},
+                    num_warps=warps,
+                    shared_bytes=compiled.metadata.shared,
+                    shared_limit=limits["shared_bytes_per_block"],
+                    registers_per_block=targets.registers_per_block(report["registers"], warps),
+                    status=status(found, report),
+                    problems=found,
+                    hash=compiled.hash,
+                    compile_seconds=round(seconds, 2),
+                    **report,
+                )
+            )
+    doc = {
+        "capabilities": capabilities,
+        "inventory_capabilities": declared,
+        "models": models,
+        "limits": {capability: targets.KERNEL_GPUS[capability] for capability in capabilities},
+        "kernels": rows,
+        "problems": problems,
+        "seconds": round(time.monotonic() - started, 1),
+    }
     os.makedirs(os.path.dirname(os.path.abspath(options.report)), exist_ok=True)
     with open(options.report, "w") as handle:
         json.dump(doc, handle, indent=1)
         handle.write("\n")
 
     print_table(rows, capabilities)
-    print("%d launches x %d GPUs (compute capabilities %s) in %.0f s, %d compiled now, the rest from %s; report: %s"
-          % (len(launches), len(capabilities), ", ".join(capabilities), doc["seconds"], compiled_count,
-             options.cache_dir, options.report))
+    print(
+        "%d launches x %d GPUs (compute capabilities %s) in %.0f s, %d compiled now, the rest from %s; report: %s"
+        % (
+            len(launches),
+            len(capabilities),
+            ", ".join(capabilities),
+            doc["seconds"],
+            compiled_count,
+            options.cache_dir,
+            options.report,
+        )
+    )
     if problems:
         print("\n".join("error: " + problem for problem in problems), file=sys.stderr)
         return 1
@@ -334,8 +421,16 @@ def print_table(rows: list[dict], capabilities: list[str]) -> None:
         line = "%-14s %-24s %-50s" % (kernel, function, shape)
         for capability in capabilities:
             row = cells[capability]
-            line += " | %-26s" % ("%s/%d/%d w%d %s" % (human(row["shared_bytes"]), row["registers"], row["spill_store_bytes"],
-                                                     row["num_warps"], row["status"]))
+            line += " | %-26s" % (
+                "%s/%d/%d w%d %s"
+                % (
+                    human(row["shared_bytes"]),
+                    row["registers"],
+                    row["spill_store_bytes"],
+                    row["num_warps"],
+                    row["status"],
+                )
+            )
         print(line)
 
 

@@ -35,8 +35,12 @@ ptxas info    : Used 255 registers, used 1 barriers, 160 bytes cumulative stack 
 
 
 def test_ptxas_report_gives_registers_and_spills():
-    assert check.parse_ptxas_log(PTXAS_LOG) == {"registers": 255, "stack_bytes": 160, "spill_store_bytes": 156,
-                                                "spill_load_bytes": 156}
+    assert check.parse_ptxas_log(PTXAS_LOG) == {
+        "registers": 255,
+        "stack_bytes": 160,
+        "spill_store_bytes": 156,
+        "spill_load_bytes": 156,
+    }
     assert check.parse_ptxas_log("") is None
 
 
@@ -63,26 +67,32 @@ def test_kv_copy_config_is_sglangs_rule():
 def fake_repo(tmp_path, capability="8.9", model="/models/Mystery-7B"):
     (tmp_path / "plugins" / "module_utils").mkdir(parents=True)
     (tmp_path / "plugins" / "module_utils" / "kernel_targets.py").write_text(
-        (REPO / "plugins" / "module_utils" / "kernel_targets.py").read_text())
+        (REPO / "plugins" / "module_utils" / "kernel_targets.py").read_text()
+    )
     (tmp_path / "inventories" / "mine" / "group_vars").mkdir(parents=True)
     (tmp_path / "inventories" / "mine" / "group_vars" / "ada.yml").write_text(
-        "preflight_compute_capabilities: [\"%s\"]\nsglang_services:\n  - {name: x, model_path: %s, gpus: [0], port: 1}\n"
-        % (capability, model))
+        'preflight_compute_capabilities: ["%s"]\nsglang_services:\n  - {name: x, model_path: %s, gpus: [0], port: 1}\n'
+        % (capability, model)
+    )
     return tmp_path
 
 
 def run(*args, env=None):
     environ = dict(os.environ, PYTHONPATH=str(OVERLAY / "src"), **(env or {}))
     environ.pop("TRITON_INTERPRET", None)
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=environ, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=environ, timeout=600
+    )
 
 
 def test_an_inventory_gpu_or_model_without_a_row_fails_naming_it(tmp_path):
     repo = fake_repo(tmp_path)
     result = run("--repo", str(repo), "--report", str(tmp_path / "report.json"))
     assert result.returncode == 2, result.stderr
-    assert ("error: inventories/mine/group_vars/ada.yml declares compute capability 8.9, which KERNEL_GPUS "
-            "(plugins/module_utils/kernel_targets.py) has no row for") in result.stderr
+    assert (
+        "error: inventories/mine/group_vars/ada.yml declares compute capability 8.9, which KERNEL_GPUS "
+        "(plugins/module_utils/kernel_targets.py) has no row for"
+    ) in result.stderr
     assert "error: inventories/mine/group_vars/ada.yml: model Mystery-7B has no row in MODEL_SHAPES" in result.stderr
     assert not (tmp_path / "report.json").exists()
 
@@ -92,12 +102,24 @@ def test_every_overlay_kernel_is_launched_with_the_wrappers_own_settings():
     result = run("--repo", str(REPO), "--report", os.devnull, "--list")
     assert result.returncode == 0, result.stderr
     launched = {line.split("\t")[1] for line in result.stdout.splitlines()}
-    sources = "\n".join((OVERLAY / "src" / "sglang_overlay" / "kernels" / (name + ".py")).read_text() for name in KERNEL_MODULES)
+    sources = "\n".join(
+        (OVERLAY / "src" / "sglang_overlay" / "kernels" / (name + ".py")).read_text() for name in KERNEL_MODULES
+    )
     kernels = set(re.findall(r"@triton\.jit(?:\([^)]*\))?\n\s+def (_\w+_kernel)\(", sources))
-    assert kernels == {"_ddtree_build_kernel", "_chunk_topk_kernel", "_span_topk_kernel", "_merge_topk_kernel",
-                       "_tree_verify_attn_kernel", "_full_mask_kernel", "_move_path_kv_kernel", "_accept_path_kernel"}
+    assert kernels == {
+        "_ddtree_build_kernel",
+        "_chunk_topk_kernel",
+        "_span_topk_kernel",
+        "_merge_topk_kernel",
+        "_tree_verify_attn_kernel",
+        "_full_mask_kernel",
+        "_move_path_kv_kernel",
+        "_accept_path_kernel",
+    }
     assert launched == kernels
     lines = result.stdout.splitlines()
     assert "tree_build\t_ddtree_build_kernel\tbudget 512 L32 K64\tnum_warps=4" in lines
-    assert any(line.startswith("tree_attention\t_tree_verify_attn_kernel\tQwen3-Coder-30B-A3B-Instruct/tp2 16q/2kv d128 W16")
-               for line in lines)
+    assert any(
+        line.startswith("tree_attention\t_tree_verify_attn_kernel\tQwen3-Coder-30B-A3B-Instruct/tp2 16q/2kv d128 W16")
+        for line in lines
+    )

@@ -97,7 +97,7 @@ def test_plan_lists_every_problem_before_any_change(capsys):
     assert code == 1 and result["msg"].startswith("3 problem(s) in sglang_services, nothing was changed")
     assert any("GPU index 9 does not exist on ct200" in p for p in result["problems"])
     assert any("port 30000 is also used by service coder" in p for p in result["problems"])
-    assert any("speculative.budget is 0" in p for p in result["problems"])
+    assert any("speculative.budget: the budget is 0" in p for p in result["problems"])
 
 
 def test_release_prune_keeps_current_previous_and_keep(tmp_path, capsys):
