@@ -292,13 +292,17 @@ def main():
             ],
         ]
     elif plan == "sampled":
+        # SCENARIO_DDTREE_BUDGET: the DDTREE and control servers' budget (default 15, top-k 8; another
+        # budget takes the overlay's top-k for it), e.g. the widest tree a change allows.
+        budget = os.environ.get("SCENARIO_DDTREE_BUDGET")
+        ddtree = {"budget": budget, "top_k": None} if budget else {}
         # the T = 1 runs again, each server with its own --random-seed (in tp1 all had seed 1, so the
         # servers' sampling streams were not independent of each other)
         waves = [
             [Server("none", "NONE", RELEASE, 30020, out, models, seed=11)],
             [
-                Server("ddtree", "DDTREE", RELEASE, 30021, out, models, seed=12),
-                Server("ddtree-control", "DDTREE", CONTROL, 30022, out, models, seed=13),
+                Server("ddtree", "DDTREE", RELEASE, 30021, out, models, seed=12, **ddtree),
+                Server("ddtree-control", "DDTREE", CONTROL, 30022, out, models, seed=13, **ddtree),
                 Server("dflash", "DFLASH", RELEASE, 30023, out, models, seed=14),
             ],
         ]
