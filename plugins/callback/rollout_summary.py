@@ -205,9 +205,12 @@ class CallbackModule(CallbackBase):
     def v2_runner_on_unreachable(self, result):
         if _event(result._task) == "bake":
             # A bake's re-check that could not reach its host (the task ignores it): inconclusive, not a failure.
+            # The re-check is a loop of one entry, which names its host (bake_host) and service.
             self.active = True
-            service = (result._task.args or {}).get("name")
-            self.events.append({"host": self._host(result), "kind": "bake", "task": result._task.get_name(),
+            entry = next((item.get("item") for item in result._result.get("results") or [] if isinstance(item.get("item"), dict)), {})
+            service = entry.get("name") or (result._task.args or {}).get("name")
+            host = entry.get("bake_host") if entry.get("bake_host") in self.targeted else self._host(result)
+            self.events.append({"host": host, "kind": "bake", "task": result._task.get_name(),
                                 "service": service if isinstance(service, str) and "{{" not in service else None,
                                 "result": dict(result._result, unreachable=True)})
             return

@@ -11,7 +11,7 @@ import yaml
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy import (
-    PolicyError, bake_checks, bake_verdicts, max_fail_percentage, validate_policy)
+    PolicyError, bake_checks, bake_outcome, bake_verdicts, max_fail_percentage, validate_policy)
 
 
 def rollout_policy(policy, legacy_batches=None):
@@ -31,11 +31,15 @@ def rollout_policy(policy, legacy_batches=None):
     return dict(result, serial=list(result["batches"]), max_fail_percentage=max_fail_percentage(result))
 
 
-def rollout_bake_verdicts(results):
-    """A bake's registered re-check loop, sorted into passed, failed and inconclusive."""
+def rollout_bake_verdicts(results, inconclusive=None):
+    """A bake's re-checks, sorted into passed, failed and inconclusive; with the policy's `inconclusive` (fail or
+    pause) also what the rollout does (`action`: continue, stop or pause) and its message (`msg`)."""
     if not isinstance(results, list):
         raise AnsibleFilterError("rollout_bake_verdicts takes the registered loop's results (a list), got %r" % (results,))
-    return bake_verdicts(results)
+    verdicts = bake_verdicts(results)
+    if inconclusive is not None:
+        verdicts.update(bake_outcome(verdicts, inconclusive))
+    return verdicts
 
 
 def rollout_bake_checks(hosts, hostvars):

@@ -195,3 +195,29 @@ def bake_verdicts(results: list) -> dict:
         out[verdict["verdict"]].append({"host": item.get("host"), "service": (item.get("service") or {}).get("name"),
                                         "reason": verdict["reason"], "result": result})
     return out
+
+
+def bake_outcome(verdicts: dict, inconclusive: str) -> dict:
+    """What a bake's sorted re-checks mean for the rollout under the policy's `inconclusive` (fail or pause).
+
+    -> {"action": continue | stop | pause, "msg": the run's message when it stops or pauses}.
+    """
+    def listed(entries):
+        return "; ".join("%s %s (%s)" % (entry["host"], entry["service"], entry["reason"]) for entry in entries)
+
+    failed, unsure = verdicts.get("failed") or [], verdicts.get("inconclusive") or []
+    if unsure and not failed and inconclusive == "pause":
+        return {"action": "pause", "msg": (
+            "PAUSED: the bake's re-check was inconclusive for %s. Nothing was rolled back. Look at those hosts; then "
+            "resume by running the same rollout again (the summary prints the command): hosts already on the release "
+            "are not restarted, and every host updated so far is re-checked at the end of its batch." % listed(unsure))}
+    if not failed and not unsure:
+        return {"action": "continue", "msg": ""}
+    parts = []
+    if failed:
+        parts.append("The bake's re-check failed for %s: rolled back to the previous release." % listed(failed))
+    if unsure:
+        parts.append("The bake's re-check was inconclusive (the policy says inconclusive: %s) for %s."
+                     % (inconclusive, listed(unsure)))
+    parts.append("The rollout stops here; hosts not reached keep the release they had.")
+    return {"action": "stop", "msg": " ".join(parts)}

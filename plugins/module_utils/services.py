@@ -14,6 +14,12 @@ import re
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import TRIAL_SUFFIX, autotune_problems
 from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import MAX_BUDGET, format_budget, parse_budget
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import (
+    GATE_SETTINGS,
+    argument_spec,
+    option,
+    settings_spec,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
     CANDIDATE,
     OVERLAY_ALGORITHMS,
@@ -27,11 +33,36 @@ ALGORITHMS = ("NONE", "EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK", "UNO", "FR
 NEEDS_DRAFT_MODEL = ("DDTREE", "DFLASH", "EAGLE", "EAGLE3", "STANDALONE")
 CHAIN_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
-# The health-gate settings a service may set for itself (its `health` field), each an option of
-# ddtree.sglang.sglang_health. The first two have role-wide defaults; the others, when unset, are the
-# module's own defaults.
-GATE_SETTINGS = ("start_timeout", "no_progress_timeout", "min_tokens_per_second", "min_accept_length",
-                 "max_regression", "baseline_tolerance")
+# A service's fields, declared once: service_plan's argument spec is made from this, and the role's argument
+# spec (sglang_services) and service_plan's DOCUMENTATION are checked against it (tests/unit/test_schemas.py).
+# `health` holds the gate settings a service may set for itself (gate_options.GATE_SETTINGS).
+SERVICE_FIELDS = {
+    "name": option("str", "Service name (unit C(sglang-<name>.service))", required=True),
+    "model_path": option("str", "Target model path on the host", required=True),
+    "served_model_name": option("str", "Name in C(/v1/models); defaults to I(name)"),
+    "draft_model_path": option("str", "Draft model path (DDTREE, DFLASH, EAGLE, EAGLE3, STANDALONE)"),
+    "gpus": option("list", "GPU indices the service uses", elements="int", required=True),
+    "tp_size": option("int", "Tensor-parallel size", default=1),
+    "host": option("str", "Address to listen on", default="127.0.0.1"),
+    "port": option("int", "Port to listen on", required=True),
+    "speculative": option("dict", "Speculative decoding: algorithm and its parameters, or autotune", default={"algorithm": "NONE"}),
+    "api_key": option("str", "API key (from Ansible Vault); never returned", no_log=True),
+    "release": option("str", "candidate, or a release id or source revision to pin", default="candidate"),
+    "shadow_of": option("str", "The production service on this host this one is the shadow of"),
+    "shadow_max_slowdown": option("float", "A shadow's largest allowed share of lost tokens/s against production"),
+    "extra_args": option("list", "More launch_server flags", elements="str", default=[]),
+    "environment": option("dict", "More environment variables", default={}),
+    "health": option("dict", "This service's own health-gate settings (sglang_health's options of the same name)", default={}),
+}
+
+
+def service_spec() -> dict:
+    """service_plan's argument spec of one service: the declared fields, `health` with the gate's settings."""
+    spec = argument_spec(SERVICE_FIELDS)
+    spec["health"]["options"] = settings_spec()
+    return spec
+
+
 # launch_server flags whose value is a secret: never on a command line (docs/services.md, "The API key").
 SECRET_FLAGS = ("--api-key", "--admin-api-key")
 # The attention backend DDTREE runs on: the only one whose tree-verify mask is proven on the GPU, and the one
@@ -316,7 +347,8 @@ def gate_settings(service: dict, defaults: dict) -> dict:
 
     The one place that merges them, so the gate after a deploy and the gate after a rollback run with
     the same settings (a slow-starting model needs its start_timeout on the way back too). Settings
-    set neither way are left out: the module's defaults apply.
+    set neither way are left out: the module's defaults apply. A shadow's acceptance length is read from
+    one /generate request, the one its production service is measured with.
     """
     own = service.get("health") or {}
     settings = {}
@@ -326,6 +358,9 @@ def gate_settings(service: dict, defaults: dict) -> dict:
             value = (defaults or {}).get(key)
         if value is not None:
             settings[key] = value
+    if service.get("shadow_of"):
+        # A shadow and its production service are compared on the same /generate request (docs/services.md).
+        settings["accept_length_from"] = "generate"
     return settings
 
 

@@ -143,6 +143,22 @@ service:
   returned: always
   type: str
   sample: coder
+plan_choice:
+  description:
+    - The choice to plan the service with now - RV(choice) when the tuning key did not change or the measurements
+      decided; otherwise (before measuring, and in check mode) RV(previous_choice), or DFLASH (C(status) C(fallback))
+      when the service was never tuned.
+  returned: always
+  type: dict
+  sample: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree}
+history:
+  description: After a tuning (RV(tuned)) - the line the role appends to the service's C(history.jsonl).
+  returned: when tuned
+  type: dict
+msg:
+  description: What is tuned and how the service is planned meanwhile, or the tuning's choice.
+  returned: always
+  type: str
 previous_choice:
   description: The choice the state file holds, valid for this key or not (null when there is none); check mode plans with it.
   returned: always
@@ -252,6 +268,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import PROMPT_SET, ROUNDS
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import trials, window_restore_after
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import default as gate_default
 
 ARGUMENT_SPEC = dict(
     service=dict(type="dict", required=True),
@@ -272,13 +289,59 @@ ARGUMENT_SPEC = dict(
     workload=dict(type="dict", default={}),
     floor_margin=dict(type="float", default=DEFAULT_FLOOR_MARGIN),
     force=dict(type="bool", default=False),
-    start_timeout=dict(type="float", default=900.0),
+    start_timeout=dict(type="float", default=gate_default("start_timeout")),
     window_measure_allowance=dict(type="float", default=900.0),
 )
 
 
 def _text(document):
     return "" if document is None else json.dumps(document, indent=2, sort_keys=True) + "\n"
+
+
+# Before measuring (and in check mode, which measures nothing) a service that needs tuning is planned with the
+# choice tuned before, or DFLASH, the fallback, when it was never tuned.
+FALLBACK = {"algorithm": "DFLASH", "status": "fallback", "reason": "not tuned yet (check mode measures nothing)"}
+# The choice's fields a history line keeps.
+HISTORY_FIELDS = ("algorithm", "budget", "top_k", "status", "reason", "tokens_per_second", "gain_over_dflash",
+                  "gain_over_none", "speed_floor")
+
+
+def plan_choice(result: dict) -> dict:
+    """The choice to plan the service with now: the recorded one when its key holds, else the provisional one."""
+    if not result["needs_tuning"] and result["choice"]:
+        return result["choice"]
+    return result["previous_choice"] or dict(FALLBACK)
+
+
+def tuning_message(name: str, result: dict) -> str:
+    """What is tuned and how the service is planned meanwhile (check mode says it and measures nothing)."""
+    if not result["needs_tuning"]:
+        return "%s: the tuning key did not change; planned with %s" % (name, _setting(result["plan_choice"]))
+    trials_ = result["trials"]
+    where = ""
+    if trials_:
+        where = " at concurrency %s, each on a temporary instance on GPUs %s" % (
+            ", ".join(str(c) for c in trials_[0]["concurrency"]), ", ".join(str(g) for g in trials_[0]["instance"]["gpus"]))
+    if result["own_window"]:
+        where += " (its own: the service stops for up to %s s)" % result["window_restore_after"]
+    return "%s would be tuned (%s changed): %s%s; planned meanwhile with %s (%s)" % (
+        name, ", ".join(result["key_changes"]), ", ".join(trial["label"] for trial in trials_), where,
+        _setting(result["plan_choice"]),
+        "the choice tuned before" if result["previous_choice"] else "no tuning yet: the fallback")
+
+
+def _setting(choice: dict) -> str:
+    if choice.get("algorithm") == "DDTREE":
+        return "DDTREE budget %s top_k %s" % (choice.get("budget"), choice.get("top_k"))
+    return str(choice.get("algorithm"))
+
+
+def history_record(choice: dict, result: dict, release_id: str) -> dict:
+    """The line the role appends to the service's history.jsonl after a tuning."""
+    return {"time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "event": "autotune", "release_id": release_id,
+            "key": result["key"]["digest"], "key_changes": result["key_changes"],
+            "choice": {key: choice[key] for key in HISTORY_FIELDS if key in choice},
+            "settings": [setting.get("status") for setting in choice.get("settings") or []], "state_file": "autotune.json"}
 
 
 def main():
@@ -317,6 +380,8 @@ def main():
                                                                       params["window_measure_allowance"])
             except ValueError as exc:
                 module.fail_json(msg="%s: %s" % (name, exc))
+    result["plan_choice"] = plan_choice(result)
+    result["msg"] = tuning_message(name, result)
     if not result["needs_tuning"]:
         if params["measurements"]:
             module.warn("%s: the tuning key %s did not change since %s: the measurements were not used (force: true "
@@ -329,12 +394,14 @@ def main():
     try:
         choice = choose(tuning, params["measurements"])
     except IncompleteMeasurements as exc:
-        module.fail_json(msg="%s: the measurements cannot decide, the state file was left as it was: %s" % (name, exc),
-                         problems=exc.problems, **result)
+        module.fail_json(**dict(result, msg="%s: the measurements cannot decide, the state file was left as it was: %s"
+                                % (name, exc), problems=exc.problems))
     record = tuning_record(key, params["release_id"], tuning, params["measurements"], choice,
                            time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), params["floor_margin"])
     after = state_document(document, record)
-    result.update(changed=True, tuned=True, choice=record["choice"])
+    result.update(changed=True, tuned=True, choice=record["choice"], plan_choice=record["choice"],
+                  history=history_record(record["choice"], result, params["release_id"]))
+    result["msg"] = "%s: %s" % (name, record["choice"].get("reason") or "")
     if module._diff:
         result["diff"] = {"before": _text(document), "after": _text(after),
                           "before_header": "%s (before)" % path, "after_header": "%s (after)" % path}
@@ -342,7 +409,7 @@ def main():
         try:
             write_json(path, after, module.atomic_move)
         except OSError as exc:
-            module.fail_json(msg="%s: cannot write the tuning state %s: %s" % (name, path, exc), **result)
+            module.fail_json(**dict(result, msg="%s: cannot write the tuning state %s: %s" % (name, path, exc)))
     module.exit_json(**result)
 
 

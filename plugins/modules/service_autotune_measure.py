@@ -118,6 +118,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure imp
     workload,
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import default as gate_default
 
 
 def main():
@@ -135,7 +136,7 @@ def main():
             concurrency=dict(type="list", elements="int", required=True),
             max_tokens=dict(type="int", default=128, no_log=False),
             warmup=dict(type="int", default=1),
-            start_timeout=dict(type="float", default=900.0),
+            start_timeout=dict(type="float", default=gate_default("start_timeout")),
             request_timeout=dict(type="float", default=300.0),
         ),
         # It only reads (requests to a server); the role starts no temporary instance in check mode.

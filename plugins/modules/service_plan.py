@@ -178,34 +178,12 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases imp
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
     gate_settings,
     service_problems,
+    service_spec,
     unit_entry,
 )
 
-SERVICE_OPTIONS = dict(
-    name=dict(type="str", required=True),
-    model_path=dict(type="str", required=True),
-    served_model_name=dict(type="str"),
-    draft_model_path=dict(type="str"),
-    gpus=dict(type="list", elements="int", required=True),
-    tp_size=dict(type="int", default=1),
-    host=dict(type="str", default="127.0.0.1"),
-    port=dict(type="int", required=True),
-    speculative=dict(type="dict", default={"algorithm": "NONE"}),
-    api_key=dict(type="str", no_log=True),
-    release=dict(type="str", default="candidate"),
-    shadow_of=dict(type="str"),
-    shadow_max_slowdown=dict(type="float"),
-    extra_args=dict(type="list", elements="str", default=[]),
-    environment=dict(type="dict", default={}),
-    health=dict(type="dict", default={}, options=dict(
-        start_timeout=dict(type="float"),
-        no_progress_timeout=dict(type="float"),
-        min_tokens_per_second=dict(type="float", no_log=False),
-        min_accept_length=dict(type="float"),
-        max_regression=dict(type="float"),
-        baseline_tolerance=dict(type="float"),
-    )),
-)
+# A service's fields, declared once in module_utils/services.py.
+SERVICE_OPTIONS = service_spec()
 
 
 def main():

@@ -206,6 +206,21 @@ options:
     type: list
     elements: str
     default: []
+  gate:
+    description:
+      - The service's gate settings whole, as M(ddtree.sglang.service_plan) returns them (its C(gate)) - each key
+        one of O(start_timeout), O(no_progress_timeout), O(min_tokens_per_second), O(min_accept_length),
+        O(max_regression), O(baseline_tolerance), O(accept_length_from).
+      - A setting there replaces the option's default; an option set to another value than its default wins.
+    type: dict
+    default: {}
+  quick:
+    description:
+      - The quick stages only (a bake's re-check) - C(unit_watch), C(health), C(chat), C(degenerate); no
+        baseline or performance generations, no floors, and nothing recorded (O(baseline_file),
+        O(metrics_file) and O(verdict_file) are ignored).
+    type: bool
+    default: false
 attributes:
   check_mode:
     support: full
@@ -379,52 +394,20 @@ kernel_log:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import (
+    GATE_OPTIONS,
+    POSITIVE,
+    argument_spec,
+    quick_params,
+    with_gate,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import HealthGate, ServiceIO, unit_name
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_verdicts import utc_now, verdict_record, verdicts_add
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
 
-# Options that are durations: ansible-core checks their type, not their sign.
-POSITIVE = ("poll_interval", "no_progress_timeout", "start_timeout", "health_timeout", "request_timeout")
-
-
-# The options, as DOCUMENTATION describes them (tests/unit/test_schemas.py holds the two, the role's
-# per-service settings and docs/health-gate.md to each other).
-ARGUMENT_SPEC = dict(
-    name=dict(type="str", required=True),
-    host=dict(type="str", default="127.0.0.1"),
-    port=dict(type="int", default=30000),
-    model=dict(type="str"),
-    api_key=dict(type="str", no_log=True),
-    since=dict(type="str"),
-    poll_interval=dict(type="float", default=2),
-    no_progress_timeout=dict(type="float", default=120),
-    start_timeout=dict(type="float", default=900),
-    health_timeout=dict(type="float", default=30),
-    health_path=dict(type="str", choices=["/health", "/health_generate"], default="/health"),
-    request_timeout=dict(type="float", default=60),
-    chat_prompt=dict(type="str", default="In one sentence: what is the capital of France, and which river runs through it?"),
-    chat_max_tokens=dict(type="int", default=32, no_log=False),
-    prompts=dict(type="list", elements="str", default=[
-        "List the first ten prime numbers, separated by commas.",
-        "Write a Python function that returns the n-th Fibonacci number.",
-        "Translate into German and Japanese: The weather is nice today.",
-    ]),
-    max_tokens=dict(type="int", default=64, no_log=False),
-    baseline_file=dict(type="path"),
-    record_baseline=dict(type="bool", default=True),
-    baseline_tolerance=dict(type="float", default=0),
-    min_tokens_per_second=dict(type="float", no_log=False),
-    min_accept_length=dict(type="float"),
-    accept_length_from=dict(type="str", choices=["server_info", "generate"], default="server_info"),
-    previous=dict(type="dict"),
-    metrics_file=dict(type="path"),
-    max_regression=dict(type="float", default=0.5),
-    record_metrics=dict(type="bool", default=False),
-    release_id=dict(type="str", aliases=["release"]),
-    verdict_file=dict(type="path"),
-    extra_signatures=dict(type="list", elements="str", default=[]),
-    extra_progress_markers=dict(type="list", elements="str", default=[]),
-)
+# The options: declared once, in module_utils/gate_options.py (tests/unit/test_schemas.py holds DOCUMENTATION,
+# the role's per-service settings and docs/health-gate.md to the declaration).
+ARGUMENT_SPEC = argument_spec(GATE_OPTIONS)
 
 
 def record_verdict(module, path, release_id, passed, result):
@@ -446,7 +429,12 @@ def main():
         required_by={"verdict_file": ("release_id",)},
         supports_check_mode=True,
     )
-    params = module.params
+    try:
+        params = with_gate(module.params)
+    except ValueError as error:
+        module.fail_json(msg=str(error))
+    if params["quick"]:
+        params = quick_params(params)
     for option in POSITIVE:
         if params[option] <= 0:
             module.fail_json(msg="%s must be positive, got %s" % (option, params[option]))

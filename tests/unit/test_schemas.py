@@ -1,11 +1,12 @@
-"""Every schema written in more than one place says the same in each.
+"""Every option is declared once, in module_utils; each other place says the same or is made from it.
 
-- A service's fields: the sglang_service role's argument spec (`sglang_services`), service_plan's
-  argument spec and its DOCUMENTATION.
-- The health gate's options: sglang_health's argument spec, its DOCUMENTATION and the table in
-  docs/health-gate.md; and the per-service gate settings (`health`): the role's argument spec,
-  service_plan's argument spec and DOCUMENTATION, and services.GATE_SETTINGS, each an option of the
-  gate with the gate's type.
+- A service's fields (services.SERVICE_FIELDS): service_plan's argument spec is made from them; the
+  sglang_service role's argument spec (`sglang_services`) and service_plan's DOCUMENTATION are checked here.
+- The health gate's options (gate_options.GATE_OPTIONS): sglang_health's argument spec is made from them;
+  its DOCUMENTATION is checked here, and the table in docs/health-gate.md is generated from them
+  (`python plugins/module_utils/gate_options.py` prints it); the per-service gate settings (`health`) are the
+  options marked per_service, with the gate's types, in the role's argument spec and service_plan's; the
+  role's defaults for them are the gate's defaults.
 """
 
 import re
@@ -14,7 +15,8 @@ import pytest
 import yaml
 from conftest import REPO_ROOT
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.services import GATE_SETTINGS
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import GATE_OPTIONS, GATE_SETTINGS, options_table
+from ansible_collections.ddtree.sglang.plugins.module_utils.services import SERVICE_FIELDS
 from ansible_collections.ddtree.sglang.plugins.modules import service_plan, sglang_health
 
 ROLE_SPEC = REPO_ROOT / "roles" / "sglang_service" / "meta" / "argument_specs.yml"
@@ -76,52 +78,27 @@ def test_gate_options_are_the_same_in_the_module_code_and_its_documentation():
     assert differences("ARGUMENT_SPEC", shape(sglang_health.ARGUMENT_SPEC), "DOCUMENTATION", shape(documented(sglang_health))) == []
 
 
-def docs_table():
-    """docs/health-gate.md's option table: {name: (type cell, default cell)}."""
+def test_docs_health_gate_md_holds_the_table_made_from_the_declarations():
     text = GATE_DOC.read_text()
-    table = text[text.index("## Options"):].split("\n## ")[0]
-    rows = {}
-    for line in table.splitlines():
-        match = re.match(r"^\| `(\w+)` \| ([^|]*) \| ([^|]*) \|", line)
-        if match:
-            rows[match.group(1)] = (match.group(2).strip(), match.group(3).strip())
-    return rows
+    table = text[text.index("| option | type | default | meaning |"):].split("\n\n")[0] + "\n"
+    assert table == options_table(), (
+        "docs/health-gate.md's option table is not the one made from gate_options.GATE_OPTIONS: "
+        "replace it with the output of `python plugins/module_utils/gate_options.py`")
 
 
-def doc_type(spec):
-    if spec.get("choices"):
-        return " or ".join("`%s`" % choice for choice in spec["choices"])
-    if spec["type"] == "list":
-        return "list of %s" % spec.get("elements", "str")
-    return spec["type"] + (" (no_log)" if spec.get("no_log") else "")
+def test_every_declared_option_has_a_doc_line_and_a_known_type():
+    for declarations in (GATE_OPTIONS, SERVICE_FIELDS):
+        for name, declared in declarations.items():
+            assert declared["doc"].strip(), name
+            assert declared["type"] in ("str", "int", "float", "bool", "list", "dict", "path", "raw"), name
 
 
-def doc_default(value):
-    if isinstance(value, bool):
-        return "`%s`" % str(value).lower()
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    return "`%s`" % (value,)
-
-
-def test_gate_options_are_the_same_in_the_module_and_docs_health_gate_md():
-    rows = docs_table()
-    assert list(rows) == list(sglang_health.ARGUMENT_SPEC), "docs/health-gate.md lists other options, or in another order"
-    problems = []
-    for name, spec in sglang_health.ARGUMENT_SPEC.items():
-        type_cell, default_cell = rows[name]
-        if type_cell != doc_type(spec):
-            problems.append("%s: the docs say type %r, the module %r" % (name, type_cell, doc_type(spec)))
-        default = spec.get("default")
-        if spec.get("required"):
-            wanted = "required"
-        elif default is None or isinstance(default, list) and default:
-            continue  # the docs say in words what happens (a long list, or the unit's own value)
-        else:
-            wanted = doc_default(default)
-        if default_cell != wanted:
-            problems.append("%s: the docs say default %r, the module %r" % (name, default_cell, wanted))
-    assert problems == []
+def test_the_role_defaults_of_the_gate_settings_are_the_gates_own():
+    defaults = yaml.safe_load((REPO_ROOT / "roles" / "sglang_service" / "defaults" / "main.yml").read_text())
+    spec = yaml.safe_load(ROLE_SPEC.read_text())["argument_specs"]["main"]["options"]
+    for name in ("start_timeout", "no_progress_timeout"):
+        variable = "sglang_service_" + name
+        assert defaults[variable] == spec[variable]["default"] == GATE_OPTIONS[name]["default"], variable
 
 
 # ---- per-service gate settings ---------------------------------------------------------------------
@@ -133,6 +110,6 @@ def test_gate_options_are_the_same_in_the_module_and_docs_health_gate_md():
 ])
 def test_per_service_gate_settings_are_gate_options_of_the_gates_type(where, settings):
     settings = shape(settings())
-    assert tuple(settings) == GATE_SETTINGS, "%s lists other settings than services.GATE_SETTINGS" % where
+    assert sorted(settings) == sorted(GATE_SETTINGS), "%s lists other settings than gate_options.GATE_SETTINGS" % where
     gate = shape(sglang_health.ARGUMENT_SPEC)
     assert {name: settings[name]["type"] for name in settings} == {name: gate[name]["type"] for name in settings}

@@ -1,24 +1,24 @@
-"""The sglang_service role gates a service the same way after a deploy and after a rollback.
+"""The sglang_service role gates a service the same way after a deploy, a rollback and a promotion.
 
-The role's task files are read as data and their ddtree.sglang.sglang_health calls rendered with
-ansible-core's own templating, following include_tasks, for a service whose plan came from
-service_plan: what the role really passes, without a host.
+The role's task files are read as data: each include of restart_and_gate.yml (the one file with the
+ddtree.sglang.sglang_health call) is rendered with ansible-core's own templating, and the gate call with
+it, for a service whose plan came from service_plan: what the role really passes, without a host.
 """
 
 from pathlib import Path
 
-import pytest
 import yaml
-
-from ansible_collections.ddtree.sglang.plugins.modules import service_plan
-
 from conftest import run_module
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import quick_params, with_gate
+from ansible_collections.ddtree.sglang.plugins.modules import service_plan, sglang_health
 
 TASKS = Path(__file__).resolve().parents[3] / "roles" / "sglang_service" / "tasks"
 DEFAULTS = TASKS.parent / "defaults" / "main.yml"
 OMIT = "__omit_place_holder__test"
 GATE = "ddtree.sglang.sglang_health"
 INCLUDE = "ansible.builtin.include_tasks"
+SHARED = "restart_and_gate.yml"
 
 # A slow-starting model: its own start_timeout is twice the role's default.
 SLOW = {"name": "coder", "model_path": "/m", "draft_model_path": "/d", "gpus": [0, 1], "tp_size": 2, "port": 30000,
@@ -30,176 +30,143 @@ def render(value, variables):
     # the module results that tests/unit/plugins/modules read.
     from ansible.template import Templar, trust_as_template
 
-    templar = Templar(variables=variables)
-    if isinstance(value, str):
-        return templar.template(trust_as_template(value))
-    return templar.template(value)
+    def trusted(data):  # as Ansible loads a task file: every string in it may be a template
+        if isinstance(data, str):
+            return trust_as_template(data)
+        if isinstance(data, list):
+            return [trusted(element) for element in data]
+        if isinstance(data, dict):
+            return {key: trusted(element) for key, element in data.items()}
+        return data
+
+    return Templar(variables=variables).template(trusted(value))
 
 
-def gate_calls(task_file, variables):
-    """The sglang_health calls a task file makes, following include_tasks: [(task name, arguments)]."""
+def tasks(task_file):
+    return yaml.safe_load((TASKS / task_file).read_text())
+
+
+def gate_task():
+    return next(task for task in tasks(SHARED) if GATE in task)
+
+
+def gate_calls(task_file, task_name, variables):
+    """The sglang_health arguments of `task_name`'s include of restart_and_gate.yml: [arguments per service gated]."""
+    task = next(task for task in tasks(task_file) if task.get("name") == task_name)
+    included = task[INCLUDE]["file"] if isinstance(task[INCLUDE], dict) else task[INCLUDE]
+    assert included == SHARED
+    inner = dict(variables)
+    for key, value in (task.get("vars") or {}).items():
+        inner[key] = render(value, inner)
     calls = []
-    for task in yaml.safe_load((TASKS / task_file).read_text()):
-        if GATE in task:
-            arguments = {key: render(value, variables) for key, value in task[GATE].items()}
-            calls.append((task["name"], {key: value for key, value in arguments.items() if value != OMIT}))
-        elif INCLUDE in task:
-            # As Ansible does: the include's vars may use the loop's variable, and the loop the include's vars.
-            loop_var = (task.get("loop_control") or {}).get("loop_var", "item")
-            elements = [None]
-            if "loop" in task:
-                from ansible.errors import AnsibleUndefinedVariable  # imported late, as render() says why
-
-                outer = dict(variables)
-                for key, value in (task.get("vars") or {}).items():
-                    try:
-                        outer[key] = render(value, outer)
-                    except AnsibleUndefinedVariable:  # one that needs the loop's variable
-                        outer.pop(key, None)
-                elements = render(task["loop"], outer)
-            included = task[INCLUDE]["file"] if isinstance(task[INCLUDE], dict) else task[INCLUDE]
-            for element in elements:
-                inner = dict(variables, **{loop_var: element}) if "loop" in task else dict(variables)
-                for key, value in (task.get("vars") or {}).items():
-                    inner[key] = render(value, inner)
-                calls += gate_calls(included, inner)
+    for item in inner["sglang_service_gate"]:
+        arguments = {key: render(value, dict(inner, item=item)) for key, value in gate_task()[GATE].items()}
+        calls.append({key: value for key, value in arguments.items() if value != OMIT})
     return calls
 
 
-@pytest.fixture
-def role_variables(capsys):
-    """A failed deploy of SLOW, as gate.yml and rollback.yml see it."""
+def module_params(arguments):
+    """What sglang_health runs with: its defaults, the arguments, `gate` merged, a quick check's stages dropped."""
+    spec = sglang_health.ARGUMENT_SPEC
+    params = {name: option.get("default") for name, option in spec.items()}
+    params.update({key: value for key, value in arguments.items() if key in spec})
+    for key in ("start_timeout", "no_progress_timeout"):
+        params[key] = float(params[key])
+    params = with_gate(params)
+    return quick_params(params) if params["quick"] else params
+
+
+def plan(services, capsys):
     defaults = yaml.safe_load(DEFAULTS.read_text())
     code, result = run_module(service_plan, {
-        "services": [SLOW], "gpu_indices": list(range(8)), "host": "ct200",
+        "services": services, "gpu_indices": list(range(8)), "host": "ct200",
         "gate_defaults": {"start_timeout": defaults["sglang_service_start_timeout"],
                           "no_progress_timeout": defaults["sglang_service_no_progress_timeout"]}}, capsys)
     assert code == 0
-    entry = result["services"][0]
+    return defaults, result["services"]
+
+
+def role_variables(capsys, services=(SLOW,)):
+    defaults, entries = plan(list(services), capsys)
+    entry = entries[0]
     return dict(
-        defaults, omit=OMIT, sglang_services=[SLOW],
-        sglang_service_plan={"services": [entry]},
-        sglang_service_restarted={"results": [{"changed": True, "item": entry["unit"]}]},
-        sglang_service_started={"results": []},
+        defaults, omit=OMIT, sglang_services=list(services),
+        sglang_service_plan={"services": entries},
+        sglang_service_actions={"restart": [dict(entry, release_id="new")], "start": entries,
+                                "gate": [dict(entry, release_id="new")]},
+        sglang_service_restart_since={"stdout": "2026-11-30 10:00:00"},
         sglang_service_since={"stdout": "2026-11-30 10:00:00"},
-        sglang_service_release={"release_id": "candidate"},
-        # The gate names each service's own release (its pin, the candidate, or the base release).
-        sglang_service_releases={"services": {entry["name"]: {"release_id": "new", "follows": "candidate"}}},
-        sglang_service_rollback_since={"stdout": "2026-11-30 10:05:00"},
         sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
-        sglang_service_failed={"item": entry, "passed": False, "msg": "failed"},
-        sglang_service_gate_results=[],
-        sglang_service_units_verdict_gate=[],
-        sglang_service_units_verdict_rollback=[],
+        sglang_service_failed={"item": dict(entry, release_id="new"), "passed": False, "msg": "failed"},
+        sglang_service_promotions={"promote": [dict(entry, release_id="candidate")]},
     )
 
 
 def test_one_task_file_holds_the_gate_call():
     files = sorted(path.name for path in TASKS.glob("*.yml") if GATE in path.read_text())
-    assert files == ["health_gate.yml"]
+    assert files == [SHARED]
 
 
-def test_deploy_and_rollback_gates_use_the_services_own_settings(role_variables):
-    deploy = gate_calls("gate.yml", role_variables)
-    rollback = gate_calls("rollback.yml", role_variables)
-    assert len(deploy) == 1 and len(rollback) == 1
-    deploy_args, rollback_args = deploy[0][1], rollback[0][1]
-    # The service's own start_timeout holds on the way back: the previous release of a slow model
-    # needs as long to start as the new one did.
-    assert float(rollback_args["start_timeout"]) == 1800 == float(deploy_args["start_timeout"])
-    assert float(rollback_args["no_progress_timeout"]) == 120 == float(deploy_args["no_progress_timeout"])
-    assert float(rollback_args["min_accept_length"]) == 2.5 == float(deploy_args["min_accept_length"])
-    assert deploy_args["release_id"] == "new" and rollback_args["release_id"] == "old"
-    # Only the deploy's numbers are compared with and recorded as the release's metrics.
-    assert deploy_args["record_metrics"] is True and deploy_args["metrics_file"] == "/var/lib/sglang/coder/metrics.json"
-    assert rollback_args["record_metrics"] is False and "metrics_file" not in rollback_args
-    # Both record their verdict, so a run that dies after the gate still leaves it behind.
-    assert deploy_args["verdict_file"] == rollback_args["verdict_file"] == "/var/lib/sglang/coder/verdicts.json"
-    same = {key for key in deploy_args if key not in ("since", "release_id", "record_metrics", "metrics_file")}
-    assert {key: deploy_args[key] for key in same} == {key: rollback_args.get(key) for key in same}
+def test_deploy_rollback_and_promotion_gates_use_the_services_own_settings(capsys):
+    variables = role_variables(capsys)
+    [deploy] = gate_calls("switch.yml", "Restart what changed, keep every service running, and gate what was (re)started",
+                          variables)
+    [rollback] = gate_calls("rollback.yml", "Start the previous release and gate it: {{ sglang_service_failed.item.name }}",
+                            variables)
+    [promote] = gate_calls("settle.yml", "Restart each promoted production service on the candidate and gate it", variables)
+    deploy_params, rollback_params = module_params(deploy), module_params(rollback)
+    # The service's own start_timeout holds on the way back: the previous release of a slow model needs as
+    # long to start as the new one did. The plan's settings go whole.
+    assert deploy["gate"] == rollback["gate"] == promote["gate"] == {"start_timeout": 1800, "no_progress_timeout": 120,
+                                                                       "min_accept_length": 2.5}
+    assert rollback_params["start_timeout"] == 1800 == deploy_params["start_timeout"]
+    assert rollback_params["min_accept_length"] == 2.5 == deploy_params["min_accept_length"]
+    assert (deploy["release_id"], rollback["release_id"], promote["release_id"]) == ("new", "old", "candidate")
+    # Only a deploy's numbers (a promotion is one) are compared with and recorded as the release's metrics.
+    assert deploy["record_metrics"] is True and deploy["metrics_file"] == "/var/lib/sglang/coder/metrics.json"
+    assert promote["record_metrics"] is True
+    assert rollback["record_metrics"] is False and "metrics_file" not in rollback
+    # Each records its verdict, so a run that dies after the gate still leaves it behind.
+    assert deploy["verdict_file"] == rollback["verdict_file"] == "/var/lib/sglang/coder/verdicts.json"
+    same = {key for key in deploy if key not in ("since", "release_id", "record_metrics", "metrics_file")}
+    assert {key: deploy[key] for key in same} == {key: rollback.get(key) for key in same}
 
 
-VARS = TASKS.parent / "vars" / "main.yml"
-
-
-def verdict_units(gate_status, switched=()):
-    """vars/main.yml's verdict lists, rendered for a service_gate_status result and the links switched."""
-    variables = {"sglang_service_gate_status": {"services": gate_status},
-                 "sglang_service_link_results": {"results": [{"changed": unit in switched, "item": {"unit": unit}}
-                                                             for unit in ("sglang-coder.service", "sglang-chat.service")]}}
-    for name, expression in yaml.safe_load(VARS.read_text()).items():
-        if "verdict" in name:
-            variables[name] = render(expression, variables)
-    return {key: variables["sglang_service_units_verdict_" + key] for key in ("restart", "gate", "rollback")}
-
-
-def test_a_release_without_a_passed_verdict_is_gated_or_rolled_back_though_nothing_changed(role_variables):
-    status = {"coder": {"action": "restart", "unit": "sglang-coder.service"},
-              "chat": {"action": "rollback", "unit": "sglang-chat.service"}}
-    assert verdict_units(status) == {"restart": ["sglang-coder.service"], "gate": ["sglang-coder.service"],
-                                     "rollback": ["sglang-chat.service"]}
-    # A release switched to in this run is a deploy: gated afresh, never rolled back on an old verdict.
-    assert verdict_units(status, switched=["sglang-chat.service"])["rollback"] == []
-    status = {"coder": {"action": "gate", "unit": "sglang-coder.service"}, "chat": {"action": "none", "unit": "sglang-chat.service"}}
-    assert verdict_units(status) == {"restart": [], "gate": ["sglang-coder.service"], "rollback": []}
-    # gate.yml: nothing restarted in this run, yet the service without a verdict is gated.
-    variables = dict(role_variables, sglang_service_restarted={"results": []}, sglang_service_units_verdict_gate=["sglang-coder.service"])
-    assert [name for name, _arguments in gate_calls("gate.yml", variables)] == ["Gate the service on its release: {{ sglang_service_gate_service.name }}"]
-    variables["sglang_service_units_verdict_gate"] = []
-    assert gate_calls("gate.yml", variables) == []
-
-
-def test_a_bakes_recheck_is_the_same_gate_call_with_the_quick_stages_only(role_variables, monkeypatch):
-    # The loop's filter, called directly: ansible's plugin loader does not see this checkout's collection
-    # once pytest has imported it as a plain package.
-    from ansible_collections.ddtree.sglang.plugins.filter.rollout import rollout_bake_checks
-
-    plain_render = render
-
-    def render_with_collection_filters(value, variables):
-        if isinstance(value, str) and "ddtree.sglang.rollout_bake_checks(hostvars)" in value:
-            return rollout_bake_checks(variables["sglang_service_bake_hosts"], variables["hostvars"])
-        return plain_render(value, variables)
-
-    monkeypatch.setitem(globals(), "render", render_with_collection_filters)
-    entry = role_variables["sglang_service_plan"]["services"][0]
-    check = {"host": "ct200", "service": entry, "since": "2026-11-30 10:00:00", "release_id": "new"}
-    variables = dict(role_variables, sglang_service_bake_hosts=["ct200"], sglang_service_bake_results=[],
-                     hostvars={"ct200": dict(role_variables)}, sglang_service_bake={"failed": [], "inconclusive": []})
-    rechecks = gate_calls("bake.yml", variables)
-    assert len(rechecks) == 1
-    arguments = rechecks[0][1]
-    deploy = gate_calls("gate.yml", role_variables)[0][1]
+def test_a_bakes_recheck_is_the_same_gate_call_with_the_quick_stages_only(capsys):
+    variables = role_variables(capsys)
+    entry = variables["sglang_service_plan"]["services"][0]
+    check = {"host": "ct200", "service": entry, "since": "2026-11-30 09:00:00", "release_id": "new"}
+    variables = dict(variables, sglang_service_bake_check=check, hostvars={"ct200": {"sglang_services": [SLOW]}})
+    [arguments] = gate_calls("bake.yml", "Bake - re-check every service of the hosts updated so far, on its host", variables)
+    assert arguments["quick"] is True
+    params = module_params(arguments)
     # The quick stages: no generations for a baseline or the speed, nothing recorded, no floors to meet.
-    assert arguments["prompts"] == []
+    assert params["prompts"] == []
     for key in ("baseline_file", "metrics_file", "verdict_file", "min_tokens_per_second", "min_accept_length"):
-        assert key not in arguments, key
-    assert arguments["record_metrics"] is False
+        assert params[key] is None, key
+    assert params["record_metrics"] is False
     # The service's own settings, and the journal since the deploy's restart.
-    assert float(arguments["start_timeout"]) == 1800 == float(deploy["start_timeout"])
-    assert (arguments["since"], arguments["release_id"], arguments["port"]) == (check["since"], "new", deploy["port"])
+    assert params["start_timeout"] == 1800
+    assert (arguments["since"], arguments["release_id"], arguments["port"]) == (check["since"], "new", 30000)
 
 
-def test_a_shadow_is_gated_without_a_baseline_of_its_own_and_its_production_service_measured_on_the_same_request(role_variables, capsys):
+def test_a_shadow_is_gated_without_a_baseline_and_its_production_service_measured_on_the_same_request(capsys):
     shadow = dict(SLOW, name="coder-shadow", gpus=[2, 3], port=30010, shadow_of="coder")
-    arguments = {"services": [SLOW, shadow], "gpu_indices": list(range(8)), "host": "ct200",
-                 "gate_defaults": {"start_timeout": 900, "no_progress_timeout": 120}}
-    code, result = run_module(service_plan, arguments, capsys)
-    assert code == 0
-    coder, shadow_entry = result["services"]
-    variables = dict(role_variables, sglang_services=[SLOW, shadow], sglang_service_plan={"services": [coder, shadow_entry]},
-                     sglang_service_restarted={"results": [{"changed": True, "item": shadow_entry["unit"]}]},
-                     sglang_service_releases={"services": {
-                         "coder": {"release_id": "old", "follows": "shadow", "shadow": "coder-shadow"},
-                         "coder-shadow": {"release_id": "new", "follows": "candidate"}}},
-                     sglang_service_gate_result={})
-    calls = gate_calls("gate.yml", variables)
-    assert [(arguments["name"], arguments["release_id"]) for _name, arguments in calls] == [("coder-shadow", "new"), ("coder", "old")]
-    shadow_gate, measure = calls[0][1], calls[1][1]
+    variables = role_variables(capsys, services=(SLOW, shadow))
+    coder, shadow_entry = variables["sglang_service_plan"]["services"]
+    variables["sglang_service_actions"]["gate"] = [dict(shadow_entry, release_id="new")]
+    [shadow_gate] = gate_calls("switch.yml", "Restart what changed, keep every service running, and gate what was (re)started",
+                               variables)
+    variables["sglang_service_shadow_production"] = dict(coder, release_id="old", shadow="coder-shadow")
+    [measure] = gate_calls("shadow.yml", "Measure the production service with the gate, recording nothing: "
+                           "{{ sglang_service_shadow_production.name }}", variables)
+    assert (shadow_gate["name"], measure["name"], measure["release_id"]) == ("coder-shadow", "coder", "old")
     # The shadow's reference is its production service, live: a baseline of its own would keep a held candidate's outputs.
     assert "baseline_file" not in shadow_gate and measure["baseline_file"] == "/var/lib/sglang/coder/baseline.json"
     # Acceptance from the same /generate request on both, not from averages over whatever each served.
-    assert shadow_gate["accept_length_from"] == measure["accept_length_from"] == "generate"
+    assert module_params(shadow_gate)["accept_length_from"] == module_params(measure)["accept_length_from"] == "generate"
     assert measure["record_metrics"] is False and "metrics_file" not in measure
     # A service without a shadow keeps the server's average.
-    assert gate_calls("gate.yml", role_variables)[0][1]["accept_length_from"] == "server_info"
+    [deploy] = gate_calls("switch.yml", "Restart what changed, keep every service running, and gate what was (re)started",
+                          dict(variables, sglang_service_actions={"restart": [], "start": [], "gate": [dict(coder, release_id="new")]}))
+    assert module_params(deploy)["accept_length_from"] == "server_info"

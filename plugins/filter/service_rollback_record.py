@@ -1,0 +1,24 @@
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The history line of one rollback (module_utils/service_actions.py holds it, beside the decision to roll back)."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_actions import rollback_record
+
+
+def service_rollback_record(failed, rolled_back, gate, time):
+    """{time, event: rollback, failed_release_id, failed_stage, msg, journal, rolled_back_to_release_id, previous_gate}."""
+    for name, value in (("the failed gate", failed), ("the rollback's link", rolled_back), ("the previous release's gate", gate)):
+        if not isinstance(value, dict):
+            raise AnsibleFilterError("service_rollback_record: %s must be a result (a dict), got %r" % (name, value))
+    return rollback_record(failed, rolled_back, gate, str(time))
+
+
+class FilterModule:
+    def filters(self):
+        return {"service_rollback_record": service_rollback_record}
