@@ -5,9 +5,9 @@
 """Run several short Python programs in one interpreter that has paid the slow imports once.
 
 Checking a release runs several programs in the service's stack (the pristine predicate matrix, the
-matrix with the release, SGLang's parser on the service's flags). Each used to be a process of its own,
-and each paid the import of torch first: about 3 of the 4-5 CPU seconds a program costs (measured on
-the lab's CPU stack), on every deploy. The runner imports the modules named in ``preload`` once, then
+matrix with the release, SGLang's parser on the service's flags), and each would pay the import of torch
+first, most of what such a program costs (docs/decisions/forked-jobs.md). The runner imports the modules
+named in ``preload`` once, then
 forks one child per job: each child starts from that state, applies its own environment and
 ``sys.path``, runs its program as ``__main__`` with its own ``sys.argv``, and exits. A child changes
 nothing the next one sees, as separate processes would not; what a child prints goes to files of its

@@ -46,8 +46,8 @@ STAGES = ("unit_watch", "health", "chat", "degenerate", "baseline", "performance
 TEXT_LIMIT = 500  # characters of a generated text or an HTTP body kept in results
 # After a failed request, how long the gate waits for a unit whose journal shows a fatal error to go
 # down: SGLang 0.5.23's watchdog sleeps 5 s ("Sleeping 5 seconds before crash diagnostics") before it
-# kills its own process tree (H200, docs/evidence/gpu-sglang/gate-run2: the launcher died 5 s after the
-# watchdog's line). A unit still running after that is reported at the request's stage.
+# kills its own process tree (docs/decisions/health-gate-death-wait.md). A unit still running after that
+# is reported at the request's stage.
 DEATH_WAIT_S = 15.0
 
 
@@ -288,8 +288,8 @@ class HealthGate:
           main process is not the one that became ready (someone restarted it). -> fail at unit_watch with
           the cause the journal and the unit give, naming the stage and the request it interrupted.
         - The unit still runs, but the journal shows a fatal error (SGLang kills its process tree seconds
-          later) or the port no longer accepts connections (the process is exiting: measured on the H200,
-          a SIGKILLed launcher refused connections while its unit still read active): look again every
+          later) or the port no longer accepts connections (the process is exiting: a SIGKILLed launcher
+          refuses connections while its unit still reads active): look again every
           poll_interval, up to DEATH_WAIT_S, for the unit to go down. Still running -> a fatal journal
           line fails this stage with its cause; otherwise the caller reports the request's failure.
         - Nothing wrong with the unit (nothing fatal, the port answers): return, and the caller reports
@@ -525,8 +525,8 @@ class HealthGate:
     def stage_performance(self):
         params = self.params
         current = {"tokens_per_second": tokens_per_second(self.generations), "accept_length": None}
-        # Read anew: the acceptance length must include the baseline stage's requests (measured on the H200:
-        # the answer fetched for the baseline key, before them, had none yet on a fresh server).
+        # Read anew: the acceptance length must include the baseline stage's requests (the answer fetched for
+        # the baseline key, before them, has none yet on a fresh server; docs/decisions/accept-length-source.md).
         info = self.io.request("GET", "/server_info", timeout=params["request_timeout"], auth=True)
         if info["status"] != 200:
             self.check_unit("GET /server_info", describe(info))

@@ -29,7 +29,7 @@ FATAL_SIGNATURES = (
     ("libtorchcodec", "torchcodec"),
     ("Scheduler hit an exception", "scheduler_exception"),
     # SGLang's subprocess watchdog: "Subprocess scheduler_0 (pid=2373) crashed with exit code -9.
-    # Triggering SIGQUIT for cleanup..." (H200: the scheduler SIGKILLed while serving). It names the child
+    # Triggering SIGQUIT for cleanup..." (a scheduler SIGKILLed while serving). It names the child
     # and its exit code, which the "SIGQUIT received" after it does not.
     ("Triggering SIGQUIT for cleanup", "child_crashed"),
     ("Received sigquit", "self_kill"),  # launch phase
@@ -38,7 +38,7 @@ FATAL_SIGNATURES = (
 )
 
 # (substring, name), matched case-insensitively; each occurrence resets the no-progress deadline. In the
-# order a real SGLang 0.5.23 start logs them (tests/fixtures/sglang-journals/, from the H200): the
+# order a real SGLang 0.5.23 start logs them (tests/fixtures/sglang-journals/): the
 # distributed init, the weights (once per model: target, then draft), the KV cache, CUDA-graph capture (a
 # large batch range can take minutes, so its begin/end lines count; "Capture target prefill CUDA graph
 # begin", "Capture draft verify CUDA graph end", ...), the scheduler's summary, the HTTP server, the

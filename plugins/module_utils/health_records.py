@@ -20,9 +20,9 @@ import tempfile
 
 FILE_FORMAT = 2
 
-# SGLang's speculative algorithm -> the family whose greedy outputs are comparable. Measured on an H200
-# (docs/health-gate.md): DDTREE's greedy outputs equal DFLASH's (both run the multi-token verify forward),
-# while both differ from NONE's on 2 of 4 prompts (bf16 verify forward vs one-token decode). DDTREE reports
+# SGLang's speculative algorithm -> the family whose greedy outputs are comparable (docs/decisions/
+# baseline-families.md): DDTREE's greedy outputs equal DFLASH's (both run the multi-token verify forward),
+# while both may differ from NONE's (bf16 verify forward against one-token decode). DDTREE reports
 # itself as DFLASH in /server_info already (it resolves as DFLASH with tree verification); the entry keeps
 # a server that reports the name it was asked for in the same family. NEXTN is SGLang's alias of EAGLE.
 ALGORITHM_FAMILIES = {"DDTREE": "DFLASH", "NEXTN": "EAGLE"}

@@ -6,10 +6,9 @@
 
 The project's build backend (PEP 517, named in its pyproject.toml) is called in the controller's own
 Python through pyproject_hooks, the library pip and `build` call backends with, without an isolated
-build environment: no network and no per-build install of the backend. `pip wheel` did the same work
-in an environment it made and filled from the package index for every build: about 5.5 CPU-seconds
-a wheel against 0.6 (measured on the overlay, 2026-12-03), and a controller without the index could
-not build at all. The price is that the backend's own requirements must be installed beside
+build environment: no network and no per-build install of the backend (`pip wheel` makes and fills an
+environment from the package index for every build, several times slower, and needs the index;
+docs/decisions/overlay-wheel-build.md). The price is that the backend's own requirements must be installed beside
 ansible-core: unmet_requirements() names what is missing, so a build never runs with a backend the
 project does not accept.
 """

@@ -22,7 +22,7 @@ description:
   - A build holds a lock on C(<root>/.<release_id>.lock) from the check to the manifest, so a second
     build of the same release on the host waits for the first and then finds it complete, instead of
     removing the first one's files as a partial release. That second build is what a re-run meets when
-    the controller of the run before died while its module kept building on the host (issue 14).
+    the controller of the run before died while its module kept building on the host.
   - With I(state=verified), only checks the manifest and fails on any difference.
   - With O(overlay=false), builds the stack's base release instead - the stack link and the
     O(extra_wheels), nothing of the overlay, no kernels - which the services whose algorithm is not

@@ -1,4 +1,4 @@
-"""The lab runtime answers like real SGLang 0.5.23 (recorded on the H200: tests/fixtures/sglang-conformance/).
+"""The lab runtime answers like real SGLang 0.5.23 (tests/fixtures/sglang-conformance/ holds its answers).
 
 The same requests (tests/gpu_sglang/record_conformance.py, the recorder that made the fixtures) go to a
 lab DDTREE runtime; each answer is compared with the real one: status, Content-Type, JSON field names

@@ -142,7 +142,7 @@ def build_app(state: ServerState) -> Starlette:
 
     async def body(request: Request, json_only: bool = False) -> dict:
         """The request's JSON object, refused as SGLang's FastAPI layer refuses it (status, type, message
-        form as recorded on the H200: tests/fixtures/sglang-conformance/)."""
+        form as SGLang 0.5.23 answers: tests/fixtures/sglang-conformance/)."""
         if json_only and request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
             detail = ("{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' "
                       "is allowed\", 'type': 'value_error'}")

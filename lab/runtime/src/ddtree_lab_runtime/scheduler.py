@@ -107,7 +107,7 @@ class SpecMetrics:
     Only when the count of decode batches reaches a multiple of ``decode_log_interval`` (``--decode-log-interval``,
     40) is the window logged ("Decode batch, ... accept len: ...") and folded into the totals, and the
     totals are all ``/server_info``'s ``avg_spec_accept_length`` reads: a fresh server that ran fewer
-    decode batches reports none (measured on the H200, docs/evidence/gpu-sglang/gate-run3). Per request,
+    decode batches reports none (docs/decisions/accept-length-source.md). Per request,
     ``meta_info.spec_accept_length`` is there from the first verify step.
     """
 
@@ -180,7 +180,7 @@ class Scheduler:
         return self.accept_length(self.spec)
 
     def _log_decode_batch(self, window: SpecTotals, tokens: int) -> None:
-        """SGLang's line, logged every decode_log_interval decode batches (its format, measured on the H200)."""
+        """SGLang's line, logged every decode_log_interval decode batches (SGLang 0.5.23's format)."""
         msg = f"Decode batch, #running-req: 1, #token: {tokens}, token usage: 0.00, "
         if self.decoder.plan.speculative:
             msg += f"accept len: {self.accept_length(window):.2f}, accept rate: {self.accept_rate(window):.2f}, "
@@ -248,8 +248,8 @@ class Scheduler:
                 self.itl.observe((now - state["last"]) / len(tokens), len(tokens))
             state["last"] = now
             # Token by token, as SGLang checks stop strings: a speculative step accepts a block of tokens,
-            # but the output ends with the token that completed a stop string (SGLang 0.5.23 on the H200:
-            # completion_tokens 6 = five words and the stop word, not the whole accepted block).
+            # but the output ends with the token that completed a stop string (SGLang 0.5.23: completion_tokens
+            # counts the words and the stop word, not the whole accepted block).
             taken = []
             for token in tokens:
                 taken.append(token)
