@@ -161,6 +161,12 @@ services:
       served_model_name: coder
       gate: {start_timeout: 1800, no_progress_timeout: 120}
       tuned: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree, speed_floor: 112.4}
+needs_base_release:
+  description:
+    - Whether a service runs the stack's base release (its algorithm does not load the overlay), or may (a
+      service still to tune, whose DFLASH runs there).
+  returned: success
+  type: bool
 untuned:
   description: The services that declare C(speculative.autotune) and have no choice in O(tuned) yet (O(untuned=defer)), in order.
   returned: success
@@ -221,7 +227,9 @@ def main():
             gate=gate_settings(service, module.params["gate_defaults"]),
             tuned=tuning,
         ))
-    module.exit_json(changed=False, services=plan, untuned=untuned)
+    # The stack's base release: what a service without the overlay runs, and a tuned service's DFLASH.
+    needs_base_release = bool(untuned) or any(not entry["loads_overlay"] for entry in plan)
+    module.exit_json(changed=False, services=plan, untuned=untuned, needs_base_release=needs_base_release)
 
 
 def _with_tuned_choices(services, tuned, host):
