@@ -157,9 +157,9 @@ def test_a_shadow_is_gated_without_a_baseline_and_its_production_service_measure
     variables["sglang_service_actions"]["gate"] = [dict(shadow_entry, release_id="new")]
     [shadow_gate] = gate_calls("switch.yml", "Restart what changed, keep every service running, and gate what was (re)started",
                                variables)
-    variables["sglang_service_shadow_production"] = dict(coder, release_id="old", shadow="coder-shadow")
+    variables["sglang_service_production"] = dict(coder, release_id="old", shadow="coder-shadow")
     [measure] = gate_calls("shadow.yml", "Measure the production service with the gate, recording nothing: "
-                           "{{ sglang_service_shadow_production.name }}", variables)
+                           "{{ sglang_service_production.name }}", variables)
     assert (shadow_gate["name"], measure["name"], measure["release_id"]) == ("coder-shadow", "coder", "old")
     # The shadow's reference is its production service, live: a baseline of its own would keep a held candidate's outputs.
     assert "baseline_file" not in shadow_gate and measure["baseline_file"] == "/var/lib/sglang/coder/baseline.json"
