@@ -34,7 +34,11 @@ def set_fault(value):
     dropin = "/etc/systemd/system/%s.d" % UNIT
     if value:
         sh("mkdir", "-p", dropin)
-        sh("sh", "-c", "printf '[Service]\\nEnvironment=LAB_RUNTIME_FAULT=%s\\n' > %s/bench-fault.conf" % (value, dropin))
+        sh(
+            "sh",
+            "-c",
+            "printf '[Service]\\nEnvironment=LAB_RUNTIME_FAULT=%s\\n' > %s/bench-fault.conf" % (value, dropin),
+        )
     else:
         sh("rm", "-f", "%s/bench-fault.conf" % dropin)
     sh("systemctl", "daemon-reload")
@@ -42,7 +46,11 @@ def set_fault(value):
 
 
 def http_ok(path, timeout=5):
-    probe = "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:%d%s', timeout=%d)" % (PORT, path, timeout)
+    probe = "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:%d%s', timeout=%d)" % (
+        PORT,
+        path,
+        timeout,
+    )
     return sh("python3", "-c", probe, check=False).returncode == 0
 
 
@@ -57,12 +65,26 @@ def naive_gate(start, verdict):
 
 
 def our_gate(since):
-    args = json.dumps({"name": "coder", "port": PORT, "model": "qwen3-coder", "since": since, "poll_interval": 1,
-                       "baseline_file": "/var/lib/sglang/coder/baseline.json", "record_baseline": False,
-                       "metrics_file": "/var/lib/sglang/coder/metrics.json"})
+    args = json.dumps(
+        {
+            "name": "coder",
+            "port": PORT,
+            "model": "qwen3-coder",
+            "since": since,
+            "poll_interval": 1,
+            "baseline_file": "/var/lib/sglang/coder/baseline.json",
+            "record_baseline": False,
+            "metrics_file": "/var/lib/sglang/coder/metrics.json",
+        }
+    )
     ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
-    out = subprocess.run([ansible, HOST, "-i", "inventories/lab/hosts.yml", "-m", "ddtree.sglang.sglang_health", "-a", args,
-                          "-o"], capture_output=True, text=True, check=False, cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [ansible, HOST, "-i", "inventories/lab/hosts.yml", "-m", "ddtree.sglang.sglang_health", "-a", args, "-o"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     text = out.stdout.split("=>", 1)[-1].strip()
     try:
         return json.loads(text)
@@ -88,13 +110,22 @@ def measure(name, fault):
     while not http_ok("/health", timeout=30):
         time.sleep(0.5)
     serving = time.monotonic() - back
-    return {"fault": name, "detected": detected, "stage": "PASSED (missed)" if result.get("passed") else result.get("failed_stage"),
-            "serving_again": serving, "naive": naive.get("result", "?"), "naive_seconds": naive.get("seconds", 0.0)}
+    return {
+        "fault": name,
+        "detected": detected,
+        "stage": "PASSED (missed)" if result.get("passed") else result.get("failed_stage"),
+        "serving_again": serving,
+        "naive": naive.get("result", "?"),
+        "naive_seconds": naive.get("seconds", 0.0),
+    }
 
 
 def main(selected):
     rows = [measure(name, FAULTS[name]) for name in (selected or FAULTS)]
-    print("%-22s %-16s %10s %12s  %-32s %s" % ("fault", "gate stage", "detect s", "serving s", "naive /v1/models gate", "ratio"))
+    print(
+        "%-22s %-16s %10s %12s  %-32s %s"
+        % ("fault", "gate stage", "detect s", "serving s", "naive /v1/models gate", "ratio")
+    )
     for row in rows:
         if row["naive"] == "healthy":
             naive = "false pass at %.1f s (never detects)" % row["naive_seconds"]
@@ -102,7 +133,10 @@ def main(selected):
         else:
             naive = "no verdict in %.0f s (waits to %.0f s)" % (NAIVE_WATCH, NAIVE_LIMIT)
             ratio = "%.0fx faster" % (NAIVE_LIMIT / row["detected"])
-        print("%-22s %-16s %10.1f %12.1f  %-32s %s" % (row["fault"], row["stage"], row["detected"], row["serving_again"], naive, ratio))
+        print(
+            "%-22s %-16s %10.1f %12.1f  %-32s %s"
+            % (row["fault"], row["stage"], row["detected"], row["serving_again"], naive, ratio)
+        )
 
 
 if __name__ == "__main__":

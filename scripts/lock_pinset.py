@@ -12,7 +12,12 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections"))
-from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import expect_lock_problems, lock_name, lock_pins, wheel_platforms  # noqa: E402
+from ansible_collections.ddtree.sglang.plugins.module_utils.pinset import (
+    expect_lock_problems,
+    lock_name,
+    lock_pins,
+    wheel_platforms,
+)  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pinset_env  # noqa: E402
@@ -29,9 +34,28 @@ def resolve(requirements, python, glibc, no_deps, extra_args, interpreter):
         req = Path(tmp, "req.txt")
         req.write_text("\n".join(requirements) + "\n")
         report = Path(tmp, "report.json")
-        cmd = [sys.executable, "-m", "pip", "--python", interpreter, "install", "--dry-run", "--ignore-installed", "--quiet",
-               "--report", str(report), "--only-binary=:all:", "--python-version", python,
-               "--implementation", "cp", "--target", str(Path(tmp, "target")), "-r", str(req)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            interpreter,
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            "--only-binary=:all:",
+            "--python-version",
+            python,
+            "--implementation",
+            "cp",
+            "--target",
+            str(Path(tmp, "target")),
+            "-r",
+            str(req),
+        ]
         for platform in wheel_platforms(glibc):
             cmd += ["--platform", platform]
         if no_deps:
@@ -58,7 +82,10 @@ def verify(candidate, spec, python, interpreter):
     wheels = pinset_env.wheelhouse(candidate, python, spec["glibc"], spec["name"])
     venv = pinset_env.stack_venv(candidate, interpreter, wheels, spec["name"])
     if spec.get("install_without_dependencies"):
-        print("pip check skipped: %s installed without dependencies (as the role does)" % ", ".join(spec["install_without_dependencies"]))
+        print(
+            "pip check skipped: %s installed without dependencies (as the role does)"
+            % ", ".join(spec["install_without_dependencies"])
+        )
     else:
         passed, output = pinset_env.pip_check(venv)
         print("pip check (Python %s, %s):\n%s" % (python, venv, output))
@@ -71,8 +98,11 @@ def main(pinset_dir, python):
     pinset_dir = Path(pinset_dir)
     interpreter = pinset_env.find_python(python)
     spec = yaml.safe_load((pinset_dir / "pinset.yml").read_text())
-    lines = [line.strip() for line in (pinset_dir / "requirements.in").read_text().splitlines()
-             if line.strip() and not line.strip().startswith("#")]
+    lines = [
+        line.strip()
+        for line in (pinset_dir / "requirements.in").read_text().splitlines()
+        if line.strip() and not line.strip().startswith("#")
+    ]
     no_deps = set(spec.get("install_without_dependencies", []))
     extra = []
     for url in spec.get("lock_extra_index_urls", []):
@@ -86,12 +116,17 @@ def main(pinset_dir, python):
                 locked[name.lower()] = (name, version, sha)
     out = pinset_dir / lock_name(python)
     header = [
-        "# Pin set %s for CPython %s on x86_64 Linux with glibc >= %s, locked by scripts/lock-pinset from requirements.in." % (
-            spec["name"], python, spec["glibc"]),
+        "# Pin set %s for CPython %s on x86_64 Linux with glibc >= %s, locked by scripts/lock-pinset from "
+        "requirements.in." % (spec["name"], python, spec["glibc"]),
         "# Install with: pip install --require-hashes --no-deps --only-binary=:all: -r %s" % out.name,
-        "# %s" % ", ".join(sorted(no_deps)) + " resolved without their dependencies (see pinset.yml)." if no_deps else "#",
+        "# %s" % ", ".join(sorted(no_deps)) + " resolved without their dependencies (see pinset.yml)."
+        if no_deps
+        else "#",
     ]
-    body = ["%s==%s \\\n    --hash=sha256:%s" % (name, version, sha) for name, version, sha in sorted(locked.values(), key=lambda v: v[0].lower())]
+    body = [
+        "%s==%s \\\n    --hash=sha256:%s" % (name, version, sha)
+        for name, version, sha in sorted(locked.values(), key=lambda v: v[0].lower())
+    ]
     text = "\n".join(header + body) + "\n"
     with tempfile.TemporaryDirectory() as tmp:
         candidate = Path(tmp, out.name)
@@ -101,8 +136,10 @@ def main(pinset_dir, python):
         except RuntimeError as error:
             problems = [str(error)]
     if problems:
-        sys.exit("%s NOT written; the resolved lock:\n- %s\nFix requirements.in (a constraint) or pinset.yml and lock again."
-                 % (out, "\n- ".join(problems)))
+        sys.exit(
+            "%s NOT written; the resolved lock:\n- %s\nFix requirements.in (a constraint) or pinset.yml and lock again."
+            % (out, "\n- ".join(problems))
+        )
     out.write_text(text)
     print("%s: %d packages, installed and checked with %s" % (out, len(locked), interpreter))
 

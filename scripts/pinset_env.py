@@ -46,6 +46,7 @@ def cache_root() -> Path:
     """$DDTREE_CACHE/pinsets (the cache folder's rule lives once, in plugin_utils/cache.py)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "collections"))
     from ansible_collections.ddtree.sglang.plugins.plugin_utils.cache import cache_dir  # pylint: disable=import-outside-toplevel
+
     return Path(cache_dir("pinsets"))
 
 
@@ -61,9 +62,19 @@ def run(command: list[str], what: str, env: dict | None = None) -> str:
 def interpreter_version(python: str) -> str | None:
     """'3.11.2' when python runs, can make venvs and is not itself in a venv (a host's python never is), else None."""
     try:
-        done = subprocess.run([python, "-c", "import ensurepip, sys, venv; assert sys.prefix == sys.base_prefix; "
-                                             "print('%d.%d.%d' % sys.version_info[:3])"],
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=60, check=False)
+        done = subprocess.run(
+            [
+                python,
+                "-c",
+                "import ensurepip, sys, venv; assert sys.prefix == sys.base_prefix; "
+                "print('%d.%d.%d' % sys.version_info[:3])",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            timeout=60,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -78,15 +89,20 @@ def find_python(version: str) -> str:
         if directory and "shims" not in Path(directory).parts:
             candidates.append(os.path.join(directory, "python%s" % version))
     pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
-    patches = sorted(pyenv.glob("%s.*" % version), key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)], reverse=True)
+    patches = sorted(
+        pyenv.glob("%s.*" % version), key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)], reverse=True
+    )
     candidates += [str(path / "bin" / ("python%s" % version)) for path in patches]
     for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK):
             found = interpreter_version(candidate)
             if found and found.rsplit(".", 1)[0] == version:
                 return candidate
-    raise RuntimeError("no Python %s that can make venvs found (looked at DDTREE_PYTHON_%s, python%s on PATH, %s/%s.*); "
-                       "install it or set DDTREE_PYTHON_%s=/path/to/python%s" % (version, short, version, pyenv, version, short, version))
+    raise RuntimeError(
+        "no Python %s that can make venvs found (looked at DDTREE_PYTHON_%s, python%s on PATH, %s/%s.*); "
+        "install it or set DDTREE_PYTHON_%s=/path/to/python%s"
+        % (version, short, version, pyenv, version, short, version)
+    )
 
 
 def file_sha256(path: Path) -> str:
@@ -158,7 +174,7 @@ def wheel_pin(filename: str) -> tuple[str, str]:
 def wheel_fits_python(filename: str, python: str) -> bool:
     """Whether CPython `python` ('3.12') accepts a wheel's Python tag, as pip does: py3, py3X or cp3X-abi3
     with X <= 12, cp312."""
-    python_tags, abi_tags = filename[:-len(".whl")].split("-")[-3:-1]
+    python_tags, abi_tags = filename[: -len(".whl")].split("-")[-3:-1]
     target = int(python.split(".")[1])
     for tag in python_tags.split("."):
         match = re.fullmatch(r"(py|cp)3(\d*)", tag)
@@ -167,7 +183,11 @@ def wheel_fits_python(filename: str, python: str) -> bool:
         minor = int(match.group(2)) if match.group(2) else None
         if match.group(1) == "py" and (minor is None or minor <= target):
             return True
-        if match.group(1) == "cp" and minor is not None and (minor == target or ("abi3" in abi_tags.split(".") and minor <= target)):
+        if (
+            match.group(1) == "cp"
+            and minor is not None
+            and (minor == target or ("abi3" in abi_tags.split(".") and minor <= target))
+        ):
             return True
     return False
 
@@ -203,11 +223,16 @@ def wheelhouse(lock: Path, python: str, glibc: str, label: str) -> Path:
             dest.mkdir(parents=True, exist_ok=True)
             seeded = seed_from_siblings(dest, pins, python)
             start = time.time()
-            log("downloading %d wheels of %s for Python %s into %s (%d already here from other wheelhouses)"
-                % (len(pins), lock, python, dest, seeded))
+            log(
+                "downloading %d wheels of %s for Python %s into %s (%d already here from other wheelhouses)"
+                % (len(pins), lock, python, dest, seeded)
+            )
             run(download_command(sys.executable, str(lock), str(dest), python, glibc), "pip download of %s" % lock)
             size = sum(path.stat().st_size for path in dest.glob("*.whl"))
-            log("wheelhouse %s: %d wheels, %.2f GB, %.0f s" % (dest.name, len(list(dest.glob("*.whl"))), size / 1e9, time.time() - start))
+            log(
+                "wheelhouse %s: %d wheels, %.2f GB, %.0f s"
+                % (dest.name, len(list(dest.glob("*.whl"))), size / 1e9, time.time() - start)
+            )
             (dest / ".complete").write_text(str(lock) + "\n")
         touch_and_prune(dest)
     return dest
@@ -215,13 +240,18 @@ def wheelhouse(lock: Path, python: str, glibc: str, label: str) -> Path:
 
 def install_recipe() -> list[str]:
     """The role's steps with placeholders: part of the venv cache key, so a changed recipe rebuilds."""
-    return [["PYTHON", "-m", "venv", "STACK"], install_command("STACK/bin/python", "STACK/ddtree-stack.lock", wheelhouse="WHEELHOUSE")]
+    return [
+        ["PYTHON", "-m", "venv", "STACK"],
+        install_command("STACK/bin/python", "STACK/ddtree-stack.lock", wheelhouse="WHEELHOUSE"),
+    ]
 
 
 def stack_venv(lock: Path, interpreter: str, wheels: Path, label: str) -> Path:
     """A venv holding exactly the lock, installed as roles/sglang_stack/tasks/build.yml installs it; cached."""
     version = interpreter_version(interpreter)
-    key = hashlib.sha256(json.dumps([file_sha256(lock), os.path.realpath(interpreter), version, install_recipe()]).encode()).hexdigest()
+    key = hashlib.sha256(
+        json.dumps([file_sha256(lock), os.path.realpath(interpreter), version, install_recipe()]).encode()
+    ).hexdigest()
     venv = cache_root() / "venv" / ("%s-py%s-%s" % (label, version.replace(".", "")[:3], key[:16]))
     with Locked(venv):
         if not (venv / ".complete").exists():
@@ -233,8 +263,10 @@ def stack_venv(lock: Path, interpreter: str, wheels: Path, label: str) -> Path:
             log("installing %s with %s (Python %s) into %s" % (lock, interpreter, version, venv))
             run([interpreter, "-m", "venv", str(venv)], "creating the venv %s" % venv)
             shutil.copyfile(lock, venv / "ddtree-stack.lock")
-            run(install_command(str(venv / "bin" / "python"), str(venv / "ddtree-stack.lock"), wheelhouse=str(wheels)),
-                "installing %s offline from %s" % (lock, wheels))
+            run(
+                install_command(str(venv / "bin" / "python"), str(venv / "ddtree-stack.lock"), wheelhouse=str(wheels)),
+                "installing %s offline from %s" % (lock, wheels),
+            )
             # The marker is written last, so a half-built venv is never reused. (The role also makes the
             # stack read-only; the checks here run with PYTHONDONTWRITEBYTECODE=1 and write nothing.)
             (venv / ".complete").write_text("%s\n%s\n" % (lock, interpreter))
@@ -242,16 +274,24 @@ def stack_venv(lock: Path, interpreter: str, wheels: Path, label: str) -> Path:
         # The role's completion marker too: the recorded checks record nothing for a stack without one. (Also
         # for a venv cached before this marker was written here.)
         from ansible_collections.ddtree.sglang.plugins.module_utils.layout import STACK_MARKER  # pylint: disable=import-outside-toplevel
+
         marker = venv / STACK_MARKER
         if not marker.exists():
-            marker.write_text(json.dumps({"lock": lock.name, "lock_sha256": file_sha256(lock), "interpreter": interpreter}) + "\n")
+            marker.write_text(
+                json.dumps({"lock": lock.name, "lock_sha256": file_sha256(lock), "interpreter": interpreter}) + "\n"
+            )
         touch_and_prune(venv)
     return venv
 
 
 def pip_check(venv: Path) -> tuple[bool, str]:
     """The role's `pip check`: (passed, its output)."""
-    done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "check", "--disable-pip-version-check"],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1"), check=False)
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "check", "--disable-pip-version-check"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONNOUSERSITE="1"),
+        check=False,
+    )
     return done.returncode == 0, done.stdout.strip()

@@ -62,31 +62,57 @@ def default_workdir():
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        prog="scripts/rollout", description=__doc__.split("\n\n", maxsplit=1)[0],
-        epilog="Arguments after -- go to ansible-playbook unchanged (vault, -e, -v, ...).")
-    parser.add_argument("--revision", required=True, help="commit, tag or branch to roll out (a branch means its tip on --repo)")
-    parser.add_argument("--repo", default=REPO_ROOT, help="Git URL or path of the fleet repository (default: this checkout's)")
-    parser.add_argument("--inventory", default="inventories/lab/hosts.yml",
-                        help="inventory, relative to the repository (default: %(default)s)")
+        prog="scripts/rollout",
+        description=__doc__.split("\n\n", maxsplit=1)[0],
+        epilog="Arguments after -- go to ansible-playbook unchanged (vault, -e, -v, ...).",
+    )
+    parser.add_argument(
+        "--revision", required=True, help="commit, tag or branch to roll out (a branch means its tip on --repo)"
+    )
+    parser.add_argument(
+        "--repo", default=REPO_ROOT, help="Git URL or path of the fleet repository (default: this checkout's)"
+    )
+    parser.add_argument(
+        "--inventory",
+        default="inventories/lab/hosts.yml",
+        help="inventory, relative to the repository (default: %(default)s)",
+    )
     parser.add_argument("--limit", help="hosts or groups to roll out to (ansible-playbook --limit)")
-    parser.add_argument("--report-dir", help="where plan.{json,md} and rollout.{json,md} go (default: <workdir>/reports/<commit>)")
-    parser.add_argument("--workdir", default=os.environ.get("DDTREE_ROLLOUT_WORKDIR") or default_workdir(),
-                        help="mirror and worktrees (default: $DDTREE_ROLLOUT_WORKDIR or %(default)s)")
+    parser.add_argument(
+        "--report-dir", help="where plan.{json,md} and rollout.{json,md} go (default: <workdir>/reports/<commit>)"
+    )
+    parser.add_argument(
+        "--workdir",
+        default=os.environ.get("DDTREE_ROLLOUT_WORKDIR") or default_workdir(),
+        help="mirror and worktrees (default: $DDTREE_ROLLOUT_WORKDIR or %(default)s)",
+    )
     parser.add_argument("--plan-only", action="store_true", help="stop after the plan (for pull requests)")
     parser.add_argument("--skip-plan", action="store_true", help="roll out without the check-mode plan first")
-    parser.add_argument("--lock-timeout", type=float, default=float(os.environ.get("DDTREE_ROLLOUT_LOCK_TIMEOUT", 3600)),
-                        help="seconds to wait for a rollout in progress on any of the same hosts; 0 refuses at once (default: %(default)s)")
-    parser.add_argument("--trigger", default=os.environ.get("DDTREE_ROLLOUT_TRIGGER", "manual"),
-                        help="what started this, for the report (default: $DDTREE_ROLLOUT_TRIGGER or 'manual')")
+    parser.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=float(os.environ.get("DDTREE_ROLLOUT_LOCK_TIMEOUT", 3600)),
+        help="seconds to wait for a rollout in progress on any of the same hosts; 0 refuses at once (default: "
+        "%(default)s)",
+    )
+    parser.add_argument(
+        "--trigger",
+        default=os.environ.get("DDTREE_ROLLOUT_TRIGGER", "manual"),
+        help="what started this, for the report (default: $DDTREE_ROLLOUT_TRIGGER or 'manual')",
+    )
     parser.add_argument("playbook_args", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.plan_only and args.skip_plan:
         parser.error("--plan-only and --skip-plan contradict each other: pick one")
     if args.lock_timeout < 0:
-        parser.error("--lock-timeout %s is negative: use 0 to refuse at once, or the seconds to wait" % args.lock_timeout)
+        parser.error(
+            "--lock-timeout %s is negative: use 0 to refuse at once, or the seconds to wait" % args.lock_timeout
+        )
     if os.path.isabs(args.inventory) or ".." in args.inventory.split(os.sep):
-        parser.error("--inventory %s must be a path inside the repository (the inventory is versioned with the rollout)"
-                     % args.inventory)
+        parser.error(
+            "--inventory %s must be a path inside the repository (the inventory is versioned with the rollout)"
+            % args.inventory
+        )
     return args
 
 
@@ -139,8 +165,11 @@ def checkout(repo, revision, workdir):
 def prune_worktrees(mirror, workdir, keep_commit):
     """Remove all but the newest worktrees; never one a rollout is using (it holds a shared lock on it)."""
     trees_root = os.path.join(workdir, "trees")
-    trees = sorted((path for path in (os.path.join(trees_root, name) for name in os.listdir(trees_root)) if os.path.isdir(path)),
-                   key=os.path.getmtime, reverse=True)
+    trees = sorted(
+        (path for path in (os.path.join(trees_root, name) for name in os.listdir(trees_root)) if os.path.isdir(path)),
+        key=os.path.getmtime,
+        reverse=True,
+    )
     for tree in trees[KEEP_WORKTREES:]:
         if os.path.basename(tree) == keep_commit:
             continue
@@ -160,8 +189,13 @@ def run_playbook(tree, args, commit, report_dir, check):
     if check:
         command += ["--check", "--diff"]
     command += args.playbook_args
-    env = dict(os.environ, DDTREE_ROLLOUT_REPORT_DIR=report_dir, DDTREE_ROLLOUT_REVISION=commit,
-               DDTREE_ROLLOUT_TRIGGER=args.trigger, DDTREE_ROLLOUT_LOCK_TIMEOUT="%g" % args.lock_timeout)
+    env = dict(
+        os.environ,
+        DDTREE_ROLLOUT_REPORT_DIR=report_dir,
+        DDTREE_ROLLOUT_REVISION=commit,
+        DDTREE_ROLLOUT_TRIGGER=args.trigger,
+        DDTREE_ROLLOUT_LOCK_TIMEOUT="%g" % args.lock_timeout,
+    )
     env.pop("DDTREE_ROLLOUT_REPORT", None)
     log("%s: %s" % ("plan" if check else "rollout", " ".join(command)))
     code = subprocess.call(command, cwd=tree, env=env)
@@ -191,7 +225,10 @@ def resume_command(argv, commit):
         if arg.startswith("--revision="):
             continue
         args.append(arg)
-    return "cd %s && %s" % (shlex.quote(REPO_ROOT), " ".join(shlex.quote(arg) for arg in ["scripts/rollout", "--revision", commit] + args))
+    return "cd %s && %s" % (
+        shlex.quote(REPO_ROOT),
+        " ".join(shlex.quote(arg) for arg in ["scripts/rollout", "--revision", commit] + args),
+    )
 
 
 def main(argv):

@@ -23,7 +23,9 @@ def summarize(rows, top, key=cpu):
     order = 1 if key is cpu else 0
     slowest = sorted(by_task.items(), key=lambda item: -item[1][order])[:top]
     lines = ["%8s %8s %5s  %s" % ("wall s", "CPU s", "runs", "play / task")]
-    lines += ["%8.1f %8.1f %5d  %s / %s" % (wall, used, runs, play, task) for (play, task), (wall, used, runs) in slowest]
+    lines += [
+        "%8.1f %8.1f %5d  %s / %s" % (wall, used, runs, play, task) for (play, task), (wall, used, runs) in slowest
+    ]
     return lines
 
 
@@ -36,8 +38,10 @@ def main(argv):
         return 0
     if rows:
         span = max(r["started"] + r["seconds"] for r in rows) - min(r["started"] for r in rows)
-        print("costliest tasks by CPU (%d task runs over %.0f s, %.0f CPU s; %s):" % (
-            len(rows), span, sum(cpu(r) for r in rows), path))
+        print(
+            "costliest tasks by CPU (%d task runs over %.0f s, %.0f CPU s; %s):"
+            % (len(rows), span, sum(cpu(r) for r in rows), path)
+        )
         print("\n".join(summarize(rows, top)))
     return 0
 

@@ -78,7 +78,11 @@ class CallbackModule(CallbackBase):
             return
         try:
             roots = [os.path.join(path, "ansible_collections") for path in C.COLLECTIONS_PATHS]
-            roots += [os.path.join(path, "ansible_collections") for path in sys.path if os.path.isdir(os.path.join(path, "ansible_collections"))]
+            roots += [
+                os.path.join(path, "ansible_collections")
+                for path in sys.path
+                if os.path.isdir(os.path.join(path, "ansible_collections"))
+            ]
             shared = os.path.join(base, content_key(roots))
             os.makedirs(shared, exist_ok=True)
             os.utime(shared)  # the folder's time is its last use (scripts/test prunes unused ones)

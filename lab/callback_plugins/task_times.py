@@ -72,13 +72,27 @@ class CallbackModule(CallbackBase):
         if not (self._path and self._lab_id):
             return
         try:
-            out = subprocess.run(["podman", "ps", "--no-trunc", "--format", "{{.ID}} {{.Names}}",
-                                  "--filter", "name=^%s-" % self._lab_id],
-                                 capture_output=True, text=True, timeout=30, check=False).stdout
+            out = subprocess.run(
+                [
+                    "podman",
+                    "ps",
+                    "--no-trunc",
+                    "--format",
+                    "{{.ID}} {{.Names}}",
+                    "--filter",
+                    "name=^%s-" % self._lab_id,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            ).stdout
         except (OSError, subprocess.SubprocessError):
             return
         prefix = self._lab_id + "-"
-        self._containers = {name[len(prefix):]: cid for cid, name in (line.split(None, 1) for line in out.splitlines() if " " in line)}
+        self._containers = {
+            name[len(prefix) :]: cid for cid, name in (line.split(None, 1) for line in out.splitlines() if " " in line)
+        }
 
     def _cpu_now(self):
         hosts = {}
@@ -93,12 +107,21 @@ class CallbackModule(CallbackBase):
             return
         controller, hosts = self._cpu_now()
         controller_before, hosts_before = self._cpu_before
-        row = {"play": self._play, "task": self._task.get_name(), "path": self._task.get_path() or "",
-               "started": round(self._started, 3), "seconds": round(time.time() - self._started, 3),
-               "cpu_controller": round(controller - controller_before, 3),
-               "cpu_hosts": {host: round(used - hosts_before[host], 3) for host, used in hosts.items()
-                             if host in hosts_before and host in self._hosts},
-               "hosts": sorted(self._hosts), "pid": os.getpid()}
+        row = {
+            "play": self._play,
+            "task": self._task.get_name(),
+            "path": self._task.get_path() or "",
+            "started": round(self._started, 3),
+            "seconds": round(time.time() - self._started, 3),
+            "cpu_controller": round(controller - controller_before, 3),
+            "cpu_hosts": {
+                host: round(used - hosts_before[host], 3)
+                for host, used in hosts.items()
+                if host in hosts_before and host in self._hosts
+            },
+            "hosts": sorted(self._hosts),
+            "pid": os.getpid(),
+        }
         with open(self._path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(row) + "\n")
         self._task = None

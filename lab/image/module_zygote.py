@@ -39,7 +39,10 @@ STARTUP_ENVIRONMENT = ("LANG", "LC_ALL", "LC_CTYPE")
 HEADER = struct.Struct("!I")
 # The stubs AnsiballZ writes for these two packages (ansible.executor.module_common.recursive_finder): a
 # payload carries these, not the controller's files.
-ANSIBLE_STUB = 'from pkgutil import extend_path\n__path__=extend_path(__path__,__name__)\n__version__="{version}"\n__author__="{author}"\n'
+ANSIBLE_STUB = (
+    "from pkgutil import extend_path\n__path__=extend_path(__path__,__name__)\n"
+    '__version__="{version}"\n__author__="{author}"\n'
+)
 MODULE_UTILS_STUB = "from pkgutil import extend_path\n__path__=extend_path(__path__,__name__)\n"
 
 
@@ -76,7 +79,9 @@ def make_preload(path):
     source = os.path.dirname(ansible.module_utils.__file__)
     partial = "%s.%d.tmp" % (path, os.getpid())
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-        archive.writestr("ansible/__init__.py", ANSIBLE_STUB.format(version=ansible.__version__, author=ansible.__author__))
+        archive.writestr(
+            "ansible/__init__.py", ANSIBLE_STUB.format(version=ansible.__version__, author=ansible.__author__)
+        )
         archive.writestr("ansible/module_utils/__init__.py", MODULE_UTILS_STUB)
         for folder, folders, files in os.walk(source):
             folders[:] = sorted(name for name in folders if name != "__pycache__")
@@ -122,6 +127,7 @@ class Zygote:
         import tempfile  # noqa: F401
         import threading  # noqa: F401
         import traceback  # noqa: F401
+
         _loader.run_module = _checked_run_module(_loader.run_module)
         return index
 
@@ -160,7 +166,9 @@ class Zygote:
         fds = []
         try:
             connection.settimeout(10)
-            _pid, uid, _gid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+            _pid, uid, _gid = struct.unpack(
+                "3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            )
             if uid != os.getuid():  # the socket is root's alone (0600): no other user reaches this
                 raise ValueError("a client of uid %d" % uid)
             request, fds = self._receive(connection)
@@ -193,7 +201,7 @@ class Zygote:
                 raise ValueError("the client went away mid-request")
             message += more
         # marshal, not json: the client imports only built-in modules; the peer is root (checked above).
-        request = marshal.loads(message[HEADER.size:HEADER.size + HEADER.unpack_from(message)[0]])
+        request = marshal.loads(message[HEADER.size : HEADER.size + HEADER.unpack_from(message)[0]])
         if len(fds) != 3:
             raise ValueError("expected the client's three standard streams, got %d descriptors" % len(fds))
         return request, fds
@@ -201,8 +209,11 @@ class Zygote:
     def _refusal(self, request):
         """Why this run must start a fresh interpreter, or None."""
         wanted = startup_variables(request["environment"])
-        changed = sorted(name for name in set(wanted) | set(self.startup_environment)
-                         if wanted.get(name) != self.startup_environment.get(name))
+        changed = sorted(
+            name
+            for name in set(wanted) | set(self.startup_environment)
+            if wanted.get(name) != self.startup_environment.get(name)
+        )
         if changed:
             return "the run sets %s differently from the server" % ", ".join(changed)
         return None
@@ -282,8 +293,9 @@ class Zygote:
         for fd, old in ((0, sys.stdin), (1, sys.stdout), (2, sys.stderr)):
             raw = io.FileIO(fd, "rb" if fd == 0 else "wb", closefd=False)
             buffered = io.BufferedReader(raw) if fd == 0 else io.BufferedWriter(raw)
-            streams.append(io.TextIOWrapper(buffered, encoding=old.encoding, errors=old.errors,
-                                            line_buffering=old.line_buffering))
+            streams.append(
+                io.TextIOWrapper(buffered, encoding=old.encoding, errors=old.errors, line_buffering=old.line_buffering)
+            )
         sys.stdin, sys.stdout, sys.stderr = streams
         sys.__stdin__, sys.__stdout__, sys.__stderr__ = streams
 

@@ -50,13 +50,19 @@ def main():
         zygote.connect(os.environ.get("DDTREE_LAB_MODULE_ZYGOTE", SOCKET))
     except OSError:
         fresh_interpreter()
-    request = marshal.dumps({
-        "argv": argv,
-        "cwd": os.getcwd(),
-        "environment": dict(os.environ),
-        "umask": os.umask(os.umask(0o022)),
-        "rlimits": {name: resource.getrlimit(getattr(resource, name)) for name in dir(resource) if name.startswith("RLIMIT_")},
-    })
+    request = marshal.dumps(
+        {
+            "argv": argv,
+            "cwd": os.getcwd(),
+            "environment": dict(os.environ),
+            "umask": os.umask(os.umask(0o022)),
+            "rlimits": {
+                name: resource.getrlimit(getattr(resource, name))
+                for name in dir(resource)
+                if name.startswith("RLIMIT_")
+            },
+        }
+    )
     streams = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))  # C ints, as SCM_RIGHTS wants them
     zygote.sendmsg([len(request).to_bytes(4, "big") + request], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, streams)])
     replies = Replies(zygote)

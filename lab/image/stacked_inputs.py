@@ -11,9 +11,17 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ROOTS = ["roles/cuda_stack", "roles/sglang_stack", "playbooks/stacks.yml", "inventories/lab",
-         "inventories/example/group_vars", "lab/up.yml", "lab/nvidia-smi", "lab/image/build-stacked",
-         "lab/image/stacked_inputs.py"]
+ROOTS = [
+    "roles/cuda_stack",
+    "roles/sglang_stack",
+    "playbooks/stacks.yml",
+    "inventories/lab",
+    "inventories/example/group_vars",
+    "lab/up.yml",
+    "lab/nvidia-smi",
+    "lab/image/build-stacked",
+    "lab/image/stacked_inputs.py",
+]
 PLUGIN_TYPES = ["modules", "action", "lookup", "filter", "test", "callback"]
 NAMED = re.compile(r"\bddtree\.sglang\.([a-z_][a-z0-9_]*)")
 IMPORTED = re.compile(r"ansible_collections\.ddtree\.sglang\.plugins\.(module_utils|plugin_utils)\.([a-z_][a-z0-9_]*)")
@@ -27,8 +35,11 @@ def files_under(path):
 
 def plugin_files(name):
     """The collection's plugins called `name` (a module and its action plugin share a name)."""
-    return [REPO / "plugins" / kind / (name + ".py") for kind in PLUGIN_TYPES
-            if (REPO / "plugins" / kind / (name + ".py")).is_file()]
+    return [
+        REPO / "plugins" / kind / (name + ".py")
+        for kind in PLUGIN_TYPES
+        if (REPO / "plugins" / kind / (name + ".py")).is_file()
+    ]
 
 
 def inputs():

@@ -16,8 +16,7 @@ from ansible.plugins.action import ActionBase
 from ansible.utils.display import Display
 
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.cache import cache_dir
-from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_lock import (
-    LockError, acquire, describe_holder)
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_lock import LockError, acquire, describe_holder
 
 display = Display()
 
@@ -62,23 +61,39 @@ class ActionModule(ActionBase):
         }
 
         def on_wait(path, holder):
-            display.display("rollout lock: %s is held by %s; waiting up to %d s"
-                            % (keys.get(os.path.basename(path)[:-5], os.path.basename(path)), describe_holder(holder),
-                               args["timeout"]))
+            display.display(
+                "rollout lock: %s is held by %s; waiting up to %d s"
+                % (
+                    keys.get(os.path.basename(path)[:-5], os.path.basename(path)),
+                    describe_holder(holder),
+                    args["timeout"],
+                )
+            )
 
         try:
             outcome = acquire(lock_dir, list(keys), owner, playbook_pid, args["timeout"], on_wait=on_wait)
         except LockError as error:
-            raise AnsibleActionFail("rollout lock: %s" % error)
+            raise AnsibleActionFail("rollout lock: %s" % error) from None
         result.update(changed=False, lock_dir=lock_dir, waited_s=outcome["waited_s"], owner=owner)
         if outcome["acquired"]:
             result.update(locked=sorted(args["hosts"]), msg="locked %d host(s) for this run" % len(args["hosts"]))
             return result
         holder = outcome["holder"] or {}
-        result.update(failed=True, refused=True, holder=holder, msg=(
-            "another rollout holds the lock for %s: %s. It was not interrupted. %s"
-            % (", ".join(sorted(set(holder.get("hosts") or [])) or os.path.basename(outcome["path"])), describe_holder(holder),
-               "Waited %.0f s; raise the wait with -e ddtree_rollout_lock_timeout=SECONDS or try again when it is done."
-               % outcome["waited_s"] if args["timeout"] else
-               "Refused at once (timeout 0); wait for it, or run with -e ddtree_rollout_lock_timeout=SECONDS to queue.")))
+        result.update(
+            failed=True,
+            refused=True,
+            holder=holder,
+            msg=(
+                "another rollout holds the lock for %s: %s. It was not interrupted. %s"
+                % (
+                    ", ".join(sorted(set(holder.get("hosts") or [])) or os.path.basename(outcome["path"])),
+                    describe_holder(holder),
+                    "Waited %.0f s; raise the wait with -e ddtree_rollout_lock_timeout=SECONDS or try again when it is "
+                    "done." % outcome["waited_s"]
+                    if args["timeout"]
+                    else "Refused at once (timeout 0); wait for it, or run with -e ddtree_rollout_lock_timeout=SECONDS "
+                    "to queue.",
+                )
+            ),
+        )
         return result

@@ -65,7 +65,11 @@ from ansible import context
 from ansible.plugins.callback import CallbackBase
 
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report import (
-    build_report, gate_kind, render_markdown, summary_lines)
+    build_report,
+    gate_kind,
+    render_markdown,
+    summary_lines,
+)
 
 # Module results that tell the report what happened, by the task's resolved action.
 ACTIONS = {
@@ -146,7 +150,9 @@ class CallbackModule(CallbackBase):
     def _host(self, result):
         """The host a result is about: the delegated one when a task ran on a targeted host for another (a bake)."""
         # An unreachable result carries no _ansible_delegated_vars; its task holds delegate_to, templated.
-        delegated = (result._result.get("_ansible_delegated_vars") or {}).get("ansible_delegated_host") or result._task.delegate_to
+        delegated = (result._result.get("_ansible_delegated_vars") or {}).get(
+            "ansible_delegated_host"
+        ) or result._task.delegate_to
         return delegated if delegated in self.targeted else result._host.get_name()
 
     def _record(self, result, item=None):
@@ -161,17 +167,31 @@ class CallbackModule(CallbackBase):
             kind = gate_kind(_event(task))
         if kind and "results" not in data:
             self.active = True
-            self.events.append({"host": host, "kind": kind, "task": task.get_name(), "service": data.get("service"),
-                                "rollback": kind == "link" and data.get("state") == "previous", "result": data})
+            self.events.append(
+                {
+                    "host": host,
+                    "kind": kind,
+                    "task": task.get_name(),
+                    "service": data.get("service"),
+                    "rollback": kind == "link" and data.get("state") == "previous",
+                    "result": data,
+                }
+            )
         if data.get("changed") and "results" not in data and context.CLIARGS.get("check"):
             diffs = data.get("diff") or []
             text = ANSI.sub("", self._get_diff(diffs)) if diffs else ""
             if all(line.startswith("diff skipped") for line in text.splitlines()):
                 text = ""  # a binary or large file: the task's name says enough
             label = data.get("_ansible_item_label", item)
-            self.events.append({"host": host, "kind": "change", "task": task.get_name(),
-                                "item": label if label is None or isinstance(label, str) else json.dumps(label, default=str)[:200],
-                                "diff": text})
+            self.events.append(
+                {
+                    "host": host,
+                    "kind": "change",
+                    "task": task.get_name(),
+                    "item": label if label is None or isinstance(label, str) else json.dumps(label, default=str)[:200],
+                    "diff": text,
+                }
+            )
 
     def v2_runner_on_ok(self, result):
         self._record(result)
@@ -184,8 +204,14 @@ class CallbackModule(CallbackBase):
         event = _event(result._task)
         if event in ("stop", "pause"):
             self.active = True
-            self.events.append({"host": result._host.get_name(), "kind": event, "task": result._task.get_name(),
-                                "result": {"msg": result._result.get("msg", "")}})
+            self.events.append(
+                {
+                    "host": result._host.get_name(),
+                    "kind": event,
+                    "task": result._task.get_name(),
+                    "result": {"msg": result._result.get("msg", "")},
+                }
+            )
             return
         if kind == "lock":
             self.active = True
@@ -195,27 +221,49 @@ class CallbackModule(CallbackBase):
             items = self.failed_items.get((result._host.get_name(), result._task._uuid))
             if items:
                 data = dict(data, msg=" | ".join(message for message in items if message) or data.get("msg", ""))
-            self.events.append({"host": result._host.get_name(), "kind": "failed", "task": result._task.get_name(),
-                                "result": data})
+            self.events.append(
+                {"host": result._host.get_name(), "kind": "failed", "task": result._task.get_name(), "result": data}
+            )
 
     def v2_runner_item_on_failed(self, result):
         # A loop's own failure says only "One or more items failed": keep each item's message.
-        self.failed_items.setdefault((result._host.get_name(), result._task._uuid), []).append(result._result.get("msg", ""))
+        self.failed_items.setdefault((result._host.get_name(), result._task._uuid), []).append(
+            result._result.get("msg", "")
+        )
 
     def v2_runner_on_unreachable(self, result):
         if _event(result._task) == "bake":
             # A bake's re-check that could not reach its host (the task ignores it): inconclusive, not a failure.
             # The re-check is a loop of one entry, which names its host (bake_host) and service.
             self.active = True
-            entry = next((item.get("item") for item in result._result.get("results") or [] if isinstance(item.get("item"), dict)), {})
+            entry = next(
+                (
+                    item.get("item")
+                    for item in result._result.get("results") or []
+                    if isinstance(item.get("item"), dict)
+                ),
+                {},
+            )
             service = entry.get("name") or (result._task.args or {}).get("name")
             host = entry.get("bake_host") if entry.get("bake_host") in self.targeted else self._host(result)
-            self.events.append({"host": host, "kind": "bake", "task": result._task.get_name(),
-                                "service": service if isinstance(service, str) and "{{" not in service else None,
-                                "result": dict(result._result, unreachable=True)})
+            self.events.append(
+                {
+                    "host": host,
+                    "kind": "bake",
+                    "task": result._task.get_name(),
+                    "service": service if isinstance(service, str) and "{{" not in service else None,
+                    "result": dict(result._result, unreachable=True),
+                }
+            )
             return
-        self.events.append({"host": self._host(result), "kind": "unreachable", "task": result._task.get_name(),
-                            "result": result._result})
+        self.events.append(
+            {
+                "host": self._host(result),
+                "kind": "unreachable",
+                "task": result._task.get_name(),
+                "result": result._result,
+            }
+        )
 
     # ---- the end ------------------------------------------------------------------------------------
 
@@ -224,8 +272,16 @@ class CallbackModule(CallbackBase):
         if revision or not self.playbook_dir:
             return revision or None
         try:
-            return subprocess.run(["git", "-C", self.playbook_dir, "rev-parse", "HEAD"], capture_output=True, text=True,
-                                  check=True, timeout=10).stdout.strip() or None
+            return (
+                subprocess.run(
+                    ["git", "-C", self.playbook_dir, "rev-parse", "HEAD"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                    timeout=10,
+                ).stdout.strip()
+                or None
+            )
         except (OSError, subprocess.SubprocessError):
             return None
 
@@ -233,8 +289,12 @@ class CallbackModule(CallbackBase):
         if not self.active:
             return
         kind = "plan" if context.CLIARGS.get("check") else "rollout"
-        meta = {"revision": self._revision(), "trigger": self.get_option("trigger") or None,
-                "started": self.started, "finished": _now()}
+        meta = {
+            "revision": self._revision(),
+            "trigger": self.get_option("trigger") or None,
+            "started": self.started,
+            "finished": _now(),
+        }
         if any(event["kind"] == "pause" for event in self.events):
             # Only for a paused run (the resume command), as typed: secrets belong in vault files, not in -e.
             meta["command"] = _command()

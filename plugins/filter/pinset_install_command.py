@@ -18,9 +18,16 @@ def pinset_install_command(stack_python, lock, wheelhouse=None, index_url=None, 
         if not isinstance(value, str) or not value:
             raise AnsibleFilterError("pinset_install_command: %s must be a path, got %r" % (name, value))
     if extra_index_urls is not None and not isinstance(extra_index_urls, (list, tuple)):
-        raise AnsibleFilterError("pinset_install_command: extra_index_urls must be a list of URLs, got %r" % (extra_index_urls,))
-    return install_command(stack_python, lock, wheelhouse=wheelhouse or None, index_url=index_url or None,
-                           extra_index_urls=list(extra_index_urls or ()))
+        raise AnsibleFilterError(
+            "pinset_install_command: extra_index_urls must be a list of URLs, got %r" % (extra_index_urls,)
+        )
+    return install_command(
+        stack_python,
+        lock,
+        wheelhouse=wheelhouse or None,
+        index_url=index_url or None,
+        extra_index_urls=list(extra_index_urls or ()),
+    )
 
 
 class FilterModule:

@@ -7,11 +7,16 @@
 from __future__ import annotations
 
 import yaml
-
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy import (
-    PolicyError, bake_checks, bake_outcome, bake_verdicts, max_fail_percentage, validate_policy)
+    PolicyError,
+    bake_checks,
+    bake_outcome,
+    bake_verdicts,
+    max_fail_percentage,
+    validate_policy,
+)
 
 
 def rollout_policy(policy, legacy_batches=None):
@@ -22,8 +27,10 @@ def rollout_policy(policy, legacy_batches=None):
         try:
             policy = yaml.safe_load(policy) if policy.strip() else None
         except yaml.YAMLError as error:
-            raise AnsibleFilterError("ddtree_rollout_policy is text that is not YAML (%s): write a mapping such as "
-                                     "{batches: [1, '5%%'], bake_time_s: 300}" % str(error).splitlines()[0]) from None
+            raise AnsibleFilterError(
+                "ddtree_rollout_policy is text that is not YAML (%s): write a mapping such as "
+                "{batches: [1, '5%%'], bake_time_s: 300}" % str(error).splitlines()[0]
+            ) from None
     try:
         result = validate_policy(policy, legacy_batches)
     except PolicyError as error:
@@ -35,7 +42,9 @@ def rollout_bake_verdicts(results, inconclusive=None):
     """A bake's re-checks, sorted into passed, failed and inconclusive; with the policy's `inconclusive` (fail or
     pause) also what the rollout does (`action`: continue, stop or pause) and its message (`msg`)."""
     if not isinstance(results, list):
-        raise AnsibleFilterError("rollout_bake_verdicts takes the registered loop's results (a list), got %r" % (results,))
+        raise AnsibleFilterError(
+            "rollout_bake_verdicts takes the registered loop's results (a list), got %r" % (results,)
+        )
     verdicts = bake_verdicts(results)
     if inconclusive is not None:
         verdicts.update(bake_outcome(verdicts, inconclusive))
@@ -48,16 +57,23 @@ def rollout_bake_checks(hosts, hostvars):
     state = {}
     for host in hosts:
         facts = hostvars[host]
-        state[host] = {"services": (facts.get("sglang_service_plan") or {}).get("services") or [],
-                       "since": (facts.get("sglang_service_since") or {}).get("stdout"),
-                       "release_id": (facts.get("sglang_service_release") or {}).get("release_id"),
-                       # Each service's own release (its pin, or the base release of one without the overlay).
-                       "releases": {name: choice.get("release_id") for name, choice in
-                                    ((facts.get("sglang_service_releases") or {}).get("services") or {}).items()}}
+        state[host] = {
+            "services": (facts.get("sglang_service_plan") or {}).get("services") or [],
+            "since": (facts.get("sglang_service_since") or {}).get("stdout"),
+            "release_id": (facts.get("sglang_service_release") or {}).get("release_id"),
+            # Each service's own release (its pin, or the base release of one without the overlay).
+            "releases": {
+                name: choice.get("release_id")
+                for name, choice in ((facts.get("sglang_service_releases") or {}).get("services") or {}).items()
+            },
+        }
     return bake_checks(list(hosts), state)
 
 
 class FilterModule:
     def filters(self):
-        return {"rollout_policy": rollout_policy, "rollout_bake_verdicts": rollout_bake_verdicts,
-                "rollout_bake_checks": rollout_bake_checks}
+        return {
+            "rollout_policy": rollout_policy,
+            "rollout_bake_verdicts": rollout_bake_verdicts,
+            "rollout_bake_checks": rollout_bake_checks,
+        }

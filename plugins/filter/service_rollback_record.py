@@ -12,8 +12,12 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.service_actions impo
 
 
 def service_rollback_record(failed, rolled_back, gate, time):
-    """{time, event: rollback, failed_release_id, failed_stage, msg, journal, rolled_back_to_release_id, previous_gate}."""
-    for name, value in (("the failed gate", failed), ("the rollback's link", rolled_back), ("the previous release's gate", gate)):
+    """The rollback's history line (service_actions.rollback_record): the failed release and its evidence."""
+    for name, value in (
+        ("the failed gate", failed),
+        ("the rollback's link", rolled_back),
+        ("the previous release's gate", gate),
+    ):
         if not isinstance(value, dict):
             raise AnsibleFilterError("service_rollback_record: %s must be a result (a dict), got %r" % (name, value))
     return rollback_record(failed, rolled_back, gate, str(time))

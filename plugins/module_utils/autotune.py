@@ -9,8 +9,8 @@ A service declares `speculative: {algorithm: DDTREE, autotune: {budgets, top_k, 
 For a candidate release, DFLASH and every DDTREE (budget, top_k) of the grid are measured at every
 declared concurrency (tokens/s, all requests together); a DDTREE setting is chosen only when it beats
 DFLASH by min_gain at every declared concurrency, else the service runs DFLASH. A setting is one budget,
-or a schedule of the budgets measured fastest at each declared concurrency (a budget per load, one top_k). docs/autotune.md says
-why each rule is what it is. Plain functions, data in and data out: the module
+or a schedule of the budgets measured fastest at each declared concurrency (a budget per load, one top_k).
+docs/autotune.md says why each rule is what it is. Plain functions, data in and data out: the module
 (ddtree.sglang.service_autotune) reads and writes the state file.
 """
 
@@ -63,9 +63,14 @@ class IncompleteMeasurements(ValueError):
 
 # ---- the declaration -------------------------------------------------------------------------------
 
+
 def _positive_int_list_problem(field: str, value, what: str, example: str) -> str | None:
     text = "speculative.autotune.%s is %r; it must be a non-empty list of distinct integers >= 1 (%s), e.g. %s" % (
-        field, value, what, example)
+        field,
+        value,
+        what,
+        example,
+    )
     if not isinstance(value, list) or not value:
         return text
     if any(not isinstance(item, int) or isinstance(item, bool) or item < 1 for item in value):
@@ -73,7 +78,10 @@ def _positive_int_list_problem(field: str, value, what: str, example: str) -> st
     twice = sorted({item for item in value if value.count(item) > 1})
     if twice:
         return "speculative.autotune.%s is %r and lists %s more than once; list each value once" % (
-            field, value, ", ".join(str(item) for item in twice))
+            field,
+            value,
+            ", ".join(str(item) for item in twice),
+        )
     return None
 
 
@@ -85,19 +93,27 @@ def autotune_problems(spec: dict) -> list:
     own = spec["autotune"]
     algorithm = spec.get("algorithm", "NONE")
     if algorithm != "DDTREE":
-        return ["speculative.autotune is set, but algorithm is %s; autotune chooses DDTREE's budget and top_k "
-                "(falling back to DFLASH by itself): set algorithm DDTREE or remove autotune" % algorithm]
+        return [
+            "speculative.autotune is set, but algorithm is %s; autotune chooses DDTREE's budget and top_k "
+            "(falling back to DFLASH by itself): set algorithm DDTREE or remove autotune" % algorithm
+        ]
     if not isinstance(own, dict):
-        return ["speculative.autotune is %r; it must be a mapping of %s (e.g. autotune: {gpus: [2, 3], port: 30100} "
-                "for the default grid)" % (own, ", ".join(FIELDS))]
+        return [
+            "speculative.autotune is %r; it must be a mapping of %s (e.g. autotune: {gpus: [2, 3], port: 30100} "
+            "for the default grid)" % (own, ", ".join(FIELDS))
+        ]
     problems = []
     unknown = sorted(set(own) - set(FIELDS))
     if unknown:
-        problems.append("speculative.autotune has unknown field(s) %s; its fields are %s"
-                        % (", ".join(repr(name) for name in unknown), ", ".join(FIELDS)))
-    for field, what, example in (("budgets", "tree nodes besides the root", "[4, 8, 15]"),
-                                 ("top_k", "candidates per draft position", "[4, 8]"),
-                                 ("concurrency", "requests at a time to measure with", "[1, 16]")):
+        problems.append(
+            "speculative.autotune has unknown field(s) %s; its fields are %s"
+            % (", ".join(repr(name) for name in unknown), ", ".join(FIELDS))
+        )
+    for field, what, example in (
+        ("budgets", "tree nodes besides the root", "[4, 8, 15]"),
+        ("top_k", "candidates per draft position", "[4, 8]"),
+        ("concurrency", "requests at a time to measure with", "[1, 16]"),
+    ):
         if field in own:
             problem = _positive_int_list_problem(field, own[field], what, example)
             if problem:
@@ -105,41 +121,59 @@ def autotune_problems(spec: dict) -> list:
     if "min_gain" in own:
         gain = own["min_gain"]
         if not isinstance(gain, (int, float)) or isinstance(gain, bool) or not 0 <= gain < 1:
-            problems.append("speculative.autotune.min_gain is %r; it must be a number from 0 up to, not including, 1 "
-                            "(0.03: DDTREE must be at least 3%% faster than DFLASH at every declared concurrency)" % (gain,))
+            problems.append(
+                "speculative.autotune.min_gain is %r; it must be a number from 0 up to, not including, 1 "
+                "(0.03: DDTREE must be at least 3%% faster than DFLASH at every declared concurrency)" % (gain,)
+            )
     if own.get("gpus") is not None:
         gpus = own["gpus"]
-        if (not isinstance(gpus, list) or not gpus or len(set(map(repr, gpus))) != len(gpus)
-                or any(not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0 for gpu in gpus)):
-            problems.append("speculative.autotune.gpus is %r; it must be a non-empty list of distinct GPU indices "
-                            "(spare GPUs the settings are measured on, as many as the service's gpus), e.g. [2, 3]" % (gpus,))
+        if (
+            not isinstance(gpus, list)
+            or not gpus
+            or len(set(map(repr, gpus))) != len(gpus)
+            or any(not isinstance(gpu, int) or isinstance(gpu, bool) or gpu < 0 for gpu in gpus)
+        ):
+            problems.append(
+                "speculative.autotune.gpus is %r; it must be a non-empty list of distinct GPU indices "
+                "(spare GPUs the settings are measured on, as many as the service's gpus), e.g. [2, 3]" % (gpus,)
+            )
     if own.get("port") is not None:
         port = own["port"]
         if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
-            problems.append("speculative.autotune.port is %r; it must be a TCP port (1-65535) of its own for the "
-                            "temporary instances the settings are measured on, e.g. 30100" % (port,))
+            problems.append(
+                "speculative.autotune.port is %r; it must be a TCP port (1-65535) of its own for the "
+                "temporary instances the settings are measured on, e.g. 30100" % (port,)
+            )
     if own.get("own_gpus") is not None:
         if not isinstance(own["own_gpus"], bool):
-            problems.append("speculative.autotune.own_gpus is %r; it must be true (measure on the service's own GPUs "
-                            "and port, the service stopped while its grid runs) or false" % (own["own_gpus"],))
+            problems.append(
+                "speculative.autotune.own_gpus is %r; it must be true (measure on the service's own GPUs "
+                "and port, the service stopped while its grid runs) or false" % (own["own_gpus"],)
+            )
         elif own["own_gpus"]:
             spare = ["%s %r" % (field, own[field]) for field in ("gpus", "port") if own.get(field) is not None]
             if spare:
-                problems.append("speculative.autotune.own_gpus is true, but %s %s set; the settings are measured either "
-                                "on spare GPUs (gpus and port) or on the service's own (own_gpus: true): remove one"
-                                % (" and ".join(spare), "are" if len(spare) > 1 else "is"))
+                problems.append(
+                    "speculative.autotune.own_gpus is true, but %s %s set; the settings are measured either "
+                    "on spare GPUs (gpus and port) or on the service's own (own_gpus: true): remove one"
+                    % (" and ".join(spare), "are" if len(spare) > 1 else "is")
+                )
     # One place says which budget and top_k run: a fixed one beside the grid would be ignored silently.
     for fixed, field in (("budget", "budgets"), ("top_k", "top_k")):
         if spec.get(fixed) is not None:
-            problems.append("speculative.%s %r is fixed, but autotune chooses it: remove speculative.%s, or pin it "
-                            "in the grid with autotune.%s: [%s]" % (fixed, spec[fixed], fixed, field, spec[fixed]))
+            problems.append(
+                "speculative.%s %r is fixed, but autotune chooses it: remove speculative.%s, or pin it "
+                "in the grid with autotune.%s: [%s]" % (fixed, spec[fixed], fixed, field, spec[fixed])
+            )
     if not problems:
         tuning = declaration(spec)
         settings = len(tuning["budgets"]) * len(tuning["top_k"])
         if settings > MAX_SETTINGS:
-            problems.append("speculative.autotune spans %d DDTREE settings (%d budgets x %d top_k), each a server start "
-                            "and a measurement; list at most %d" % (settings, len(tuning["budgets"]), len(tuning["top_k"]),
-                                                                    MAX_SETTINGS))
+            problems.append(
+                "speculative.autotune spans %d DDTREE settings (%d budgets x %d top_k), each a server start "
+                "and a measurement; list at most %d"
+                % (settings, len(tuning["budgets"]), len(tuning["top_k"]), MAX_SETTINGS)
+            )
     return problems
 
 
@@ -168,6 +202,7 @@ def declaration(spec: dict) -> dict:
 
 # ---- the grid --------------------------------------------------------------------------------------
 
+
 def setting(algorithm: str, budget: int | None = None, top_k: int | None = None) -> dict:
     return {"algorithm": algorithm, "budget": budget, "top_k": top_k}
 
@@ -181,15 +216,22 @@ def setting_name(item: dict) -> str:
 
 def candidate_settings(tuning: dict) -> list:
     """DFLASH (the yardstick and the fallback), then every DDTREE (budget, top_k) of the declaration."""
-    return [setting("DFLASH")] + [setting("DDTREE", budget, top_k) for budget in tuning["budgets"] for top_k in tuning["top_k"]]
+    return [setting("DFLASH")] + [
+        setting("DDTREE", budget, top_k) for budget in tuning["budgets"] for top_k in tuning["top_k"]
+    ]
 
 
 def measurement_plan(tuning: dict) -> list:
     """What the measuring step measures: every candidate setting at every declared concurrency."""
-    return [dict(item, concurrency=concurrency) for item in candidate_settings(tuning) for concurrency in tuning["concurrency"]]
+    return [
+        dict(item, concurrency=concurrency)
+        for item in candidate_settings(tuning)
+        for concurrency in tuning["concurrency"]
+    ]
 
 
 # ---- the tuning key --------------------------------------------------------------------------------
+
 
 def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":")).encode("utf-8")).hexdigest()[:16]
@@ -204,9 +246,11 @@ def tuning_key(service: dict, release_id: str, workload: dict | None = None) -> 
     speed), the last as a digest only, because an environment may hold a token.
     """
     spec = service.get("speculative") or {}
-    server = {"extra_args": [str(arg) for arg in service.get("extra_args") or []],
-              "environment": {str(key): str(value) for key, value in (service.get("environment") or {}).items()},
-              "allow_hybrid_unsafe": bool(spec.get("allow_hybrid_unsafe"))}
+    server = {
+        "extra_args": [str(arg) for arg in service.get("extra_args") or []],
+        "environment": {str(key): str(value) for key, value in (service.get("environment") or {}).items()},
+        "allow_hybrid_unsafe": bool(spec.get("allow_hybrid_unsafe")),
+    }
     parts = {
         "format": KEY_FORMAT,
         "model": service.get("model_path"),
@@ -228,6 +272,7 @@ def key_changes(before: dict | None, after: dict) -> list:
 
 
 # ---- the measurements ------------------------------------------------------------------------------
+
 
 def _identity(measurement: dict) -> tuple:
     algorithm = measurement.get("algorithm")
@@ -251,20 +296,31 @@ def measurement_problems(tuning: dict, measurements: list) -> list:
     problems, seen = [], set()
     for position, measurement in enumerate(measurements):
         identity = _identity(measurement)
-        label = "measurements[%d] (%s at concurrency %s)" % (position, setting_name(measurement), measurement.get("concurrency"))
+        label = "measurements[%d] (%s at concurrency %s)" % (
+            position,
+            setting_name(measurement),
+            measurement.get("concurrency"),
+        )
         if measurement.get("algorithm") not in MEASURED_ALGORITHMS:
-            problems.append("measurements[%d]: algorithm %r is not one of %s"
-                            % (position, measurement.get("algorithm"), ", ".join(MEASURED_ALGORITHMS)))
+            problems.append(
+                "measurements[%d]: algorithm %r is not one of %s"
+                % (position, measurement.get("algorithm"), ", ".join(MEASURED_ALGORITHMS))
+            )
             continue
         if identity in seen:
             problems.append("%s: measured twice; supply one measurement per setting and concurrency" % label)
         seen.add(identity)
         if measurement["algorithm"] == "NONE":
             if measurement.get("concurrency") not in tuning["concurrency"]:
-                problems.append("%s: concurrency %r is not declared (%s)" % (label, measurement.get("concurrency"), tuning["concurrency"]))
+                problems.append(
+                    "%s: concurrency %r is not declared (%s)"
+                    % (label, measurement.get("concurrency"), tuning["concurrency"])
+                )
         elif identity not in grid:
-            problems.append("%s: not in the declared grid (budgets %s, top_k %s, concurrency %s)"
-                            % (label, tuning["budgets"], tuning["top_k"], tuning["concurrency"]))
+            problems.append(
+                "%s: not in the declared grid (budgets %s, top_k %s, concurrency %s)"
+                % (label, tuning["budgets"], tuning["top_k"], tuning["concurrency"])
+            )
     return problems
 
 
@@ -293,10 +349,14 @@ def _verdict(item: dict, tuning: dict, by_identity: dict, dflash: dict) -> dict:
             speeds[str(concurrency)] = value
             gains[str(concurrency)] = round(gain, 4)
             if gain + EPSILON < tuning["min_gain"]:
-                slow.append("%s over DFLASH at concurrency %d, less than min_gain %s"
-                            % (_percent(gain), concurrency, _percent(tuning["min_gain"])))
+                slow.append(
+                    "%s over DFLASH at concurrency %d, less than min_gain %s"
+                    % (_percent(gain), concurrency, _percent(tuning["min_gain"]))
+                )
     status = "unmeasured" if unmeasured else "failed" if failed else "too_slow" if slow else "qualifies"
-    return dict(item, status=status, tokens_per_second=speeds, gain_over_dflash=gains, reasons=unmeasured + failed + slow)
+    return dict(
+        item, status=status, tokens_per_second=speeds, gain_over_dflash=gains, reasons=unmeasured + failed + slow
+    )
 
 
 def _rank(verdict: dict) -> tuple:
@@ -324,13 +384,26 @@ def _schedule_verdict(top_k: int, verdicts: list, tuning: dict) -> dict | None:
         if not measured:
             return None
         best = max(measured, key=lambda item: (item["tokens_per_second"][key], -item["budget"]))
-        levels[key], speeds[key], gains[key] = best["budget"], best["tokens_per_second"][key], best["gain_over_dflash"][key]
+        levels[key], speeds[key], gains[key] = (
+            best["budget"],
+            best["tokens_per_second"][key],
+            best["gain_over_dflash"][key],
+        )
     if len(set(levels.values())) < 2:
         return None
-    slow = ["%s over DFLASH at concurrency %s, less than min_gain %s" % (_percent(gain), key, _percent(tuning["min_gain"]))
-            for key, gain in gains.items() if gain + EPSILON < tuning["min_gain"]]
-    return dict(setting("DDTREE", schedule_from_levels(levels), top_k), status="too_slow" if slow else "qualifies",
-                tokens_per_second=speeds, gain_over_dflash=gains, reasons=slow, levels=levels)
+    slow = [
+        "%s over DFLASH at concurrency %s, less than min_gain %s" % (_percent(gain), key, _percent(tuning["min_gain"]))
+        for key, gain in gains.items()
+        if gain + EPSILON < tuning["min_gain"]
+    ]
+    return dict(
+        setting("DDTREE", schedule_from_levels(levels), top_k),
+        status="too_slow" if slow else "qualifies",
+        tokens_per_second=speeds,
+        gain_over_dflash=gains,
+        reasons=slow,
+        levels=levels,
+    )
 
 
 def choose(tuning: dict, measurements: list) -> dict:
@@ -350,10 +423,14 @@ def choose(tuning: dict, measurements: list) -> dict:
         measurement = by_identity.get(("DFLASH", None, None, concurrency))
         value = _tokens_per_second(measurement) if measurement else None
         if measurement is None:
-            problems.append("DFLASH was not measured at concurrency %d; every DDTREE setting is compared with it" % concurrency)
+            problems.append(
+                "DFLASH was not measured at concurrency %d; every DDTREE setting is compared with it" % concurrency
+            )
         elif value is None:
-            problems.append("DFLASH's measurement at concurrency %d failed (%s); nothing can be compared with it"
-                            % (concurrency, measurement.get("error") or "no tokens/s"))
+            problems.append(
+                "DFLASH's measurement at concurrency %d failed (%s); nothing can be compared with it"
+                % (concurrency, measurement.get("error") or "no tokens/s")
+            )
         else:
             dflash[concurrency] = value
     if problems:
@@ -371,16 +448,25 @@ def choose(tuning: dict, measurements: list) -> dict:
         chosen = setting("DDTREE", best["budget"], best["top_k"])
         speeds = best["tokens_per_second"]
         reason = "%s is the fastest setting that beats DFLASH by min_gain %s at every declared concurrency (%s)" % (
-            setting_name(best), _percent(tuning["min_gain"]),
-            ", ".join("%s at concurrency %s" % (_percent(gain), concurrency) for concurrency, gain in best["gain_over_dflash"].items()))
+            setting_name(best),
+            _percent(tuning["min_gain"]),
+            ", ".join(
+                "%s at concurrency %s" % (_percent(gain), concurrency)
+                for concurrency, gain in best["gain_over_dflash"].items()
+            ),
+        )
         if best.get("levels"):
             reason += "; a budget per load: %s" % ", ".join(
-                "%s at concurrency up to %s" % (budget, level) for level, budget in best["levels"].items())
+                "%s at concurrency up to %s" % (budget, level) for level, budget in best["levels"].items()
+            )
         status = "ddtree"
     else:
         chosen = setting("DFLASH")
         speeds = {str(concurrency): value for concurrency, value in dflash.items()}
-        reason = "no DDTREE setting beats DFLASH by min_gain %s at every declared concurrency: running DFLASH" % _percent(tuning["min_gain"])
+        reason = (
+            "no DDTREE setting beats DFLASH by min_gain %s at every declared concurrency: running DFLASH"
+            % _percent(tuning["min_gain"])
+        )
         measured = [item for item in verdicts if item["status"] == "too_slow"]
         if measured:
             closest = sorted(measured, key=_rank)[0]
@@ -388,11 +474,19 @@ def choose(tuning: dict, measurements: list) -> dict:
         status = "fallback"
     gain_over_dflash = {key: round(_gain(value, dflash[int(key)]), 4) for key, value in speeds.items()}
     gain_over_none = {key: round(_gain(value, none[int(key)]), 4) for key, value in speeds.items() if int(key) in none}
-    return dict(chosen, status=status, reason=reason, tokens_per_second=speeds, gain_over_dflash=gain_over_dflash,
-                gain_over_none=gain_over_none, settings=verdicts)
+    return dict(
+        chosen,
+        status=status,
+        reason=reason,
+        tokens_per_second=speeds,
+        gain_over_dflash=gain_over_dflash,
+        gain_over_none=gain_over_none,
+        settings=verdicts,
+    )
 
 
 # ---- what the choice becomes -----------------------------------------------------------------------
+
 
 def speed_floor(choice: dict, margin: float = DEFAULT_FLOOR_MARGIN) -> float | None:
     """The health gate's tokens/s floor from the chosen setting: its tokens/s at one request at a time
@@ -415,7 +509,9 @@ def tuned_service(service: dict, choice: dict) -> dict:
     if algorithm == "DDTREE":
         top_k = choice.get("top_k")
         if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1:
-            raise ValueError("%s: the tuned DDTREE choice has top_k %r, not an integer >= 1" % (service.get("name"), top_k))
+            raise ValueError(
+                "%s: the tuned DDTREE choice has top_k %r, not an integer >= 1" % (service.get("name"), top_k)
+            )
         try:
             parse_budget(choice.get("budget"))
         except ValueError as err:
@@ -436,13 +532,27 @@ def tuned_service(service: dict, choice: dict) -> dict:
 
 # ---- the state file --------------------------------------------------------------------------------
 
-def tuning_record(key: dict, release_id: str, tuning: dict, measurements: list, choice: dict, tuned_at: str,
-                  margin: float = DEFAULT_FLOOR_MARGIN) -> dict:
+
+def tuning_record(
+    key: dict,
+    release_id: str,
+    tuning: dict,
+    measurements: list,
+    choice: dict,
+    tuned_at: str,
+    margin: float = DEFAULT_FLOOR_MARGIN,
+) -> dict:
     """What one tuning leaves in the service's state: the key, every measurement and the choice (with the
     speed floor it gives the gate)."""
     recorded = dict(choice, speed_floor=speed_floor(choice, margin), floor_margin=margin)
-    return {"key": key, "release_id": release_id, "tuned_at": tuned_at, "declaration": tuning,
-            "measurements": [dict(item) for item in measurements], "choice": recorded}
+    return {
+        "key": key,
+        "release_id": release_id,
+        "tuned_at": tuned_at,
+        "declaration": tuning,
+        "measurements": [dict(item) for item in measurements],
+        "choice": recorded,
+    }
 
 
 def state_document(previous: dict | None, record: dict, keep: int = KEEP_HISTORY) -> dict:
@@ -452,9 +562,14 @@ def state_document(previous: dict | None, record: dict, keep: int = KEEP_HISTORY
     before = (previous or {}).get("current")
     if before:
         choice = before.get("choice") or {}
-        history.append({"key": (before.get("key") or {}).get("digest"), "release_id": before.get("release_id"),
-                        "tuned_at": before.get("tuned_at"),
-                        "choice": {field: choice.get(field) for field in ("algorithm", "budget", "top_k", "status")}})
+        history.append(
+            {
+                "key": (before.get("key") or {}).get("digest"),
+                "release_id": before.get("release_id"),
+                "tuned_at": before.get("tuned_at"),
+                "choice": {field: choice.get(field) for field in ("algorithm", "budget", "top_k", "status")},
+            }
+        )
     return {"format": STATE_FORMAT, "current": record, "history": history[-keep:]}
 
 

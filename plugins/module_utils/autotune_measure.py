@@ -47,7 +47,9 @@ def workload(max_tokens: int, warmup: int) -> dict:
     return {"prompts": PROMPT_SET, "max_tokens": max_tokens, "warmup": warmup, "rounds": ROUNDS}
 
 
-def wait_ready(request, unit_state, timeout: float, poll: float = 2.0, clock=time.monotonic, sleep=time.sleep) -> str | None:
+def wait_ready(
+    request, unit_state, timeout: float, poll: float = 2.0, clock=time.monotonic, sleep=time.sleep
+) -> str | None:
     """Wait until a freshly started server answers GET /health with 200 -> None, or why not: its unit
     stopped (unit_state() is "failed" or "inactive": a setting the server refuses, e.g. a budget the
     drafter cannot verify, exits at start) or `timeout` seconds passed."""
@@ -72,12 +74,19 @@ def generate_once(request, prompt: str, max_tokens: int, timeout: float) -> dict
     answer = request("POST", "/generate", body, timeout=timeout, auth=True)
     meta = answer["data"].get("meta_info") if answer["status"] == 200 and isinstance(answer["data"], dict) else None
     if not isinstance(meta, dict) or not isinstance(meta.get("completion_tokens"), int):
-        problem = describe(answer) if answer["error"] or answer["status"] != 200 else (
-            "an answer without meta_info.completion_tokens: %s" % answer["text"][:200])
+        problem = (
+            describe(answer)
+            if answer["error"] or answer["status"] != 200
+            else ("an answer without meta_info.completion_tokens: %s" % answer["text"][:200])
+        )
         return {"completion_tokens": None, "verify_steps": None, "seconds": answer["seconds"], "error": problem}
     steps = meta.get("spec_verify_ct")
-    return {"completion_tokens": meta["completion_tokens"], "verify_steps": steps if isinstance(steps, int) else None,
-            "seconds": answer["seconds"], "error": None}
+    return {
+        "completion_tokens": meta["completion_tokens"],
+        "verify_steps": steps if isinstance(steps, int) else None,
+        "seconds": answer["seconds"],
+        "error": None,
+    }
 
 
 def level_prompts(prompts: list, concurrency: int, rounds: int = ROUNDS) -> list:
@@ -87,7 +96,9 @@ def level_prompts(prompts: list, concurrency: int, rounds: int = ROUNDS) -> list
     return [prompts[index % len(prompts)] for index in range(count)]
 
 
-def measure_load(request, prompts: list, concurrency: int, max_tokens: int, timeout: float, clock=time.monotonic) -> dict:
+def measure_load(
+    request, prompts: list, concurrency: int, max_tokens: int, timeout: float, clock=time.monotonic
+) -> dict:
     """Send level_prompts(prompts, concurrency) with `concurrency` requests in flight at a time.
 
     -> {"concurrency", "tokens_per_second": all completion tokens / wall seconds of the level, or None,
@@ -103,8 +114,15 @@ def measure_load(request, prompts: list, concurrency: int, max_tokens: int, time
     failed = [answer["error"] for answer in answers if answer["error"]]
     tokens = sum(answer["completion_tokens"] or 0 for answer in answers)
     steps = [answer["verify_steps"] for answer in answers]
-    result = {"concurrency": concurrency, "requests": len(answers), "completion_tokens": tokens, "seconds": round(seconds, 3),
-              "tokens_per_second": None, "accept_length": None, "error": None}
+    result = {
+        "concurrency": concurrency,
+        "requests": len(answers),
+        "completion_tokens": tokens,
+        "seconds": round(seconds, 3),
+        "tokens_per_second": None,
+        "accept_length": None,
+        "error": None,
+    }
     if failed:
         result["error"] = "%d of %d requests failed, the first: %s" % (len(failed), len(answers), failed[0])
     elif tokens <= 0 or seconds <= 0:
@@ -118,12 +136,22 @@ def measure_load(request, prompts: list, concurrency: int, max_tokens: int, time
 
 def failed_setting(setting: dict, concurrencies: list, error: str) -> list:
     """A setting that could not be measured: one failed measurement per concurrency (never chosen)."""
-    return [dict(setting, concurrency=concurrency, tokens_per_second=None, accept_length=None, error=error)
-            for concurrency in sorted(concurrencies)]
+    return [
+        dict(setting, concurrency=concurrency, tokens_per_second=None, accept_length=None, error=error)
+        for concurrency in sorted(concurrencies)
+    ]
 
 
-def measure_setting(request, setting: dict, concurrencies: list, prompts: list, max_tokens: int = 256,
-                    timeout: float = 300.0, warmup: int = 1, clock=time.monotonic) -> list:
+def measure_setting(
+    request,
+    setting: dict,
+    concurrencies: list,
+    prompts: list,
+    max_tokens: int = 256,
+    timeout: float = 300.0,
+    warmup: int = 1,
+    clock=time.monotonic,
+) -> list:
     """One running setting ({"algorithm", "budget", "top_k"}) at every declared concurrency, lowest first
     -> service_autotune's measurements. `warmup` requests go first, unmeasured (a fresh server's first
     requests pay for lazy initialisation). A failed warm-up fails every level without sending it."""
@@ -134,8 +162,16 @@ def measure_setting(request, setting: dict, concurrencies: list, prompts: list, 
     measurements = []
     for concurrency in sorted(concurrencies):
         level = measure_load(request, prompts, concurrency, max_tokens, timeout, clock)
-        measurements.append(dict(setting, concurrency=concurrency, tokens_per_second=level["tokens_per_second"],
-                                 accept_length=level["accept_length"], error=level["error"],
-                                 requests=level["requests"], completion_tokens=level["completion_tokens"],
-                                 seconds=level["seconds"]))
+        measurements.append(
+            dict(
+                setting,
+                concurrency=concurrency,
+                tokens_per_second=level["tokens_per_second"],
+                accept_length=level["accept_length"],
+                error=level["error"],
+                requests=level["requests"],
+                completion_tokens=level["completion_tokens"],
+                seconds=level["seconds"],
+            )
+        )
     return measurements

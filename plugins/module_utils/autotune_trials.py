@@ -50,8 +50,15 @@ def trials(service: dict) -> list:
     concurrencies and its temporary instance. DFLASH first: without it nothing can be chosen, so a
     DFLASH that does not start is found before the DDTREE settings are paid for."""
     tuning = declaration(service["speculative"])
-    return [{"label": setting_name(item), "setting": item, "concurrency": list(tuning["concurrency"]),
-             "instance": trial_instance(service, item)} for item in candidate_settings(tuning)]
+    return [
+        {
+            "label": setting_name(item),
+            "setting": item,
+            "concurrency": list(tuning["concurrency"]),
+            "instance": trial_instance(service, item),
+        }
+        for item in candidate_settings(tuning)
+    ]
 
 
 def window_restore_after(trial_count: int, start_timeout: float, measure_allowance: float) -> int:
@@ -61,6 +68,8 @@ def window_restore_after(trial_count: int, start_timeout: float, measure_allowan
     the slack of stopping and starting units. A run that dies mid-grid (the controller killed, the
     connection lost) leaves the host serving again after this long, on the release it served before."""
     if trial_count < 1 or start_timeout <= 0 or measure_allowance <= 0:
-        raise ValueError("a window tuning needs at least one trial and positive timeouts, not %r trial(s), start_timeout %r, "
-                         "measure allowance %r" % (trial_count, start_timeout, measure_allowance))
+        raise ValueError(
+            "a window tuning needs at least one trial and positive timeouts, not %r trial(s), start_timeout %r, "
+            "measure allowance %r" % (trial_count, start_timeout, measure_allowance)
+        )
     return int(math.ceil((trial_count + 1) * (start_timeout + measure_allowance)))

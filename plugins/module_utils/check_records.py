@@ -102,13 +102,19 @@ def stack_fingerprint(stack):
             else:
                 entries.append([name, stat_entry(path)])
         site_packages[os.path.relpath(directory, stack)] = entries
-    return {"marker": file_digest(os.path.join(stack, STACK_MARKER)), "python": [python, stat_entry(python)],
-            "site_packages": site_packages}
+    return {
+        "marker": file_digest(os.path.join(stack, STACK_MARKER)),
+        "python": [python, stat_entry(python)],
+        "site_packages": site_packages,
+    }
 
 
 def release_fingerprint(release):
     """What a check reads from a release: its manifest and every file under its site/ (size, mtime)."""
-    return {"manifest": file_digest(os.path.join(release, RELEASE_MANIFEST)), "site": tree_stats(os.path.join(release, "site"))}
+    return {
+        "manifest": file_digest(os.path.join(release, RELEASE_MANIFEST)),
+        "site": tree_stats(os.path.join(release, "site")),
+    }
 
 
 def code_version(module_names):
@@ -144,7 +150,12 @@ def read_record(path, check, key):
             record = json.load(handle)
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("format") != FORMAT or record.get("check") != check or record.get("key") != key:
+    if (
+        not isinstance(record, dict)
+        or record.get("format") != FORMAT
+        or record.get("check") != check
+        or record.get("key") != key
+    ):
         return None
     return record if isinstance(record.get("result"), dict) else None
 
@@ -164,9 +175,15 @@ def find_record(state_root, check, module_names, inputs, complete):
 def recorded_result(slot):
     """The module's result from a recorded pass: the recorded result, unchanged, saying it was recorded."""
     record = slot["record"]
-    return dict(record["result"], changed=False, recorded=True, recorded_at=record["recorded_at"], record=slot["path"],
-                msg="passed before with the same stack, release, options and code (recorded at %s in %s): not checked again"
-                % (record["recorded_at"], slot["path"]))
+    return dict(
+        record["result"],
+        changed=False,
+        recorded=True,
+        recorded_at=record["recorded_at"],
+        record=slot["path"],
+        msg="passed before with the same stack, release, options and code (recorded at %s in %s): not checked again"
+        % (record["recorded_at"], slot["path"]),
+    )
 
 
 def write_record(path, check, key, result, recorded_at, keep=KEEP):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-RUNNER = r'''
+RUNNER = r"""
 import importlib, json, os, sys, tempfile, traceback
 
 spec = json.loads(sys.argv[1])
@@ -83,7 +83,7 @@ for job in spec["jobs"]:
                         "stdout": out.read().decode("utf-8", "replace"),
                         "stderr": err.read().decode("utf-8", "replace")})
 sys.stdout.write(json.dumps({"jobs": results}))
-'''
+"""
 
 
 def runner_command(python, jobs, preload=()):
@@ -101,9 +101,9 @@ def job_results(stdout):
     """The runner's answer: ``{name: {"rc", "stdout", "stderr"}}``. Raises ValueError when the runner
     itself printed no answer (it died before the end)."""
     try:
-        answer = json.loads(stdout[stdout.rindex('{"jobs": '):])
+        answer = json.loads(stdout[stdout.rindex('{"jobs": ') :])
     except ValueError:
-        raise ValueError("the job runner printed no answer: %r" % stdout[-500:])
+        raise ValueError("the job runner printed no answer: %r" % stdout[-500:]) from None
     return {job["name"]: job for job in answer["jobs"]}
 
 
@@ -116,4 +116,4 @@ def last_line(job):
 def json_output(job):
     """The JSON object a job printed last (after any log lines). Raises ValueError when there is none."""
     text = job.get("stdout") or ""
-    return json.loads(text[text.index("{"):])
+    return json.loads(text[text.index("{") :])

@@ -24,7 +24,9 @@ DEFAULT_PROMPTS = [
 ]
 
 
-def option(type_: str, doc: str, default=None, per_service: bool = False, doc_default: str | None = None, **spec) -> dict:
+def option(
+    type_: str, doc: str, default=None, per_service: bool = False, doc_default: str | None = None, **spec
+) -> dict:
     """One option: its ansible-core spec keys, its doc line, and whether a service may set it in `health`."""
     declared = dict(spec, type=type_, doc=doc, per_service=per_service)
     if default is not None:
@@ -38,46 +40,80 @@ GATE_OPTIONS = {
     "name": option("str", "service name; the unit is `sglang-<name>.service`", required=True),
     "host": option("str", "listen address (`0.0.0.0`/`::` are reached via `127.0.0.1`)", default="127.0.0.1"),
     "port": option("int", "listen port", default=30000),
-    "model": option("str", "served model name; part of the key of baselines and metrics", doc_default="first of `/v1/models`"),
-    "api_key": option("str", "sent as `Authorization: Bearer` to `/v1/*` and `/server_info`; never returned", no_log=True),
-    "since": option("str", "journal start, as `journalctl --since` takes it; pass the time recorded before the restart",
-                    doc_default="unit's `InactiveExitTimestamp`"),
+    "model": option(
+        "str", "served model name; part of the key of baselines and metrics", doc_default="first of `/v1/models`"
+    ),
+    "api_key": option(
+        "str", "sent as `Authorization: Bearer` to `/v1/*` and `/server_info`; never returned", no_log=True
+    ),
+    "since": option(
+        "str",
+        "journal start, as `journalctl --since` takes it; pass the time recorded before the restart",
+        doc_default="unit's `InactiveExitTimestamp`",
+    ),
     "poll_interval": option("float", "seconds between looks at unit, journal and port", default=2.0),
-    "no_progress_timeout": option("float", "seconds without a progress marker before `no_progress`", default=120.0,
-                                  per_service=True),
+    "no_progress_timeout": option(
+        "float", "seconds without a progress marker before `no_progress`", default=120.0, per_service=True
+    ),
     "start_timeout": option("float", "seconds until the port must answer", default=900.0, per_service=True),
     "health_timeout": option("float", "seconds after the port opened for `/health` to answer 200", default=30.0),
-    "health_path": option("str", "health endpoint (both generate a token)", default="/health",
-                          choices=["/health", "/health_generate"]),
+    "health_path": option(
+        "str", "health endpoint (both generate a token)", default="/health", choices=["/health", "/health_generate"]
+    ),
     "request_timeout": option("float", "seconds one chat/baseline request may take", default=60.0),
-    "chat_prompt": option("str", "the chat stage's user message",
-                          default="In one sentence: what is the capital of France, and which river runs through it?"),
+    "chat_prompt": option(
+        "str",
+        "the chat stage's user message",
+        default="In one sentence: what is the capital of France, and which river runs through it?",
+    ),
     "chat_max_tokens": option("int", "the chat stage's `max_tokens`", default=32, no_log=False),
-    "prompts": option("list", "greedy baseline prompts; `[]` skips generations", default=DEFAULT_PROMPTS, elements="str",
-                      doc_default="3 fixed prompts (primes, Python, translation)"),
+    "prompts": option(
+        "list",
+        "greedy baseline prompts; `[]` skips generations",
+        default=DEFAULT_PROMPTS,
+        elements="str",
+        doc_default="3 fixed prompts (primes, Python, translation)",
+    ),
     "max_tokens": option("int", "`max_tokens` of each baseline generation", default=64, no_log=False),
     "baseline_file": option("path", "baseline JSON on the host"),
     "record_baseline": option("bool", "record missing baselines when every stage passed", default=True),
-    "baseline_tolerance": option("float", "share of the baseline's length allowed to differ at the end", default=0.0,
-                                 per_service=True),
+    "baseline_tolerance": option(
+        "float", "share of the baseline's length allowed to differ at the end", default=0.0, per_service=True
+    ),
     "min_tokens_per_second": option("float", "floor for tokens/s", per_service=True, no_log=False),
     "min_accept_length": option("float", "floor for the acceptance length", per_service=True),
-    "accept_length_from": option("str", "`generate`: always one `POST /generate` request's `meta_info` (two servers "
-                                 "compared on the same request)", default="server_info", choices=["server_info", "generate"]),
+    "accept_length_from": option(
+        "str",
+        "`generate`: always one `POST /generate` request's `meta_info` (two servers compared on the same request)",
+        default="server_info",
+        choices=["server_info", "generate"],
+    ),
     "previous": option("dict", "previous release's `tokens_per_second`, `accept_length` (beats `metrics_file`)"),
     "metrics_file": option("path", "metrics JSON on the host (previous numbers; recording)"),
     "max_regression": option("float", "largest allowed drop from the previous numbers", default=0.5, per_service=True),
     "record_metrics": option("bool", "append this run's numbers to `metrics_file` (needs it)", default=False),
-    "release_id": option("str", "the release gated (alias `release`); stored with recorded baselines and metrics, "
-                         "returned for reports", aliases=["release"]),
-    "verdict_file": option("path", "verdicts JSON on the host: the verdict for `release_id` is recorded there right "
-                           "after it, pass or fail"),
+    "release_id": option(
+        "str",
+        "the release gated (alias `release`); stored with recorded baselines and metrics, returned for reports",
+        aliases=["release"],
+    ),
+    "verdict_file": option(
+        "path", "verdicts JSON on the host: the verdict for `release_id` is recorded there right after it, pass or fail"
+    ),
     "extra_signatures": option("list", "more fatal journal substrings", default=[], elements="str"),
     "extra_progress_markers": option("list", "more progress journal substrings", default=[], elements="str"),
-    "gate": option("dict", "the service's gate settings whole (service_plan's `gate`), each an option of this module; "
-                   "an option set to another value than its default wins", default={}),
-    "quick": option("bool", "the quick stages only (a bake's re-check): no baseline or performance generations, no "
-                    "floors, nothing recorded", default=False),
+    "gate": option(
+        "dict",
+        "the service's gate settings whole (service_plan's `gate`), each an option of this module; "
+        "an option set to another value than its default wins",
+        default={},
+    ),
+    "quick": option(
+        "bool",
+        "the quick stages only (a bake's re-check): no baseline or performance generations, no "
+        "floors, nothing recorded",
+        default=False,
+    ),
 }
 
 # Options that are durations: ansible-core checks their type, not their sign.
@@ -101,8 +137,10 @@ def argument_spec(options: dict) -> dict:
 
 def settings_spec() -> dict:
     """The per-service `health` settings' spec: the gate's types, no defaults (unset: the role's or the gate's)."""
-    return {name: {key: value for key, value in argument_spec({name: GATE_OPTIONS[name]})[name].items() if key != "default"}
-            for name in GATE_SETTINGS}
+    return {
+        name: {key: value for key, value in argument_spec({name: GATE_OPTIONS[name]})[name].items() if key != "default"}
+        for name in GATE_SETTINGS
+    }
 
 
 def default(name: str):
@@ -119,8 +157,10 @@ def with_gate(params: dict) -> dict:
     gate = params.get("gate") or {}
     unknown = sorted(set(gate) - set(GATE_DICT_KEYS))
     if unknown:
-        raise ValueError("gate holds %s, which %s no gate setting (settings: %s)"
-                         % (", ".join(unknown), "is" if len(unknown) == 1 else "are", ", ".join(GATE_DICT_KEYS)))
+        raise ValueError(
+            "gate holds %s, which %s no gate setting (settings: %s)"
+            % (", ".join(unknown), "is" if len(unknown) == 1 else "are", ", ".join(GATE_DICT_KEYS))
+        )
     merged = dict(params)
     for key, value in gate.items():
         if value is not None and params.get(key) == GATE_OPTIONS[key].get("default"):
@@ -130,8 +170,17 @@ def with_gate(params: dict) -> dict:
 
 def quick_params(params: dict) -> dict:
     """A bake's re-check: the unit, journal, /health and chat stages only, recording nothing."""
-    return dict(params, prompts=[], baseline_file=None, metrics_file=None, record_metrics=False, verdict_file=None,
-                min_tokens_per_second=None, min_accept_length=None, previous=None)
+    return dict(
+        params,
+        prompts=[],
+        baseline_file=None,
+        metrics_file=None,
+        record_metrics=False,
+        verdict_file=None,
+        min_tokens_per_second=None,
+        min_accept_length=None,
+        previous=None,
+    )
 
 
 def _cell_default(declared: dict) -> str:

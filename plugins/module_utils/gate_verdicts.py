@@ -30,16 +30,16 @@ KEEP = 50
 MESSAGE_CHARS = 500
 
 # What a run does about a service's current release (gate_action's "action").
-NOTHING = "none"          # it passed its gate: only (re)started services are gated, as always
-GATE = "gate"             # no verdict, and the running process is that release: gate it as it runs
-RESTART = "restart"       # no verdict, and the process may predate the switch (or is down): restart, then gate
-ROLLBACK = "rollback"     # its gate failed: roll back to previous without running it again
+NOTHING = "none"  # it passed its gate: only (re)started services are gated, as always
+GATE = "gate"  # no verdict, and the running process is that release: gate it as it runs
+RESTART = "restart"  # no verdict, and the process may predate the switch (or is down): restart, then gate
+ROLLBACK = "rollback"  # its gate failed: roll back to previous without running it again
 # Why (gate_action's "reason"), for the report.
 PASSED = "passed"
-FAILED_VERDICT = "failed_verdict"      # the gate failed and the run died before (or during) the rollback
-INTERRUPTED = "interrupted"            # verdicts exist for the service, but none for its current release
-NO_VERDICTS_YET = "no_verdicts_yet"    # no verdict for the service at all: a release from before verdicts
-NO_RELEASE = "no_release"              # no current link (a first deploy not switched yet)
+FAILED_VERDICT = "failed_verdict"  # the gate failed and the run died before (or during) the rollback
+INTERRUPTED = "interrupted"  # verdicts exist for the service, but none for its current release
+NO_VERDICTS_YET = "no_verdicts_yet"  # no verdict for the service at all: a release from before verdicts
+NO_RELEASE = "no_release"  # no current link (a first deploy not switched yet)
 
 
 def utc_now() -> str:
@@ -62,7 +62,9 @@ def measurements(result: dict) -> dict:
         "health_latency_s": (result.get("health") or {}).get("latency_s"),
         "chat_latency_s": (result.get("chat") or {}).get("latency_s"),
         "baseline": baseline.get("status"),
-        "baseline_mismatches": sum(1 for entry in baseline.get("results") or [] if entry.get("status") not in (None, "match", "recorded")),
+        "baseline_mismatches": sum(
+            1 for entry in baseline.get("results") or [] if entry.get("status") not in (None, "match", "recorded")
+        ),
         "tokens_per_second": performance.get("tokens_per_second"),
         "accept_length": performance.get("accept_length"),
         "total_s": (result.get("timings") or {}).get("total"),
@@ -111,8 +113,14 @@ def started_after(process_start: float | None, link_mtime: float | None) -> bool
     return process_start > link_mtime
 
 
-def gate_action(current: str | None, previous: str | None, document: dict | None, unit_active: bool,
-                process_started_after_switch: bool, restarts: int = 0) -> dict:
+def gate_action(
+    current: str | None,
+    previous: str | None,
+    document: dict | None,
+    unit_active: bool,
+    process_started_after_switch: bool,
+    restarts: int = 0,
+) -> dict:
     """What a run must do about a service's current release, from its recorded verdicts and its unit.
 
     Returns {"action": none | gate | restart | rollback, "reason": ..., "verdict": the current release's
@@ -155,12 +163,16 @@ def unit_facts(properties: dict) -> dict:
         restarts = int(properties.get("NRestarts") or 0)
     except ValueError:
         restarts = 0
-    return {"active": properties.get("ActiveState") in ("active", "activating", "reloading"),
-            "restarts": restarts, "process_start": process_start}
+    return {
+        "active": properties.get("ActiveState") in ("active", "activating", "reloading"),
+        "restarts": restarts,
+        "process_start": process_start,
+    }
 
 
-def fallback_after_switch(before_current: str | None, before_previous: str | None, new_release: str,
-                          document: dict | None) -> str | None:
+def fallback_after_switch(
+    before_current: str | None, before_previous: str | None, new_release: str, document: dict | None
+) -> str | None:
     """The release `previous` should name after switching to new_release: the one to roll back to.
 
     Without verdicts (a host from before them) it is the release current named, as always. With them,

@@ -18,6 +18,7 @@ import json
 import socket
 import time
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_journal import split_journal_output
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_output import (
     compare_metrics,
     compare_output,
@@ -33,7 +34,6 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_records impor
     previous_metrics,
     read_json,
 )
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_journal import split_journal_output
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_unit import (
     UNIT_PROPERTIES,
     StartWatch,
@@ -81,8 +81,17 @@ class ServiceIO:
     run_command is AnsibleModule.run_command; systemctl and journalctl are the binaries' paths.
     """
 
-    def __init__(self, run_command, systemctl: str, journalctl: str, unit: str, host: str, port: int,
-                 api_key: str | None = None, connect_timeout: float = 1.0):
+    def __init__(
+        self,
+        run_command,
+        systemctl: str,
+        journalctl: str,
+        unit: str,
+        host: str,
+        port: int,
+        api_key: str | None = None,
+        connect_timeout: float = 1.0,
+    ):
         self.run_command = run_command
         self.systemctl = systemctl
         self.journalctl = journalctl
@@ -112,7 +121,9 @@ class ServiceIO:
         return lines
 
     def kernel_lines(self, since: str) -> list:
-        rc, out, _err = self.run_command([self.journalctl, "-k", "--no-pager", "-q", "-o", "short-precise", "--since", since])
+        rc, out, _err = self.run_command(
+            [self.journalctl, "-k", "--no-pager", "-q", "-o", "short-precise", "--since", since]
+        )
         return out.splitlines() if rc == 0 else []
 
     def port_open(self) -> bool:
@@ -122,7 +133,9 @@ class ServiceIO:
         except OSError:
             return False
 
-    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10.0, auth: bool = False) -> dict:
+    def request(
+        self, method: str, path: str, body: dict | None = None, timeout: float = 10.0, auth: bool = False
+    ) -> dict:
         """-> {"status": int or None, "data": parsed JSON or None, "text": str, "seconds", "error": str or None}."""
         headers = {"Accept": "application/json"}
         data = None
@@ -158,8 +171,13 @@ class ServiceIO:
                 parsed = json.loads(text)
             except ValueError:
                 parsed = None
-        return {"status": status, "data": parsed, "text": redact(text[:TEXT_LIMIT], self.api_key), "seconds": seconds,
-                "error": redact(error, self.api_key)}
+        return {
+            "status": status,
+            "data": parsed,
+            "text": redact(text[:TEXT_LIMIT], self.api_key),
+            "seconds": seconds,
+            "error": redact(error, self.api_key),
+        }
 
 
 def describe(answer: dict) -> str:
@@ -180,8 +198,16 @@ class HealthGate:
     document) only when every stage passed, and never in check mode; warn(text) takes warnings.
     """
 
-    def __init__(self, params: dict, io: ServiceIO, check_mode: bool = False, warn=None, write=None,
-                 clock=time.monotonic, sleep=time.sleep):
+    def __init__(
+        self,
+        params: dict,
+        io: ServiceIO,
+        check_mode: bool = False,
+        warn=None,
+        write=None,
+        clock=time.monotonic,
+        sleep=time.sleep,
+    ):
         self.params = params
         self.io = io
         self.check_mode = check_mode
@@ -195,9 +221,16 @@ class HealthGate:
         self.t0 = clock()
         self.origin = self.t0
         self.stage = STAGES[0]
-        self.result = {"unit": self.unit, "service": params["name"], "release_id": params["release_id"],
-                       "stage": self.stage, "passed": False, "timings": {},
-                       "recorded": {"baseline": False, "metrics": False}, "unit_state": {}}
+        self.result = {
+            "unit": self.unit,
+            "service": params["name"],
+            "release_id": params["release_id"],
+            "stage": self.stage,
+            "passed": False,
+            "timings": {},
+            "recorded": {"baseline": False, "metrics": False},
+            "unit_state": {},
+        }
         self.pending = {}  # what to record once every stage passed
         self.model = params["model"]
         self.chat_text = ""
@@ -228,9 +261,13 @@ class HealthGate:
         self.result["passed"] = True
         performance = self.result.get("performance", {})
         message = "%s is healthy: port after %s s, /health %s s, %s tokens/s, acceptance length %s%s" % (
-            self.unit, self.result["startup"].get("time_to_port_s"), self.result["health"]["latency_s"],
-            performance.get("tokens_per_second"), performance.get("accept_length"),
-            " (%s)" % performance["accept_length_source"] if performance.get("accept_length_source") else "")
+            self.unit,
+            self.result["startup"].get("time_to_port_s"),
+            self.result["health"]["latency_s"],
+            performance.get("tokens_per_second"),
+            performance.get("accept_length"),
+            " (%s)" % performance["accept_length_source"] if performance.get("accept_length_source") else "",
+        )
         return True, message, self.result
 
     def failed(self, failure: GateFailed) -> tuple:
@@ -249,7 +286,7 @@ class HealthGate:
         try:
             return read_json(path)
         except (OSError, ValueError) as exc:
-            raise GateFailed("state_file", "cannot read %s: %s" % (path, exc))
+            raise GateFailed("state_file", "cannot read %s: %s" % (path, exc)) from None
 
     # ---- unit watch ------------------------------------------------------------------------------
 
@@ -268,7 +305,9 @@ class HealthGate:
         props = self.unit_props()
         lines = self.io.journal_lines(self.since)
         state = self.watch.feed(self.clock(), props, lines, port_open)
-        self.result["unit_state"].update({key: self.watch.unit.get(key) for key in ("phase", "kind", "reason", "state")})
+        self.result["unit_state"].update(
+            {key: self.watch.unit.get(key) for key in ("phase", "kind", "reason", "state")}
+        )
         return state
 
     def fail_from_watch(self, stage: str | None = None, prefix: str = "", **evidence):
@@ -308,22 +347,33 @@ class HealthGate:
         while state["state"] == "failing":  # the settle poll: the traceback's end and the unit's final state
             self.sleep(self.params["poll_interval"])
             state = self.watch_once(port_open=True)
-        self.result["unit_state"].update({key: self.watch.unit.get(key) for key in ("phase", "kind", "reason", "state")})
+        self.result["unit_state"].update(
+            {key: self.watch.unit.get(key) for key in ("phase", "kind", "reason", "state")}
+        )
         died = not self.watch.unit["alive"] or self.pid_changed()
         if not died:
             if state["state"] == "failed":
                 self.fail_from_watch()
             return
         props = self.result["unit_state"]["properties"]
-        died_during = {"stage": self.stage, "request": request, "error": problem, "main_pid_at_ready": self.ready_pid,
-                       "main_pid_now": props.get("MainPID")}
+        died_during = {
+            "stage": self.stage,
+            "request": request,
+            "error": problem,
+            "main_pid_at_ready": self.ready_pid,
+            "main_pid_now": props.get("MainPID"),
+        }
         prefix = "the server died during the %s stage (%s failed: %s): " % (self.stage, request, problem)
         if state["state"] == "failed":
             self.fail_from_watch(stage="unit_watch", prefix=prefix, died_during=died_during)
         # Running, nothing fatal in the journal, but another main process: restarted behind the gate's back.
-        raise GateFailed("restarted", "%sthe unit's main process is PID %s, not PID %s that answered on the port: it "
-                         "was restarted (%s)" % (prefix, props.get("MainPID"), self.ready_pid, self.watch.unit["reason"]),
-                         stage="unit_watch", died_during=died_during)
+        raise GateFailed(
+            "restarted",
+            "%sthe unit's main process is PID %s, not PID %s that answered on the port: it "
+            "was restarted (%s)" % (prefix, props.get("MainPID"), self.ready_pid, self.watch.unit["reason"]),
+            stage="unit_watch",
+            died_during=died_during,
+        )
 
     def pid_changed(self) -> bool:
         """Whether the unit's main process is another than the one that became ready (0: none now)."""
@@ -360,11 +410,13 @@ class HealthGate:
         def rel(moment):
             return None if moment is None else round(moment - self.origin, 3)
 
-        self.result["startup"].update({
-            "time_to_first_progress_s": rel(self.watch.first_progress_at),
-            "time_to_port_s": rel(self.watch.port_at),
-            "progress": [{"marker": p["marker"], "at_s": rel(p["at"])} for p in self.watch.progress],
-        })
+        self.result["startup"].update(
+            {
+                "time_to_first_progress_s": rel(self.watch.first_progress_at),
+                "time_to_port_s": rel(self.watch.port_at),
+                "progress": [{"marker": p["marker"], "at_s": rel(p["at"])} for p in self.watch.progress],
+            }
+        )
 
     # ---- health, chat, outputs -------------------------------------------------------------------
 
@@ -391,7 +443,11 @@ class HealthGate:
         kind = "hung" if len(answered) == len(attempts) else "unreachable"
         seen = ", ".join(str(a["status"]) if a["status"] is not None else a["error"] for a in attempts)
         reason = "%s did not answer 200 within %g s although the unit is %s (%s)" % (
-            path, self.params["health_timeout"], self.result["unit_state"].get("state"), seen)
+            path,
+            self.params["health_timeout"],
+            self.result["unit_state"].get("state"),
+            seen,
+        )
         if kind == "hung":
             reason += "; the scheduler is hung"
         if models["status"] == 200:
@@ -406,13 +462,22 @@ class HealthGate:
             return answer["data"]["data"][0]["id"]
         except (TypeError, KeyError, IndexError):
             self.check_unit("GET /v1/models", describe(answer))
-            raise GateFailed("chat", "could not read the served model name from /v1/models (%s): %s" % (
-                answer["status"] or answer["error"], answer["text"][:200]))
+            raise GateFailed(
+                "chat",
+                "could not read the served model name from /v1/models (%s): %s"
+                % (answer["status"] or answer["error"], answer["text"][:200]),
+            ) from None
 
     def generate(self, prompt: str, max_tokens: int, what: str) -> dict:
-        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}],
-                "max_tokens": max_tokens, "temperature": 0}
-        answer = self.io.request("POST", "/v1/chat/completions", body, timeout=self.params["request_timeout"], auth=True)
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        answer = self.io.request(
+            "POST", "/v1/chat/completions", body, timeout=self.params["request_timeout"], auth=True
+        )
         problem = None
         if answer["error"]:
             problem = answer["error"]
@@ -423,21 +488,33 @@ class HealthGate:
                 choice = answer["data"]["choices"][0]
                 text = choice["message"]["content"] or ""
                 tokens = (answer["data"].get("usage") or {}).get("completion_tokens")
-                return {"text": text, "completion_tokens": tokens, "finish_reason": choice.get("finish_reason"),
-                        "seconds": answer["seconds"]}
+                return {
+                    "text": text,
+                    "completion_tokens": tokens,
+                    "finish_reason": choice.get("finish_reason"),
+                    "seconds": answer["seconds"],
+                }
             except (TypeError, KeyError, IndexError):
                 problem = "an answer that is not a chat completion: %s" % answer["text"][:300]
         self.check_unit(what, problem)  # a crash explains a failed request better than the request does
         kind = "chat_timeout" if answer["error"] and answer["error"].startswith("timed out") else "chat"
-        raise GateFailed(kind, "%s: /v1/chat/completions failed although %s answered 200: %s" % (
-            what, self.params["health_path"], problem))
+        raise GateFailed(
+            kind,
+            "%s: /v1/chat/completions failed although %s answered 200: %s"
+            % (what, self.params["health_path"], problem),
+        )
 
     def stage_chat(self):
         self.model = self.model_name()
         reply = self.generate(self.params["chat_prompt"], self.params["chat_max_tokens"], "the chat request")
         self.chat_text = reply["text"]
-        self.result["chat"] = {"text": reply["text"][:TEXT_LIMIT], "completion_tokens": reply["completion_tokens"],
-                               "finish_reason": reply["finish_reason"], "latency_s": reply["seconds"], "model": self.model}
+        self.result["chat"] = {
+            "text": reply["text"][:TEXT_LIMIT],
+            "completion_tokens": reply["completion_tokens"],
+            "finish_reason": reply["finish_reason"],
+            "latency_s": reply["seconds"],
+            "model": self.model,
+        }
 
     def stage_degenerate(self):
         verdict = degenerate_output(self.chat_text)
@@ -448,7 +525,9 @@ class HealthGate:
     def server_info(self) -> dict:
         """/server_info, once per run, for the baseline key: -> the request's answer (ServiceIO.request)."""
         if self._server_info is None:
-            self._server_info = self.io.request("GET", "/server_info", timeout=self.params["request_timeout"], auth=True)
+            self._server_info = self.io.request(
+                "GET", "/server_info", timeout=self.params["request_timeout"], auth=True
+            )
             if self._server_info["status"] != 200:
                 self.check_unit("GET /server_info", describe(self._server_info))
         return self._server_info
@@ -460,8 +539,10 @@ class HealthGate:
             info = self.server_info()
             self._key = baseline_key(self.model, info["data"] if info["status"] == 200 else None)
             if self._key["family"] == "?":
-                self.warn("%s: /server_info did not answer (%s), so the baseline key %r does not name the decoding "
-                          "family" % (self.unit, info["error"] or "HTTP %s" % info["status"], self._key["key"]))
+                self.warn(
+                    "%s: /server_info did not answer (%s), so the baseline key %r does not name the decoding "
+                    "family" % (self.unit, info["error"] or "HTTP %s" % info["status"], self._key["key"])
+                )
         return self._key
 
     def stage_baseline(self):
@@ -471,21 +552,34 @@ class HealthGate:
         results = []
         key = self.decoding_key()
         # "incomplete" until every prompt was generated: a request that fails (the server died) leaves it so.
-        self.result["baseline"] = {"status": "incomplete", "file": path, "model": self.model,
-                                   "key": key["key"], "family": key["family"], "results": results}
+        self.result["baseline"] = {
+            "status": "incomplete",
+            "file": path,
+            "model": self.model,
+            "key": key["key"],
+            "family": key["family"],
+            "results": results,
+        }
         new_document = document
         mismatches = []
         for prompt in self.params["prompts"]:
             reply = self.generate(prompt, max_tokens, "baseline prompt %r" % prompt[:60])
             self.generations.append(reply)
-            entry = {"prompt": prompt, "text": reply["text"][:TEXT_LIMIT], "completion_tokens": reply["completion_tokens"],
-                     "seconds": reply["seconds"]}
+            entry = {
+                "prompt": prompt,
+                "text": reply["text"][:TEXT_LIMIT],
+                "completion_tokens": reply["completion_tokens"],
+                "seconds": reply["seconds"],
+            }
             results.append(entry)
             verdict = degenerate_output(reply["text"])
             if verdict["degenerate"]:
                 entry["status"] = "degenerate"
                 self.result["baseline"]["status"] = "failed"
-                raise GateFailed("degenerate", "the output for baseline prompt %r is degenerate: %s" % (prompt[:60], verdict["reason"]))
+                raise GateFailed(
+                    "degenerate",
+                    "the output for baseline prompt %r is degenerate: %s" % (prompt[:60], verdict["reason"]),
+                )
             if not path:
                 entry["status"] = "unchecked"
                 continue
@@ -493,9 +587,18 @@ class HealthGate:
             if recorded is None:
                 if self.params["record_baseline"]:
                     entry["status"] = "new"
-                    new_document = baseline_add(new_document, key["key"], prompt, max_tokens, {
-                        "text": reply["text"], "completion_tokens": reply["completion_tokens"],
-                        "recorded_at": _now_utc(), "release_id": self.params["release_id"]})
+                    new_document = baseline_add(
+                        new_document,
+                        key["key"],
+                        prompt,
+                        max_tokens,
+                        {
+                            "text": reply["text"],
+                            "completion_tokens": reply["completion_tokens"],
+                            "recorded_at": _now_utc(),
+                            "release_id": self.params["release_id"],
+                        },
+                    )
                 else:
                     entry["status"] = "missing"
                 continue
@@ -508,19 +611,34 @@ class HealthGate:
         if mismatches:
             self.result["baseline"]["status"] = "failed"
             prompt, comparison = mismatches[0]
-            raise GateFailed("baseline_mismatch", (
-                "%d of %d greedy outputs differ from the baseline for %s (max_tokens %d); prompt %r differs "
-                "after character %d (%d differ, %d allowed): expected %r, got %r") % (
-                len(mismatches), len(results), key["key"], max_tokens, prompt[:60],
-                comparison["common_prefix"], comparison["differing_chars"], comparison["allowed_chars"],
-                comparison.get("expected_excerpt"), comparison.get("actual_excerpt")))
+            raise GateFailed(
+                "baseline_mismatch",
+                (
+                    "%d of %d greedy outputs differ from the baseline for %s (max_tokens %d); prompt %r differs "
+                    "after character %d (%d differ, %d allowed): expected %r, got %r"
+                )
+                % (
+                    len(mismatches),
+                    len(results),
+                    key["key"],
+                    max_tokens,
+                    prompt[:60],
+                    comparison["common_prefix"],
+                    comparison["differing_chars"],
+                    comparison["allowed_chars"],
+                    comparison.get("expected_excerpt"),
+                    comparison.get("actual_excerpt"),
+                ),
+            )
         if "new" in statuses:
             self.result["baseline"]["status"] = "recorded"
             self.pending["baseline"] = new_document
         elif "missing" in statuses:
             self.result["baseline"]["status"] = "missing"
-            self.warn("%s: no baseline in %s for %s (max_tokens %d) and record_baseline is false: outputs "
-                      "were not compared" % (self.unit, path, key["key"], max_tokens))
+            self.warn(
+                "%s: no baseline in %s for %s (max_tokens %d) and record_baseline is false: outputs "
+                "were not compared" % (self.unit, path, key["key"], max_tokens)
+            )
 
     def stage_performance(self):
         params = self.params
@@ -549,21 +667,40 @@ class HealthGate:
         floors = {"tokens_per_second": params["min_tokens_per_second"], "accept_length": params["min_accept_length"]}
         problems = compare_metrics(current, floors, previous, params["max_regression"])
         if current["accept_length"] is None and accept_detail.get("accept_length_error"):
-            problems = [problem + " (POST /generate: %s)" % accept_detail["accept_length_error"]
-                        if problem.startswith("no acceptance length") else problem for problem in problems]
+            problems = [
+                problem + " (POST /generate: %s)" % accept_detail["accept_length_error"]
+                if problem.startswith("no acceptance length")
+                else problem
+                for problem in problems
+            ]
         self.result["performance"] = dict(
-            current, accept_length_source=source, **accept_detail,
+            current,
+            accept_length_source=source,
+            **accept_detail,
             completion_tokens=sum(g["completion_tokens"] or 0 for g in self.generations),
             generation_s=round(sum(g["seconds"] for g in self.generations), 3),
-            previous=previous, floors=floors, max_regression=params["max_regression"], problems=problems)
+            previous=previous,
+            floors=floors,
+            max_regression=params["max_regression"],
+            problems=problems,
+        )
         if problems:
             raise GateFailed("performance", "; ".join(problems))
         if params["record_metrics"]:
-            self.pending["metrics"] = metrics_add(self.read_record(params["metrics_file"]), {
-                "model": self.model, "key": self.decoding_key()["key"], "release_id": params["release_id"],
-                "recorded_at": _now_utc(),
-                "tokens_per_second": current["tokens_per_second"], "accept_length": current["accept_length"],
-                "accept_length_source": source, "prompts": len(self.generations), "max_tokens": params["max_tokens"]})
+            self.pending["metrics"] = metrics_add(
+                self.read_record(params["metrics_file"]),
+                {
+                    "model": self.model,
+                    "key": self.decoding_key()["key"],
+                    "release_id": params["release_id"],
+                    "recorded_at": _now_utc(),
+                    "tokens_per_second": current["tokens_per_second"],
+                    "accept_length": current["accept_length"],
+                    "accept_length_source": source,
+                    "prompts": len(self.generations),
+                    "max_tokens": params["max_tokens"],
+                },
+            )
 
     def accept_length_from_generate(self, prompt: str, max_tokens: int) -> dict:
         """The acceptance length of one greedy generation, from SGLang's own per-request meta_info.
@@ -579,15 +716,26 @@ class HealthGate:
         answer = self.io.request("POST", "/generate", body, timeout=self.params["request_timeout"], auth=True)
         meta = answer["data"].get("meta_info") if answer["status"] == 200 and isinstance(answer["data"], dict) else None
         if not isinstance(meta, dict):
-            problem = describe(answer) if answer["error"] or answer["status"] != 200 else (
-                "an answer without meta_info: %s" % answer["text"][:200])
+            problem = (
+                describe(answer)
+                if answer["error"] or answer["status"] != 200
+                else ("an answer without meta_info: %s" % answer["text"][:200])
+            )
             self.check_unit("POST /generate", problem)  # a server that died explains it better
             return {"accept_length": None, "accept_length_error": problem}
         accept = meta.get("spec_accept_length")
-        detail = {"accept_length": accept if isinstance(accept, (int, float)) and not isinstance(accept, bool) else None,
-                  "accept_length_request": {"prompt": prompt[:TEXT_LIMIT], "completion_tokens": meta.get("completion_tokens"),
-                                            "spec_verify_ct": meta.get("spec_verify_ct"), "latency_s": answer["seconds"]}}
+        detail = {
+            "accept_length": accept if isinstance(accept, (int, float)) and not isinstance(accept, bool) else None,
+            "accept_length_request": {
+                "prompt": prompt[:TEXT_LIMIT],
+                "completion_tokens": meta.get("completion_tokens"),
+                "spec_verify_ct": meta.get("spec_verify_ct"),
+                "latency_s": answer["seconds"],
+            },
+        }
         if detail["accept_length"] is None:
             # SGLang sets it only when the request ran at least one verify step.
-            detail["accept_length_error"] = "meta_info has no spec_accept_length (spec_verify_ct %s)" % meta.get("spec_verify_ct")
+            detail["accept_length_error"] = "meta_info has no spec_accept_length (spec_verify_ct %s)" % meta.get(
+                "spec_verify_ct"
+            )
         return detail

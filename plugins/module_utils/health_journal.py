@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import re
 
-
 # (substring, kind), matched case-insensitively. The order is the priority when several match: the
 # first kind in this list that matched names the cause (a plugin that failed to load explains the
 # "Unknown speculative algorithm name" after it; a CUDA OOM explains the scheduler exception around it).
@@ -101,7 +100,7 @@ def split_journal_output(stdout: str) -> tuple:
     lines, cursor = [], None
     for line in stdout.splitlines():
         if line.startswith("-- cursor: "):
-            cursor = line[len("-- cursor: "):].strip()
+            cursor = line[len("-- cursor: ") :].strip()
         elif line.startswith("-- ") and line.endswith(" --"):
             continue
         else:
@@ -145,7 +144,7 @@ def signature_evidence(lines: list, matches: list, before: int = 3, after: int =
     evidence = []
     for match in matches[:limit]:
         index = match["index"]
-        context = [clip_line(line) for line in lines[max(0, index - before):index + after + 1]]
+        context = [clip_line(line) for line in lines[max(0, index - before) : index + after + 1]]
         evidence.append(dict(match, context=context))
     return evidence
 
@@ -155,7 +154,9 @@ _LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*")  # SGLang's "[2026-11-30 10:00:01 TP
 # Any class name: SGLang raises plain `Exception("Capture cuda graph failed: ...")`, torch raises
 # `torch.AcceleratorError`, Triton `triton.compiler.errors.CompilationError`, and a bare `raise
 # SomeError` prints the name alone. Uvicorn's "INFO:     ..." lines (log levels) are not exceptions.
-_EXCEPTION_LINE = re.compile(r"^(?!(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|TRACE):)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$")
+_EXCEPTION_LINE = re.compile(
+    r"^(?!(?:DEBUG|INFO|WARNING|ERROR|CRITICAL|TRACE):)(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?::(?:\s.*)?)?$"
+)
 
 
 def exception_summary(lines: list, start: int = 0) -> str | None:

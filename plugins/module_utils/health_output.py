@@ -48,24 +48,40 @@ def degenerate_output(text: str | None) -> dict:
     text = text or ""
     compact = "".join(text.split())
     if not compact:
-        return {"degenerate": True, "rule": "empty", "reason": "the output is empty (%d characters of whitespace)" % len(text)}
+        return {
+            "degenerate": True,
+            "rule": "empty",
+            "reason": "the output is empty (%d characters of whitespace)" % len(text),
+        }
     distinct = set(compact)
     if len(distinct) == 1 and len(compact) >= REPEAT_MIN_CHARS:
-        return {"degenerate": True, "rule": "one_char",
-                "reason": "the output is one character repeated: %r x %d" % (compact[0], len(compact))}
+        return {
+            "degenerate": True,
+            "rule": "one_char",
+            "reason": "the output is one character repeated: %r x %d" % (compact[0], len(compact)),
+        }
     if len(compact) >= FEW_DISTINCT_MIN_CHARS and len(distinct) <= FEW_DISTINCT_MAX:
-        return {"degenerate": True, "rule": "few_distinct",
-                "reason": "the output has only %d distinct characters (%s) in %d" % (
-                    len(distinct), "".join(sorted(distinct)), len(compact))}
+        return {
+            "degenerate": True,
+            "rule": "few_distinct",
+            "reason": "the output has only %d distinct characters (%s) in %d"
+            % (len(distinct), "".join(sorted(distinct)), len(compact)),
+        }
     collapsed = " ".join(text.split())
     for period in range(1, min(LOOP_MAX_PERIOD, len(collapsed) // LOOP_MIN_REPEATS) + 1):
         covered = periodic_suffix(collapsed, period)
-        if (covered >= LOOP_MIN_REPEATS * period and covered >= LOOP_MIN_CHARS
-                and covered >= LOOP_MIN_SHARE * len(collapsed)):
+        if (
+            covered >= LOOP_MIN_REPEATS * period
+            and covered >= LOOP_MIN_CHARS
+            and covered >= LOOP_MIN_SHARE * len(collapsed)
+        ):
             unit = collapsed[-period:]
-            return {"degenerate": True, "rule": "loop",
-                    "reason": "the output ends in a loop: %r repeated %.1f times (%d of %d characters)" % (
-                        unit, covered / float(period), covered, len(collapsed))}
+            return {
+                "degenerate": True,
+                "rule": "loop",
+                "reason": "the output ends in a loop: %r repeated %.1f times (%d of %d characters)"
+                % (unit, covered / float(period), covered, len(collapsed)),
+            }
     return {"degenerate": False, "rule": None, "reason": "not degenerate"}
 
 
@@ -85,12 +101,16 @@ def compare_output(expected: str, actual: str, tolerance: float = 0.0) -> dict:
         prefix += 1
     differing = max(len(expected), len(actual)) - prefix
     allowed = int(tolerance * len(expected))
-    result = {"match": differing <= allowed, "common_prefix": prefix, "differing_chars": differing,
-              "allowed_chars": allowed}
+    result = {
+        "match": differing <= allowed,
+        "common_prefix": prefix,
+        "differing_chars": differing,
+        "allowed_chars": allowed,
+    }
     if differing:
         start = max(0, prefix - 20)
-        result["expected_excerpt"] = expected[start:prefix + 60]
-        result["actual_excerpt"] = actual[start:prefix + 60]
+        result["expected_excerpt"] = expected[start : prefix + 60]
+        result["actual_excerpt"] = actual[start : prefix + 60]
     return result
 
 
@@ -114,8 +134,9 @@ def _number(value) -> float | None:
 METRIC_LABELS = {"tokens_per_second": "tokens/s", "accept_length": "acceptance length"}
 
 
-def compare_metrics(current: dict, floors: dict | None = None, previous: dict | None = None,
-                    max_regression: float = 0.5) -> list:
+def compare_metrics(
+    current: dict, floors: dict | None = None, previous: dict | None = None, max_regression: float = 0.5
+) -> list:
     """Problems with the measured numbers; [] when they pass.
 
     current/previous: {"tokens_per_second": float or None, "accept_length": float or None}.
@@ -130,16 +151,20 @@ def compare_metrics(current: dict, floors: dict | None = None, previous: dict | 
         floor = _number((floors or {}).get(key))
         if floor is not None:
             if value is None:
-                problems.append("no %s was measured, but the floor is %g%s" % (
-                    label, floor, " (is speculative decoding on?)" if key == "accept_length" else ""))
+                problems.append(
+                    "no %s was measured, but the floor is %g%s"
+                    % (label, floor, " (is speculative decoding on?)" if key == "accept_length" else "")
+                )
             elif value < floor:
                 problems.append("%s %.3g is below the floor %g" % (label, value, floor))
         before = _number((previous or {}).get(key))
         if value is not None and before:
             least = (1.0 - max_regression) * before
             if value < least:
-                problems.append("%s %.3g is %.0f%% below the previous release's %.3g (max_regression %g allows down to %.3g)" % (
-                    label, value, 100.0 * (1.0 - value / before), before, max_regression, least))
+                problems.append(
+                    "%s %.3g is %.0f%% below the previous release's %.3g (max_regression %g allows down to %.3g)"
+                    % (label, value, 100.0 * (1.0 - value / before), before, max_regression, least)
+                )
     return problems
 
 

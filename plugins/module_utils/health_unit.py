@@ -97,8 +97,17 @@ def classify_unit(props: dict, restarts_at_start: int = 0) -> dict:
     exit_info = main_exit(props)
     exit_text = exit_info["text"] if exit_info else "no exit status"
     state = "%s/%s" % (active, sub)
-    verdict = {"phase": None, "alive": False, "fatal": True, "kind": None, "reason": "", "exit": exit_info,
-               "state": state, "result": result, "restarts": restarts}
+    verdict = {
+        "phase": None,
+        "alive": False,
+        "fatal": True,
+        "kind": None,
+        "reason": "",
+        "exit": exit_info,
+        "state": state,
+        "result": result,
+        "restarts": restarts,
+    }
 
     def fail(phase, kind, reason):
         verdict.update(phase=phase, kind=kind, reason=reason)
@@ -125,9 +134,17 @@ def classify_unit(props: dict, restarts_at_start: int = 0) -> dict:
     if restarts > restarts_at_start or sub == "auto-restart":
         verdict.update(phase="restarting", kind="restarted")
         if sub == "auto-restart":
-            reason = "it died and systemd is about to restart it (%s, NRestarts=%d, last exit %s)" % (state, restarts, exit_text)
+            reason = "it died and systemd is about to restart it (%s, NRestarts=%d, last exit %s)" % (
+                state,
+                restarts,
+                exit_text,
+            )
         else:
-            reason = "it crashed and systemd restarted it (NRestarts=%d, %s, last exit %s)" % (restarts, state, exit_text)
+            reason = "it crashed and systemd restarted it (NRestarts=%d, %s, last exit %s)" % (
+                restarts,
+                state,
+                exit_text,
+            )
         if result == "oom-kill":
             reason += "; Result=oom-kill"
         verdict["reason"] = reason
@@ -141,7 +158,12 @@ def classify_unit(props: dict, restarts_at_start: int = 0) -> dict:
             return by_result("exited") or fail("exited", "exited", "it exited (%s)" % exit_text)
         return fail("inactive", "inactive", "the unit is inactive; was it started? (%s)" % state)
     if active in ("active", "reloading"):
-        verdict.update(phase="running", alive=True, fatal=False, reason="the unit is %s (MainPID %s)" % (state, props.get("MainPID")))
+        verdict.update(
+            phase="running",
+            alive=True,
+            fatal=False,
+            reason="the unit is %s (MainPID %s)" % (state, props.get("MainPID")),
+        )
         return verdict
     if active == "activating":
         verdict.update(phase="starting", alive=True, fatal=False, reason="the unit is %s" % state)
@@ -149,7 +171,9 @@ def classify_unit(props: dict, restarts_at_start: int = 0) -> dict:
     return fail("failed", "failed", "unexpected unit state %s (Result=%s)" % (state, result))
 
 
-_OOM_LINE = re.compile(r"Out of memory|oom-kill:|oom_reaper|Memory cgroup out of memory|invoked oom-killer", re.IGNORECASE)
+_OOM_LINE = re.compile(
+    r"Out of memory|oom-kill:|oom_reaper|Memory cgroup out of memory|invoked oom-killer", re.IGNORECASE
+)
 
 
 def kernel_oom_lines(lines: list, unit: str, pids=()) -> list:
@@ -185,7 +209,11 @@ def diagnose_failure(unit: dict | None, matches: list, lines: list, oom_lines=()
         return {"kind": "oom", "oom": True, "reason": "%s: %s%s" % (KIND_DESCRIPTIONS["oom"], evidence, unit_note)}
     if "bad_flag" in kinds:
         line = next(match["line"] for match in matches if match["kind"] == "bad_flag")
-        return {"kind": "bad_flag", "oom": False, "reason": "%s: %r%s" % (KIND_DESCRIPTIONS["bad_flag"], line, unit_note)}
+        return {
+            "kind": "bad_flag",
+            "oom": False,
+            "reason": "%s: %r%s" % (KIND_DESCRIPTIONS["bad_flag"], line, unit_note),
+        }
     if matches:
         kind = min(kinds, key=priority.index)
         first = next(match for match in matches if match["kind"] == kind)
@@ -195,14 +223,23 @@ def diagnose_failure(unit: dict | None, matches: list, lines: list, oom_lines=()
         if detail != first["line"]:
             reason += " (at %r)" % first["line"]
         if killed and exit_info.get("status") == signal.SIGKILL and "self_kill" in kinds:
-            reason += "; %s after 'Received sigquit' is SGLang killing its own process tree, not an OOM" % exit_info["text"]
+            reason += (
+                "; %s after 'Received sigquit' is SGLang killing its own process tree, not an OOM" % exit_info["text"]
+            )
         return {"kind": kind, "oom": False, "reason": reason + unit_note}
     if unit_kind == "killed" and exit_info.get("status") == signal.SIGKILL:
-        return {"kind": "killed", "oom": False,
-                "reason": "%s: %s by something outside SGLang (no 'Received sigquit' in the journal, no OOM in the "
-                          "kernel log)%s" % (KIND_DESCRIPTIONS["killed"], exit_info["text"], unit_note)}
+        return {
+            "kind": "killed",
+            "oom": False,
+            "reason": "%s: %s by something outside SGLang (no 'Received sigquit' in the journal, no OOM in the "
+            "kernel log)%s" % (KIND_DESCRIPTIONS["killed"], exit_info["text"], unit_note),
+        }
     if unit_kind:
-        return {"kind": unit_kind, "oom": False, "reason": "%s: %s" % (KIND_DESCRIPTIONS.get(unit_kind, unit_kind), unit.get("reason"))}
+        return {
+            "kind": unit_kind,
+            "oom": False,
+            "reason": "%s: %s" % (KIND_DESCRIPTIONS.get(unit_kind, unit_kind), unit.get("reason")),
+        }
     return {"kind": "failed", "oom": False, "reason": "the start failed"}
 
 
@@ -218,6 +255,7 @@ def wants_kernel_log(unit: dict | None) -> bool:
 # The start watch: a state machine fed with (time, unit properties, new journal lines, port open?)
 # ---------------------------------------------------------------------------------------------------
 
+
 class StartWatch:
     """Follows a service from its (re)start until its port answers, failing fast.
 
@@ -230,9 +268,17 @@ class StartWatch:
     No I/O, no clock: times are what the caller passes (seconds, any monotonic origin).
     """
 
-    def __init__(self, started_at: float, no_progress_timeout: float, start_timeout: float,
-                 settle_seconds: float = 0.0, extra_signatures=(), extra_progress_markers=(),
-                 restarts_at_start: int = 0, max_lines: int = 50000):
+    def __init__(
+        self,
+        started_at: float,
+        no_progress_timeout: float,
+        start_timeout: float,
+        settle_seconds: float = 0.0,
+        extra_signatures=(),
+        extra_progress_markers=(),
+        restarts_at_start: int = 0,
+        max_lines: int = 50000,
+    ):
         self.started_at = started_at
         self.no_progress_timeout = no_progress_timeout
         self.start_timeout = start_timeout
@@ -258,7 +304,7 @@ class StartWatch:
     def _take_lines(self, now: float, new_lines) -> None:
         start = len(self.lines)
         room = self.max_lines - start
-        self.lines.extend(list(new_lines)[:max(room, 0)])
+        self.lines.extend(list(new_lines)[: max(room, 0)])
         for index in range(start, len(self.lines)):
             name = match_progress(self.lines[index], extra=self.extra_progress_markers)
             if name:
@@ -289,12 +335,20 @@ class StartWatch:
             if self.progress:
                 last = self.progress[-1]
                 reason = "no progress for %.0f s since the last marker, %r (seen %.1f s into the watch)" % (
-                    now - self.last_progress_at, last["marker"], last["at"] - self.started_at)
+                    now - self.last_progress_at,
+                    last["marker"],
+                    last["at"] - self.started_at,
+                )
             else:
-                reason = "no progress marker in the journal within %.0f s of the watch's start" % (now - self.started_at)
+                reason = "no progress marker in the journal within %.0f s of the watch's start" % (
+                    now - self.started_at
+                )
             return self._fail({"kind": "no_progress", "oom": False, "reason": self._with_unit(reason)})
         if now - self.started_at >= self.start_timeout:
-            reason = "the port did not open within start_timeout (%.0f s), although progress markers kept coming" % self.start_timeout
+            reason = (
+                "the port did not open within start_timeout (%.0f s), although progress markers kept coming"
+                % self.start_timeout
+            )
             return self._fail({"kind": "start_timeout", "oom": False, "reason": self._with_unit(reason)})
         return {"state": "starting"}
 

@@ -12,13 +12,61 @@ import re
 # torchcodec loads all seven FFmpeg libraries of one FFmpeg release; these are their sonames per
 # release (FFmpeg's own version tables). Debian 12 ships FFmpeg 5.1.
 FFMPEG_SONAMES = {
-    "4": {"libavutil": 56, "libavcodec": 58, "libavformat": 58, "libavdevice": 58, "libavfilter": 7, "libswscale": 5, "libswresample": 3},
-    "5": {"libavutil": 57, "libavcodec": 59, "libavformat": 59, "libavdevice": 59, "libavfilter": 8, "libswscale": 6, "libswresample": 4},
-    "6": {"libavutil": 58, "libavcodec": 60, "libavformat": 60, "libavdevice": 60, "libavfilter": 9, "libswscale": 7, "libswresample": 4},
-    "7": {"libavutil": 59, "libavcodec": 61, "libavformat": 61, "libavdevice": 61, "libavfilter": 10, "libswscale": 8, "libswresample": 5},
-    "8": {"libavutil": 60, "libavcodec": 62, "libavformat": 62, "libavdevice": 62, "libavfilter": 11, "libswscale": 9, "libswresample": 6},
+    "4": {
+        "libavutil": 56,
+        "libavcodec": 58,
+        "libavformat": 58,
+        "libavdevice": 58,
+        "libavfilter": 7,
+        "libswscale": 5,
+        "libswresample": 3,
+    },
+    "5": {
+        "libavutil": 57,
+        "libavcodec": 59,
+        "libavformat": 59,
+        "libavdevice": 59,
+        "libavfilter": 8,
+        "libswscale": 6,
+        "libswresample": 4,
+    },
+    "6": {
+        "libavutil": 58,
+        "libavcodec": 60,
+        "libavformat": 60,
+        "libavdevice": 60,
+        "libavfilter": 9,
+        "libswscale": 7,
+        "libswresample": 4,
+    },
+    "7": {
+        "libavutil": 59,
+        "libavcodec": 61,
+        "libavformat": 61,
+        "libavdevice": 61,
+        "libavfilter": 10,
+        "libswscale": 8,
+        "libswresample": 5,
+    },
+    "8": {
+        "libavutil": 60,
+        "libavcodec": 62,
+        "libavformat": 62,
+        "libavdevice": 62,
+        "libavfilter": 11,
+        "libswscale": 9,
+        "libswresample": 6,
+    },
 }
-FFMPEG_LIBRARIES = ("libavutil", "libavcodec", "libavformat", "libavdevice", "libavfilter", "libswscale", "libswresample")
+FFMPEG_LIBRARIES = (
+    "libavutil",
+    "libavcodec",
+    "libavformat",
+    "libavdevice",
+    "libavfilter",
+    "libswscale",
+    "libswresample",
+)
 
 _LDCONFIG_LINE = re.compile(r"^\s*(lib(?:av\w+|sw\w+))\.so\.(\d+)\s")
 

@@ -55,10 +55,14 @@ def exclusive(path, timeout=None, poll=1.0, clock=time.monotonic, sleep=time.sle
             except BlockingIOError:
                 waited = clock() - start
                 if timeout is not None and waited >= timeout:
-                    raise LockTimeout(path, waited, read_holder(path))
+                    raise LockTimeout(path, waited, read_holder(path)) from None
                 sleep(poll)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode(), 0)
+        os.pwrite(
+            fd,
+            json.dumps({"pid": os.getpid(), "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}).encode(),
+            0,
+        )
         yield clock() - start
     finally:
         os.close(fd)  # closing the last descriptor releases the lock

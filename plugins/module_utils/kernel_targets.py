@@ -41,7 +41,7 @@ def kernel_capabilities() -> list[str]:
 
 
 def capability_number(capability: str) -> int:
-    """"12.0" -> 120, Triton's form of a compute capability (GPUTarget("cuda", 120, 32))."""
+    """ "12.0" -> 120, Triton's form of a compute capability (GPUTarget("cuda", 120, 32))."""
     major, minor = (str(capability).split(".") + ["0"])[:2]
     return int(major) * 10 + int(minor or 0)
 
@@ -58,19 +58,27 @@ def resource_problems(kernel: str, capability: str, shared_bytes: int, registers
     naming the kernel, the GPU and the resource. An empty list: it launches there."""
     limits = KERNEL_GPUS.get(capability)
     if limits is None:
-        return ["%s: no limits are declared for compute capability %s; add its row to KERNEL_GPUS "
-                "(plugins/module_utils/kernel_targets.py)" % (kernel, capability)]
+        return [
+            "%s: no limits are declared for compute capability %s; add its row to KERNEL_GPUS "
+            "(plugins/module_utils/kernel_targets.py)" % (kernel, capability)
+        ]
     problems = []
     if shared_bytes > limits["shared_bytes_per_block"]:
-        problems.append("%s on compute capability %s: %d bytes of shared memory per block, over the GPU's %d"
-                        % (kernel, capability, shared_bytes, limits["shared_bytes_per_block"]))
+        problems.append(
+            "%s on compute capability %s: %d bytes of shared memory per block, over the GPU's %d"
+            % (kernel, capability, shared_bytes, limits["shared_bytes_per_block"])
+        )
     if registers > limits["registers_per_thread"]:
-        problems.append("%s on compute capability %s: %d registers per thread, over the GPU's %d"
-                        % (kernel, capability, registers, limits["registers_per_thread"]))
+        problems.append(
+            "%s on compute capability %s: %d registers per thread, over the GPU's %d"
+            % (kernel, capability, registers, limits["registers_per_thread"])
+        )
     block = registers_per_block(registers, num_warps)
     if block > limits["registers_per_block"]:
-        problems.append("%s on compute capability %s: %d registers per block (%d per thread x %d warps), over the GPU's %d"
-                        % (kernel, capability, block, registers, num_warps, limits["registers_per_block"]))
+        problems.append(
+            "%s on compute capability %s: %d registers per block (%d per thread x %d warps), over the GPU's %d"
+            % (kernel, capability, block, registers, num_warps, limits["registers_per_block"])
+        )
     return problems
 
 
@@ -89,7 +97,9 @@ def ddtree_gpu_problems(services: list, gpus: list, host: str = "host") -> list[
         if algorithm not in KERNEL_ALGORITHMS:
             continue
         autotune = spec.get("autotune") if isinstance(spec.get("autotune"), dict) else {}
-        indices = list(service.get("gpus") or []) + [gpu for gpu in autotune.get("gpus") or [] if gpu not in (service.get("gpus") or [])]
+        indices = list(service.get("gpus") or []) + [
+            gpu for gpu in autotune.get("gpus") or [] if gpu not in (service.get("gpus") or [])
+        ]
         for index in indices:
             gpu = by_index.get(index)
             if gpu is None or str(gpu.get("compute_capability")) in KERNEL_GPUS:
@@ -98,6 +108,16 @@ def ddtree_gpu_problems(services: list, gpus: list, host: str = "host") -> list[
                 "%s: service %s runs %s on GPU %s (%s, compute capability %s), but the overlay's kernels are compiled "
                 "and checked only for compute capabilities %s; run the service with DFLASH on this host, or add %s "
                 "to KERNEL_GPUS in plugins/module_utils/kernel_targets.py (with that GPU's limits) and pass "
-                "scripts/test kernels" % (host, service.get("name"), algorithm, index, gpu.get("name") or "unknown",
-                                          gpu.get("compute_capability"), known, gpu.get("compute_capability")))
+                "scripts/test kernels"
+                % (
+                    host,
+                    service.get("name"),
+                    algorithm,
+                    index,
+                    gpu.get("name") or "unknown",
+                    gpu.get("compute_capability"),
+                    known,
+                    gpu.get("compute_capability"),
+                )
+            )
     return problems

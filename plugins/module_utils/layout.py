@@ -89,7 +89,10 @@ def prune_result(root, kind, existing, removed, in_use, diff):
     result = dict(changed=bool(removed), removed=removed, in_use=in_use)
     if diff:
         header = "%s (%s)" % (root, kind)
-        result["diff"] = {"before": "".join(name + "\n" for name in sorted(existing)),
-                          "after": "".join(name + "\n" for name in sorted(set(existing) - set(removed))),
-                          "before_header": header, "after_header": header}
+        result["diff"] = {
+            "before": "".join(name + "\n" for name in sorted(existing)),
+            "after": "".join(name + "\n" for name in sorted(set(existing) - set(removed))),
+            "before_header": header,
+            "after_header": header,
+        }
     return result

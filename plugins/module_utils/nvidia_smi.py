@@ -63,13 +63,16 @@ def parse_csv(text, fields, what):
     header = [_header_name(col) for col in lines[0].split(",")]
     if len(header) != len(fields):
         raise NvidiaSmiParseError(
-            "%s: header has %d columns, expected %d (%s): %r" % (what, len(header), len(fields), ", ".join(fields), lines[0])
+            "%s: header has %d columns, expected %d (%s): %r"
+            % (what, len(header), len(fields), ", ".join(fields), lines[0])
         )
     rows = []
     for number, line in enumerate(lines[1:], start=2):
         values = [value.strip() for value in line.split(",")]
         if len(values) != len(fields):
-            raise NvidiaSmiParseError("%s: line %d has %d values, expected %d: %r" % (what, number, len(values), len(fields), line))
+            raise NvidiaSmiParseError(
+                "%s: line %d has %d values, expected %d: %r" % (what, number, len(values), len(fields), line)
+            )
         rows.append(dict(zip(fields, values)))
     return rows
 
@@ -135,7 +138,9 @@ def parse_gpus(text):
                 "memory_used_mib": parse_mib(row["memory.used"], what + " memory.used"),
                 "memory_free_mib": parse_mib(row["memory.free"], what + " memory.free"),
                 "persistence_mode": parse_enabled(row["persistence_mode"], what + " persistence_mode"),
-                "temperature_c": None if row["temperature.gpu"] in NOT_AVAILABLE else parse_int(row["temperature.gpu"], what + " temperature.gpu"),
+                "temperature_c": None
+                if row["temperature.gpu"] in NOT_AVAILABLE
+                else parse_int(row["temperature.gpu"], what + " temperature.gpu"),
                 "power_draw_w": parse_unit_number(row["power.draw"], "W", what + " power.draw"),
                 "utilization_pct": parse_unit_number(row["utilization.gpu"], "%", what + " utilization.gpu"),
             }
@@ -236,7 +241,10 @@ def gpu_facts(gpus_text, apps_text, version_text, unit_of_pid=None):
     for app in apps:
         gpu = by_uuid.get(app["gpu_uuid"])
         if gpu is None:
-            raise NvidiaSmiParseError("--query-compute-apps: pid %d uses GPU %s, which --query-gpu did not list" % (app["pid"], app["gpu_uuid"]))
+            raise NvidiaSmiParseError(
+                "--query-compute-apps: pid %d uses GPU %s, which --query-gpu did not list"
+                % (app["pid"], app["gpu_uuid"])
+            )
         app["gpu_index"] = gpu["index"]
         app["unit"] = unit_of_pid(app["pid"]) if unit_of_pid else None
         gpu["processes"].append(app)

@@ -63,7 +63,12 @@ _LOCK_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)")
 _LOCK_HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
 _LOCK_FILE = re.compile(r"^requirements-py(\d)(\d+)\.lock$")
 # CUDA runtime wheels, one per CUDA generation, that PyPI's torch depends on (CUDA 13 dropped the suffix).
-_CUDA_RUNTIMES = ("nvidia-cuda-runtime", "nvidia-cuda-runtime-cu13", "nvidia-cuda-runtime-cu12", "nvidia-cuda-runtime-cu11")
+_CUDA_RUNTIMES = (
+    "nvidia-cuda-runtime",
+    "nvidia-cuda-runtime-cu13",
+    "nvidia-cuda-runtime-cu12",
+    "nvidia-cuda-runtime-cu11",
+)
 
 
 def canonical_name(name: str) -> str:
@@ -129,8 +134,10 @@ def lock_torch_cuda(pins: dict[str, tuple[str, list[str]]]) -> tuple[str | None,
     for runtime in _CUDA_RUNTIMES:
         if runtime in pins:
             return _major_minor(pins[runtime][0]), "%s==%s" % (runtime, pins[runtime][0])
-    raise ValueError("torch==%s has no local label (+cpu, +cuXYZ) and the lock has no CUDA runtime wheel (%s)"
-                     % (version, ", ".join(_CUDA_RUNTIMES)))
+    raise ValueError(
+        "torch==%s has no local label (+cpu, +cuXYZ) and the lock has no CUDA runtime wheel (%s)"
+        % (version, ", ".join(_CUDA_RUNTIMES))
+    )
 
 
 def expect_lock_problems(spec: dict, pins: dict[str, tuple[str, list[str]]], python: str) -> list[str]:
@@ -149,8 +156,10 @@ def expect_lock_problems(spec: dict, pins: dict[str, tuple[str, list[str]]], pyt
         if found is None:
             problems.append("%s: expect has %s %s, the lock does not install %s" % (lock, dist, version, dist))
         elif found[0].split("+", 1)[0] != str(version).split("+", 1)[0]:
-            problems.append("%s: expect has %s %s, the lock has %s==%s; make pinset.yml and requirements.in agree, then re-lock"
-                            % (lock, dist, version, dist, found[0]))
+            problems.append(
+                "%s: expect has %s %s, the lock has %s==%s; make pinset.yml and requirements.in agree, then re-lock"
+                % (lock, dist, version, dist, found[0])
+            )
     if "torch" in pins:
         try:
             cuda, evidence = lock_torch_cuda(pins)
@@ -159,18 +168,26 @@ def expect_lock_problems(spec: dict, pins: dict[str, tuple[str, list[str]]], pyt
         else:
             want = expect.get("torch_cuda")
             if (want is None) != (cuda is None) or (want is not None and _major_minor(want) != cuda):
-                problems.append("%s: expect has torch_cuda %s, the lock's torch is a %s build (%s)"
-                                % (lock, want, "CPU" if cuda is None else "CUDA %s" % cuda, evidence))
+                problems.append(
+                    "%s: expect has torch_cuda %s, the lock's torch is a %s build (%s)"
+                    % (lock, want, "CPU" if cuda is None else "CUDA %s" % cuda, evidence)
+                )
     if bool(expect.get("gpu")) != (expect.get("torch_cuda") is not None):
-        problems.append("expect has gpu %s with torch_cuda %s: a GPU pin set needs a CUDA torch, a CPU one a CPU torch"
-                        % (expect.get("gpu"), expect.get("torch_cuda")))
+        problems.append(
+            "expect has gpu %s with torch_cuda %s: a GPU pin set needs a CUDA torch, a CPU one a CPU torch"
+            % (expect.get("gpu"), expect.get("torch_cuda"))
+        )
     if expect.get("nvcc"):
         nvcc = pins.get("nvidia-cuda-nvcc")
         if nvcc is None:
-            problems.append("%s: expect has nvcc %s, the lock has no nvidia-cuda-nvcc (nvcc then must come from the host)"
-                            % (lock, expect["nvcc"]))
+            problems.append(
+                "%s: expect has nvcc %s, the lock has no nvidia-cuda-nvcc (nvcc then must come from the host)"
+                % (lock, expect["nvcc"])
+            )
         elif _major_minor(nvcc[0]) != _major_minor(expect["nvcc"]):
-            problems.append("%s: expect has nvcc %s, the lock has nvidia-cuda-nvcc==%s" % (lock, expect["nvcc"], nvcc[0]))
+            problems.append(
+                "%s: expect has nvcc %s, the lock has nvidia-cuda-nvcc==%s" % (lock, expect["nvcc"], nvcc[0])
+            )
     for name, (version, hashes) in sorted(pins.items()):
         if not hashes:
             problems.append("%s: %s==%s has no --hash; the role installs with --require-hashes" % (lock, name, version))
@@ -186,8 +203,10 @@ def pinset_problems(spec: dict, locks: dict[str, str]) -> list[str]:
     for key in ("python", "expect.python"):
         value = spec.get("python") if key == "python" else (spec.get("expect") or {}).get("python")
         if value is not None and _major_minor(value) not in locks:
-            problems.append("pin set %s: pinset.yml %s is %s, but it is locked only for %s"
-                            % (name, key, value, ", ".join(sorted(locks))))
+            problems.append(
+                "pin set %s: pinset.yml %s is %s, but it is locked only for %s"
+                % (name, key, value, ", ".join(sorted(locks)))
+            )
     try:
         wheel_platforms(spec.get("glibc"))
     except (ValueError, TypeError) as error:

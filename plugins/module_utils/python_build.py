@@ -25,6 +25,7 @@ except ImportError:
 
 try:
     from importlib import metadata
+
     from packaging.requirements import InvalidRequirement, Requirement
     from pyproject_hooks import BuildBackendHookCaller, quiet_subprocess_runner
 except ImportError:
@@ -42,8 +43,11 @@ def build_system(pyproject_text):
     if tomllib is None:
         raise ValueError("reading pyproject.toml needs Python >= 3.11 (tomllib) on the controller")
     table = tomllib.loads(pyproject_text).get("build-system") or {}
-    return {"requires": list(table.get("requires", DEFAULT_REQUIRES)), "build-backend": table.get("build-backend", LEGACY_BACKEND),
-            "backend-path": table.get("backend-path")}
+    return {
+        "requires": list(table.get("requires", DEFAULT_REQUIRES)),
+        "build-backend": table.get("build-backend", LEGACY_BACKEND),
+        "backend-path": table.get("backend-path"),
+    }
 
 
 def unmet_requirements(requires, installed_version=None):
@@ -77,6 +81,11 @@ def build_wheel(tree, out_dir, system, python):
 
     Raises subprocess.CalledProcessError (its output holds the backend's) when the backend fails.
     """
-    hooks = BuildBackendHookCaller(tree, system["build-backend"], backend_path=system.get("backend-path"),
-                                   runner=quiet_subprocess_runner, python_executable=python)
+    hooks = BuildBackendHookCaller(
+        tree,
+        system["build-backend"],
+        backend_path=system.get("backend-path"),
+        runner=quiet_subprocess_runner,
+        python_executable=python,
+    )
     return hooks.build_wheel(os.path.abspath(out_dir))

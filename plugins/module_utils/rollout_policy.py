@@ -40,8 +40,10 @@ def _batch(index: int, value) -> int | str:
     where = "ddtree_rollout_policy.batches[%d]" % index
     if _is_int(value):
         if value < 1:
-            raise PolicyError("%s is %d: a batch needs at least one host; write a count >= 1 or a percentage such as '5%%'"
-                              % (where, value))
+            raise PolicyError(
+                "%s is %d: a batch needs at least one host; write a count >= 1 or a percentage such as '5%%'"
+                % (where, value)
+            )
         return value
     if isinstance(value, str):
         text = value.strip()
@@ -51,10 +53,14 @@ def _batch(index: int, value) -> int | str:
         if match:
             percent = int(match.group(1))
             if not 1 <= percent <= 100:
-                raise PolicyError("%s is %r: a percentage of the targeted hosts must be from '1%%' to '100%%'" % (where, value))
+                raise PolicyError(
+                    "%s is %r: a percentage of the targeted hosts must be from '1%%' to '100%%'" % (where, value)
+                )
             return "%d%%" % percent
-    raise PolicyError("%s is %r: write a count of hosts (for example 1) or a whole percentage of the targeted hosts "
-                      "(for example '5%%'; Ansible's serial takes no fractions)" % (where, value))
+    raise PolicyError(
+        "%s is %r: write a count of hosts (for example 1) or a whole percentage of the targeted hosts "
+        "(for example '5%%'; Ansible's serial takes no fractions)" % (where, value)
+    )
 
 
 def _check_order(batches: list) -> None:
@@ -67,7 +73,8 @@ def _check_order(batches: list) -> None:
             raise PolicyError(
                 "ddtree_rollout_policy.batches[%d] is %r, smaller than batches[%d] %r before it: batches are sizes, "
                 "smallest first (a canary, then wider; the last repeats until every host is done); reorder them, "
-                "for example [1, '5%%', '25%%', '100%%']" % (index, value, before, batches[before]))
+                "for example [1, '5%%', '25%%', '100%%']" % (index, value, before, batches[before])
+            )
         largest[kind] = (index, size)
 
 
@@ -83,18 +90,24 @@ def validate_policy(policy=None, legacy_batches=None) -> dict:
         raise PolicyError("ddtree_rollout_policy is %r: it is a mapping, for example %s" % (policy, EXAMPLE))
     unknown = sorted(set(policy) - set(DEFAULT_POLICY))
     if unknown:
-        raise PolicyError("ddtree_rollout_policy has unknown key(s) %s: the keys are %s" % (
-            ", ".join(map(str, unknown)), ", ".join(DEFAULT_POLICY)))
+        raise PolicyError(
+            "ddtree_rollout_policy has unknown key(s) %s: the keys are %s"
+            % (", ".join(map(str, unknown)), ", ".join(DEFAULT_POLICY))
+        )
     if legacy_batches is not None and "batches" in policy:
-        raise PolicyError("both ddtree_rollout_batches (%r) and ddtree_rollout_policy.batches (%r) are set: keep "
-                          "ddtree_rollout_policy.batches only" % (legacy_batches, policy["batches"]))
+        raise PolicyError(
+            "both ddtree_rollout_batches (%r) and ddtree_rollout_policy.batches (%r) are set: keep "
+            "ddtree_rollout_policy.batches only" % (legacy_batches, policy["batches"])
+        )
     result = dict(DEFAULT_POLICY, **policy)
     batches = legacy_batches if legacy_batches is not None else result["batches"]
     if isinstance(batches, (str, int)) and not isinstance(batches, bool):
         batches = [batches]  # serial's own shorthand: one size for every batch
     if not isinstance(batches, list) or not batches:
-        raise PolicyError("ddtree_rollout_policy.batches is %r: a non-empty list of batch sizes, for example "
-                          "[1, '5%%', '25%%', '100%%']" % (batches,))
+        raise PolicyError(
+            "ddtree_rollout_policy.batches is %r: a non-empty list of batch sizes, for example "
+            "[1, '5%%', '25%%', '100%%']" % (batches,)
+        )
     result["batches"] = [_batch(index, value) for index, value in enumerate(batches)]
     _check_order(result["batches"])
 
@@ -102,17 +115,23 @@ def validate_policy(policy=None, legacy_batches=None) -> dict:
     if isinstance(bake, str) and bake.strip().isdigit():
         bake = result["bake_time_s"] = int(bake)  # a survey or -e key=value passes numbers as text
     if not _is_int(bake) or bake < 0:
-        raise PolicyError("ddtree_rollout_policy.bake_time_s is %r: whole seconds to watch each batch before the next "
-                          "(0: no bake), an integer >= 0" % (bake,))
+        raise PolicyError(
+            "ddtree_rollout_policy.bake_time_s is %r: whole seconds to watch each batch before the next "
+            "(0: no bake), an integer >= 0" % (bake,)
+        )
     allowed = result["max_failures_per_batch"]
     if isinstance(allowed, str) and allowed.strip().isdigit():
         allowed = result["max_failures_per_batch"] = int(allowed)
     if not _is_int(allowed) or allowed < 0:
-        raise PolicyError("ddtree_rollout_policy.max_failures_per_batch is %r: the count of hosts that may fail in "
-                          "one batch without stopping the rollout, an integer >= 0 (0: the first failure stops it)" % (allowed,))
+        raise PolicyError(
+            "ddtree_rollout_policy.max_failures_per_batch is %r: the count of hosts that may fail in "
+            "one batch without stopping the rollout, an integer >= 0 (0: the first failure stops it)" % (allowed,)
+        )
     if result["inconclusive"] not in INCONCLUSIVE_CHOICES:
-        raise PolicyError("ddtree_rollout_policy.inconclusive is %r: %s (pause: stop and say how to resume; fail: "
-                          "stop as a failed rollout)" % (result["inconclusive"], " or ".join(INCONCLUSIVE_CHOICES)))
+        raise PolicyError(
+            "ddtree_rollout_policy.inconclusive is %r: %s (pause: stop and say how to resume; fail: "
+            "stop as a failed rollout)" % (result["inconclusive"], " or ".join(INCONCLUSIVE_CHOICES))
+        )
     return result
 
 
@@ -155,9 +174,14 @@ def bake_checks(hosts: list, host_state: dict) -> list:
         state = host_state.get(host) or {}
         releases = state.get("releases") or {}
         for service in state.get("services") or []:
-            checks.append({"host": host, "since": state.get("since"),
-                           "release_id": releases.get(service.get("name")) or state.get("release_id"),
-                           "service": {key: value for key, value in service.items() if key != "api_key"}})
+            checks.append(
+                {
+                    "host": host,
+                    "since": state.get("since"),
+                    "release_id": releases.get(service.get("name")) or state.get("release_id"),
+                    "service": {key: value for key, value in service.items() if key != "api_key"},
+                }
+            )
     return checks
 
 
@@ -174,12 +198,21 @@ def bake_verdict(result: dict) -> dict:
     if result.get("passed") is True and not result.get("failed"):
         return {"verdict": "passed", "reason": result.get("msg") or "passed"}
     if result.get("timedout"):
-        return {"verdict": "inconclusive", "reason": "the re-check timed out on the controller's side: %s" % result.get("msg", "")}
+        return {
+            "verdict": "inconclusive",
+            "reason": "the re-check timed out on the controller's side: %s" % result.get("msg", ""),
+        }
     kind = result.get("failure_kind")
     if not kind:
-        return {"verdict": "inconclusive", "reason": "the re-check ended without a verdict: %s" % (result.get("msg") or "no message")}
+        return {
+            "verdict": "inconclusive",
+            "reason": "the re-check ended without a verdict: %s" % (result.get("msg") or "no message"),
+        }
     if kind in GATE_SIDE_FAILURES:
-        return {"verdict": "inconclusive", "reason": "the gate could not look at the service (%s): %s" % (kind, result.get("msg", ""))}
+        return {
+            "verdict": "inconclusive",
+            "reason": "the gate could not look at the service (%s): %s" % (kind, result.get("msg", "")),
+        }
     return {"verdict": "failed", "reason": result.get("msg") or kind}
 
 
@@ -192,8 +225,14 @@ def bake_verdicts(results: list) -> dict:
     for result in results:
         item = result.get("item") or {}
         verdict = bake_verdict(result)
-        out[verdict["verdict"]].append({"host": item.get("host"), "service": (item.get("service") or {}).get("name"),
-                                        "reason": verdict["reason"], "result": result})
+        out[verdict["verdict"]].append(
+            {
+                "host": item.get("host"),
+                "service": (item.get("service") or {}).get("name"),
+                "reason": verdict["reason"],
+                "result": result,
+            }
+        )
     return out
 
 
@@ -202,22 +241,32 @@ def bake_outcome(verdicts: dict, inconclusive: str) -> dict:
 
     -> {"action": continue | stop | pause, "msg": the run's message when it stops or pauses}.
     """
+
     def listed(entries):
         return "; ".join("%s %s (%s)" % (entry["host"], entry["service"], entry["reason"]) for entry in entries)
 
     failed, unsure = verdicts.get("failed") or [], verdicts.get("inconclusive") or []
     if unsure and not failed and inconclusive == "pause":
-        return {"action": "pause", "msg": (
-            "PAUSED: the bake's re-check was inconclusive for %s. Nothing was rolled back. Look at those hosts; then "
-            "resume by running the same rollout again (the summary prints the command): hosts already on the release "
-            "are not restarted, and every host updated so far is re-checked at the end of its batch." % listed(unsure))}
+        return {
+            "action": "pause",
+            "msg": (
+                "PAUSED: the bake's re-check was inconclusive for %s. Nothing was rolled back. Look at those hosts; "
+                "then "
+                "resume by running the same rollout again (the summary prints the command): hosts already on the "
+                "release "
+                "are not restarted, and every host updated so far is re-checked at the end of its batch."
+                % listed(unsure)
+            ),
+        }
     if not failed and not unsure:
         return {"action": "continue", "msg": ""}
     parts = []
     if failed:
         parts.append("The bake's re-check failed for %s: rolled back to the previous release." % listed(failed))
     if unsure:
-        parts.append("The bake's re-check was inconclusive (the policy says inconclusive: %s) for %s."
-                     % (inconclusive, listed(unsure)))
+        parts.append(
+            "The bake's re-check was inconclusive (the policy says inconclusive: %s) for %s."
+            % (inconclusive, listed(unsure))
+        )
     parts.append("The rollout stops here; hosts not reached keep the release they had.")
     return {"action": "stop", "msg": " ".join(parts)}

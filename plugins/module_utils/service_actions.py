@@ -72,12 +72,13 @@ def recorded_failure(service: dict, recorded: dict) -> dict:
         "recorded_verdict": True,
         "failed_stage": verdict.get("stage"),
         "failure_kind": verdict.get("failure_kind"),
-        "msg": "its gate failed at %s (recorded; the rollout then died): %s" % (verdict.get("recorded_at"), verdict.get("msg")),
+        "msg": "its gate failed at %s (recorded; the rollout then died): %s"
+        % (verdict.get("recorded_at"), verdict.get("msg")),
     }
 
 
 def held_shadow_failure(shadow: dict, production: str, verdict: dict) -> dict:
-    """A shadow whose candidate was held, as a failed gate of the shadow: it is rolled back, production keeps its release."""
+    """A shadow whose candidate was held, as a failed gate of the shadow: rolled back, production keeps its release."""
     return {
         "item": shadow,
         "passed": False,
@@ -88,15 +89,25 @@ def held_shadow_failure(shadow: dict, production: str, verdict: dict) -> dict:
     }
 
 
-def decide_service(service: dict, status: dict, changed: dict, switched: set, window_restarted: set,
-                   installed: set | None) -> dict:
+def decide_service(
+    service: dict, status: dict, changed: dict, switched: set, window_restarted: set, installed: set | None
+) -> dict:
     """One service's decision before the gates: {restart, start, gate, quick_check, rollback, reasons}."""
     name = service["name"]
-    decision = {"restart": False, "start": False, "gate": False, "quick_check": False, "rollback": False,
-                "promote": False, "reasons": []}
+    decision = {
+        "restart": False,
+        "start": False,
+        "gate": False,
+        "quick_check": False,
+        "rollback": False,
+        "promote": False,
+        "reasons": [],
+    }
     # A release switched to in this run is a deliberate deploy: gated afresh, whatever an earlier gate said.
     if status.get("action") == VERDICT_ROLLBACK and name not in switched:
-        return dict(decision, rollback=True, reasons=["its release failed its gate (recorded): rolled back to previous"])
+        return dict(
+            decision, rollback=True, reasons=["its release failed its gate (recorded): rolled back to previous"]
+        )
     if installed is not None and name not in installed:
         return dict(decision, reasons=[NOT_INSTALLED])
     reasons = restart_reasons(name, changed, switched, status)
@@ -107,8 +118,14 @@ def decide_service(service: dict, status: dict, changed: dict, switched: set, wi
         reasons.append(TUNING_WINDOW)
     if status.get("action") == VERDICT_GATE:
         reasons.append("its release has no verdict (%s): gated as it runs" % status.get("reason"))
-    return dict(decision, restart=restart, start=True, gate=bool(reasons), quick_check=not reasons,
-                reasons=reasons or [UNCHANGED])
+    return dict(
+        decision,
+        restart=restart,
+        start=True,
+        gate=bool(reasons),
+        quick_check=not reasons,
+        reasons=reasons or [UNCHANGED],
+    )
 
 
 def after_gates(services: list, decisions: dict, recorded: dict, gate_results: list, shadow_verdicts: dict) -> dict:
@@ -121,7 +138,9 @@ def after_gates(services: list, decisions: dict, recorded: dict, gate_results: l
     """
     by_name = {service["name"]: service for service in services}
     rollback = [result for result in gate_results if result.get("passed") is not True]
-    rollback += [recorded_failure(by_name[name], recorded.get(name) or {}) for name in by_name if decisions[name]["rollback"]]
+    rollback += [
+        recorded_failure(by_name[name], recorded.get(name) or {}) for name in by_name if decisions[name]["rollback"]
+    ]
     promote = []
     for name in by_name:
         verdict = shadow_verdicts.get(name)
@@ -144,7 +163,10 @@ def failure_message(host: str, rollback: list, releases: dict, state_root: str) 
         release = result.get("release_id") or (releases.get(name) or {}).get("release_id")
         parts.append("%s (release %s, %s: %s)" % (name, release, result.get("failed_stage") or "?", result.get("msg")))
     return "%s: the health gate failed for %s. Rolled back to the previous release; see %s/<service>/history.jsonl." % (
-        host, "; ".join(parts), state_root)
+        host,
+        "; ".join(parts),
+        state_root,
+    )
 
 
 def service_actions(
@@ -181,19 +203,37 @@ def service_actions(
         status = recorded.get(service["name"]) or {}
         decisions[service["name"]] = dict(
             decide_service(service, status, changed, switched, window_restarted, installed),
-            unit=service["unit"], release_id=(releases.get(service["name"]) or {}).get("release_id"))
+            unit=service["unit"],
+            release_id=(releases.get(service["name"]) or {}).get("release_id"),
+        )
 
     def entries(flag: str) -> list:
-        return [dict(service, release_id=decisions[service["name"]]["release_id"]) for service in services
-                if decisions[service["name"]][flag]]
+        return [
+            dict(service, release_id=decisions[service["name"]]["release_id"])
+            for service in services
+            if decisions[service["name"]][flag]
+        ]
 
-    result = {"services": decisions, "restart": entries("restart"), "start": entries("start"),
-              "gate": [] if check_mode else entries("gate"), "quick_check": [] if check_mode else entries("quick_check"),
-              "rollback": [], "promote": [], "msg": ""}
+    result = {
+        "services": decisions,
+        "restart": entries("restart"),
+        "start": entries("start"),
+        "gate": [] if check_mode else entries("gate"),
+        "quick_check": [] if check_mode else entries("quick_check"),
+        "rollback": [],
+        "promote": [],
+        "msg": "",
+    }
     # Each production service that waits for its shadow: compared with it once the shadow is gated.
-    result["compare_shadow"] = [dict(service, release_id=decisions[service["name"]]["release_id"],
-                                     shadow=(releases.get(service["name"]) or {}).get("shadow"))
-                                for service in services if (releases.get(service["name"]) or {}).get("follows") == "shadow"]
+    result["compare_shadow"] = [
+        dict(
+            service,
+            release_id=decisions[service["name"]]["release_id"],
+            shadow=(releases.get(service["name"]) or {}).get("shadow"),
+        )
+        for service in services
+        if (releases.get(service["name"]) or {}).get("follows") == "shadow"
+    ]
     if gate_results is None:
         return result
     outcome = after_gates(services, decisions, recorded, gate_results, shadow_verdicts or {})

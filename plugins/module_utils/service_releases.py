@@ -39,11 +39,15 @@ def release_pin_problems(label, service):
         return []
     algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
     if not loads_overlay(algorithm):
-        return ["%s: release %r is pinned, but %s does not load the overlay (only %s services run overlay releases); "
-                "remove release" % (label, release, algorithm, ", ".join(OVERLAY_ALGORITHMS))]
+        return [
+            "%s: release %r is pinned, but %s does not load the overlay (only %s services run overlay releases); "
+            "remove release" % (label, release, algorithm, ", ".join(OVERLAY_ALGORITHMS))
+        ]
     if not PIN.match(str(release)):
-        return ["%s: release %r is neither %r nor a release id or source revision (4-80 letters, digits, '.', '_', '+', '-')"
-                % (label, release, CANDIDATE)]
+        return [
+            "%s: release %r is neither %r nor a release id or source revision (4-80 letters, digits, '.', '_', '+', "
+            "'-')" % (label, release, CANDIDATE)
+        ]
     return []
 
 
@@ -52,11 +56,17 @@ def _revision_matches(pin, revision):
     with changes, `+dirty`, is never chosen by its commit's hash alone)."""
     if not revision:
         return False
-    return pin == revision or (len(pin) >= MIN_REVISION_PREFIX and revision.startswith(pin) and "+dirty" not in revision)
+    return pin == revision or (
+        len(pin) >= MIN_REVISION_PREFIX and revision.startswith(pin) and "+dirty" not in revision
+    )
 
 
 def _describe(release_id, manifest):
-    return "%s (revision %s, stack %s)" % (release_id, manifest.get("source_revision") or "unknown", manifest.get("stack_id") or "?")
+    return "%s (revision %s, stack %s)" % (
+        release_id,
+        manifest.get("source_revision") or "unknown",
+        manifest.get("stack_id") or "?",
+    )
 
 
 def resolve_pin(pin, releases, stack_id):
@@ -71,7 +81,9 @@ def resolve_pin(pin, releases, stack_id):
         return pin, None
     if pin in releases:
         return None, "%s is a base release (no overlay)" % pin
-    matches = sorted(rid for rid, manifest in overlay.items() if _revision_matches(pin, manifest.get("source_revision")))
+    matches = sorted(
+        rid for rid, manifest in overlay.items() if _revision_matches(pin, manifest.get("source_revision"))
+    )
     if len(matches) > 1:
         on_stack = [rid for rid in matches if overlay[rid].get("stack_id") == stack_id]
         matches = on_stack if on_stack else matches
@@ -79,7 +91,9 @@ def resolve_pin(pin, releases, stack_id):
         return matches[0], None
     if matches:
         return None, "it matches %d releases: %s; pin one of them by its release id" % (
-            len(matches), ", ".join(_describe(rid, overlay[rid]) for rid in matches))
+            len(matches),
+            ", ".join(_describe(rid, overlay[rid]) for rid in matches),
+        )
     there = ", ".join(_describe(rid, overlay[rid]) for rid in sorted(overlay)) or "none"
     return None, "no release on the host has that id or source revision (overlay releases there: %s)" % there
 
@@ -96,19 +110,32 @@ def choose_releases(services, candidate_id, base_id, releases, stack_id, host="h
         name, algorithm = service["name"], service.get("algorithm", "NONE")
         pin = service.get("release") or CANDIDATE
         if not loads_overlay(algorithm):
-            choices[name] = {"release_id": base_id, "follows": "base", "overlay": False,
-                             "reason": "%s does not load the overlay: the base release (the stack alone)" % algorithm}
+            choices[name] = {
+                "release_id": base_id,
+                "follows": "base",
+                "overlay": False,
+                "reason": "%s does not load the overlay: the base release (the stack alone)" % algorithm,
+            }
         elif pin == CANDIDATE:
-            choices[name] = {"release_id": candidate_id, "follows": "candidate", "overlay": True,
-                             "reason": "follows the rollout's candidate"}
+            choices[name] = {
+                "release_id": candidate_id,
+                "follows": "candidate",
+                "overlay": True,
+                "reason": "follows the rollout's candidate",
+            }
         else:
             release_id, why = resolve_pin(pin, releases, stack_id)
             if why:
-                problems.append("%s: service %s pins release %r: %s. Pin a release that is on the host, roll out that "
-                                "revision first (it builds the release), or set release: %s"
-                                % (host, name, pin, why, CANDIDATE))
+                problems.append(
+                    "%s: service %s pins release %r: %s. Pin a release that is on the host, roll out that "
+                    "revision first (it builds the release), or set release: %s" % (host, name, pin, why, CANDIDATE)
+                )
                 continue
             manifest = releases[release_id]
-            choices[name] = {"release_id": release_id, "follows": "pin", "overlay": True,
-                             "reason": "pinned by release: %s (revision %s)" % (pin, manifest.get("source_revision") or "unknown")}
+            choices[name] = {
+                "release_id": release_id,
+                "follows": "pin",
+                "overlay": True,
+                "reason": "pinned by release: %s (revision %s)" % (pin, manifest.get("source_revision") or "unknown"),
+            }
     return choices, problems

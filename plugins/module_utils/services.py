@@ -28,7 +28,19 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases imp
 )
 
 # SGLang 0.5.23's built-in algorithms (NEXTN is an alias of EAGLE) and the overlay's DDTREE.
-ALGORITHMS = ("NONE", "EAGLE", "EAGLE3", "NEXTN", "DFLASH", "DSPARK", "UNO", "FROZEN_KV_MTP", "STANDALONE", "NGRAM", "DDTREE")
+ALGORITHMS = (
+    "NONE",
+    "EAGLE",
+    "EAGLE3",
+    "NEXTN",
+    "DFLASH",
+    "DSPARK",
+    "UNO",
+    "FROZEN_KV_MTP",
+    "STANDALONE",
+    "NGRAM",
+    "DDTREE",
+)
 # Algorithms whose drafter is a separate model (--speculative-draft-model-path).
 NEEDS_DRAFT_MODEL = ("DDTREE", "DFLASH", "EAGLE", "EAGLE3", "STANDALONE")
 CHAIN_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
@@ -45,14 +57,18 @@ SERVICE_FIELDS = {
     "tp_size": option("int", "Tensor-parallel size", default=1),
     "host": option("str", "Address to listen on", default="127.0.0.1"),
     "port": option("int", "Port to listen on", required=True),
-    "speculative": option("dict", "Speculative decoding: algorithm and its parameters, or autotune", default={"algorithm": "NONE"}),
+    "speculative": option(
+        "dict", "Speculative decoding: algorithm and its parameters, or autotune", default={"algorithm": "NONE"}
+    ),
     "api_key": option("str", "API key (from Ansible Vault); never returned", no_log=True),
     "release": option("str", "candidate, or a release id or source revision to pin", default="candidate"),
     "shadow_of": option("str", "The production service on this host this one is the shadow of"),
     "shadow_max_slowdown": option("float", "A shadow's largest allowed share of lost tokens/s against production"),
     "extra_args": option("list", "More launch_server flags", elements="str", default=[]),
     "environment": option("dict", "More environment variables", default={}),
-    "health": option("dict", "This service's own health-gate settings (sglang_health's options of the same name)", default={}),
+    "health": option(
+        "dict", "This service's own health-gate settings (sglang_health's options of the same name)", default={}
+    ),
 }
 
 
@@ -87,7 +103,10 @@ def service_problems(services, gpu_indices, host="host"):
         name = service.get("name")
         label = "%s: sglang_services[%d] (%s)" % (host, position, name)
         if not isinstance(name, str) or not NAME.match(name):
-            problems.append("%s: name %r must be 1-40 lowercase letters, digits or '-', starting with a letter or digit" % (label, name))
+            problems.append(
+                "%s: name %r must be 1-40 lowercase letters, digits or '-', starting with a letter or digit"
+                % (label, name)
+            )
         elif name in seen_names:
             problems.append("%s: name %r is also used by sglang_services[%d]" % (label, name, seen_names[name]))
         else:
@@ -105,8 +124,10 @@ def service_problems(services, gpu_indices, host="host"):
                 have = ", ".join(str(index) for index in gpu_indices) or "none"
                 problems.append("%s: GPU index %s does not exist on %s, which has GPUs %s" % (label, gpu, host, have))
             elif gpu in gpu_owner and gpu_owner[gpu] != name and service.get("shadow_of"):
-                problems.append("%s: a shadow needs spare GPUs of its own, but GPU %s is used by service %s; %s"
-                                % (label, gpu, gpu_owner[gpu], _spare_text(spare, host)))
+                problems.append(
+                    "%s: a shadow needs spare GPUs of its own, but GPU %s is used by service %s; %s"
+                    % (label, gpu, gpu_owner[gpu], _spare_text(spare, host))
+                )
             elif gpu in gpu_owner and gpu_owner[gpu] != name:
                 problems.append("%s: GPU %s is also used by service %s" % (label, gpu, gpu_owner[gpu]))
             else:
@@ -148,36 +169,52 @@ def autotune_host_problems(services, gpu_indices, host="host"):
         if own.get("own_gpus") is True and gpus is None and port is None:
             pass  # measured on its own GPUs and port, in the host's window: nothing beside it to place
         elif gpus is None:
-            problems.append("%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
-                            "before the candidate takes traffic: set autotune.gpus to %d spare GPU(s) (free on %s: %s) and "
-                            "autotune.port to measure beside the service, or autotune.own_gpus: true to measure on its own "
-                            "GPUs in this host's rollout window (the service stops while its grid runs), or remove autotune "
-                            "and set budget and top_k" % (label, count, host, free))
+            problems.append(
+                "%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
+                "before the candidate takes traffic: set autotune.gpus to %d spare GPU(s) (free on %s: %s) and "
+                "autotune.port to measure beside the service, or autotune.own_gpus: true to measure on its own "
+                "GPUs in this host's rollout window (the service stops while its grid runs), or remove autotune "
+                "and set budget and top_k" % (label, count, host, free)
+            )
         elif isinstance(gpus, list):
             if len(gpus) != count:
-                problems.append("%s: speculative.autotune.gpus %s has %d GPU(s), but the service runs on %d; measure on as "
-                                "many as it runs on (free on %s: %s)" % (label, gpus, len(gpus), count, host, free))
+                problems.append(
+                    "%s: speculative.autotune.gpus %s has %d GPU(s), but the service runs on %d; measure on as "
+                    "many as it runs on (free on %s: %s)" % (label, gpus, len(gpus), count, host, free)
+                )
             for gpu in gpus:
                 if gpu not in gpu_indices:
-                    problems.append("%s: speculative.autotune.gpus: GPU %s does not exist on %s, which has GPUs %s"
-                                    % (label, gpu, host, ", ".join(str(index) for index in gpu_indices) or "none"))
+                    problems.append(
+                        "%s: speculative.autotune.gpus: GPU %s does not exist on %s, which has GPUs %s"
+                        % (label, gpu, host, ", ".join(str(index) for index in gpu_indices) or "none")
+                    )
                 elif gpu in gpu_owner:
-                    problems.append("%s: speculative.autotune.gpus: GPU %s is used by service %s; the temporary instances "
-                                    "need spare GPUs (free on %s: %s)" % (label, gpu, gpu_owner[gpu], host, free))
+                    problems.append(
+                        "%s: speculative.autotune.gpus: GPU %s is used by service %s; the temporary instances "
+                        "need spare GPUs (free on %s: %s)" % (label, gpu, gpu_owner[gpu], host, free)
+                    )
         if gpus is not None and port is None:
-            problems.append("%s: speculative.autotune.port is not set; give the temporary instances a port of their own, "
-                            "e.g. %s" % (label, (service.get("port") or 30000) + 100))
+            problems.append(
+                "%s: speculative.autotune.port is not set; give the temporary instances a port of their own, "
+                "e.g. %s" % (label, (service.get("port") or 30000) + 100)
+            )
         elif port is not None and port in port_owner:
-            problems.append("%s: speculative.autotune.port %s is used by service %s; give the temporary instances a port "
-                            "of their own" % (label, port, port_owner[port]))
+            problems.append(
+                "%s: speculative.autotune.port %s is used by service %s; give the temporary instances a port "
+                "of their own" % (label, port, port_owner[port])
+            )
         if "%s%s" % (service.get("name"), TRIAL_SUFFIX) in names:
-            problems.append("%s: a service is named %s%s, the name of this service's temporary tuning instance; rename it"
-                            % (label, service.get("name"), TRIAL_SUFFIX))
+            problems.append(
+                "%s: a service is named %s%s, the name of this service's temporary tuning instance; rename it"
+                % (label, service.get("name"), TRIAL_SUFFIX)
+            )
         if (service.get("release") or CANDIDATE) != CANDIDATE:
-            problems.append("%s: release %r is pinned, but speculative.autotune tunes for the candidate release (and may fall "
-                            "back to DFLASH, which runs the base release, not the pin): remove release to tune, or remove "
-                            "autotune and pin the setting tuned before (budget and top_k from autotune.json)"
-                            % (label, service.get("release")))
+            problems.append(
+                "%s: release %r is pinned, but speculative.autotune tunes for the candidate release (and may fall "
+                "back to DFLASH, which runs the base release, not the pin): remove release to tune, or remove "
+                "autotune and pin the setting tuned before (budget and top_k from autotune.json)"
+                % (label, service.get("release"))
+            )
     return problems
 
 
@@ -206,22 +243,35 @@ def shadow_problems(services, host="host"):
             continue
         label = "%s: sglang_services[%d] (%s)" % (host, position, service.get("name"))
         if target == service.get("name"):
-            problems.append("%s: shadow_of %r names the service itself; name the production service it runs beside" % (label, target))
+            problems.append(
+                "%s: shadow_of %r names the service itself; name the production service it runs beside"
+                % (label, target)
+            )
         elif target not in by_name:
-            names = ", ".join(sorted(str(other.get("name")) for other in services if not other.get("shadow_of"))) or "none"
-            problems.append("%s: shadow_of %r names no service on %s (production services there: %s)" % (label, target, host, names))
+            names = (
+                ", ".join(sorted(str(other.get("name")) for other in services if not other.get("shadow_of"))) or "none"
+            )
+            problems.append(
+                "%s: shadow_of %r names no service on %s (production services there: %s)" % (label, target, host, names)
+            )
         elif by_name[target].get("shadow_of"):
-            problems.append("%s: shadow_of %r names a shadow; name the production service %r it shadows"
-                            % (label, target, by_name[target]["shadow_of"]))
+            problems.append(
+                "%s: shadow_of %r names a shadow; name the production service %r it shadows"
+                % (label, target, by_name[target]["shadow_of"])
+            )
         algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
         if not loads_overlay(algorithm):
-            problems.append("%s: a shadow runs the candidate release, so its algorithm must be %s, not %s"
-                            % (label, " or ".join(OVERLAY_ALGORITHMS), algorithm))
+            problems.append(
+                "%s: a shadow runs the candidate release, so its algorithm must be %s, not %s"
+                % (label, " or ".join(OVERLAY_ALGORITHMS), algorithm)
+            )
         if (service.get("release") or CANDIDATE) != CANDIDATE:
             problems.append("%s: a shadow follows the candidate; remove release %r" % (label, service["release"]))
         if target in shadows_of and target != service.get("name"):
-            problems.append("%s: %s has a shadow already, %s; give a production service one shadow (it decides its promotion)"
-                            % (label, target, shadows_of[target]))
+            problems.append(
+                "%s: %s has a shadow already, %s; give a production service one shadow (it decides its promotion)"
+                % (label, target, shadows_of[target])
+            )
         shadows_of.setdefault(target, service.get("name"))
     for position, service in enumerate(services):
         slowdown = service.get("shadow_max_slowdown")
@@ -229,10 +279,14 @@ def shadow_problems(services, host="host"):
             continue
         label = "%s: sglang_services[%d] (%s)" % (host, position, service.get("name"))
         if not service.get("shadow_of"):
-            problems.append("%s: shadow_max_slowdown is set, but the service is no shadow; set shadow_of or remove it" % label)
+            problems.append(
+                "%s: shadow_max_slowdown is set, but the service is no shadow; set shadow_of or remove it" % label
+            )
         elif isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0 <= slowdown < 1:
-            problems.append("%s: shadow_max_slowdown is %r; it is a share of production's tokens/s, at least 0 and below 1 (0.1: 90%%)"
-                            % (label, slowdown))
+            problems.append(
+                "%s: shadow_max_slowdown is %r; it is a share of production's tokens/s, at least 0 and below 1 "
+                "(0.1: 90%%)" % (label, slowdown)
+            )
     return problems
 
 
@@ -243,9 +297,10 @@ def _secret_flag_problems(label, service):
     for arg in service.get("extra_args") or []:
         flag = str(arg).split("=", 1)[0]
         if flag in SECRET_FLAGS:
-            problems.append("%s: extra_args holds %s, which would put its value in the server's command line; "
-                            "set the service's api_key instead (it reaches the server on standard input)"
-                            % (label, flag))
+            problems.append(
+                "%s: extra_args holds %s, which would put its value in the server's command line; "
+                "set the service's api_key instead (it reaches the server on standard input)" % (label, flag)
+            )
     return problems
 
 
@@ -270,11 +325,13 @@ def attention_backend_problems(label: str, service: dict) -> list:
     algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
     if algorithm != "DDTREE":
         return []
-    return ["%s: %s %s is not proven with DDTREE's tree mask; use %s (or drop the flag: the collection sets "
-            "--attention-backend %s for DDTREE) or run the service with DFLASH"
-            % (label, flag, value, DDTREE_ATTENTION_BACKEND, DDTREE_ATTENTION_BACKEND)
-            for flag, value in attention_backends(service.get("extra_args")).items()
-            if value is not None and value != DDTREE_ATTENTION_BACKEND]
+    return [
+        "%s: %s %s is not proven with DDTREE's tree mask; use %s (or drop the flag: the collection sets "
+        "--attention-backend %s for DDTREE) or run the service with DFLASH"
+        % (label, flag, value, DDTREE_ATTENTION_BACKEND, DDTREE_ATTENTION_BACKEND)
+        for flag, value in attention_backends(service.get("extra_args")).items()
+        if value is not None and value != DDTREE_ATTENTION_BACKEND
+    ]
 
 
 def _speculative_problems(label, service):
@@ -293,8 +350,10 @@ def _speculative_problems(label, service):
             try:
                 parse_budget(spec["budget"])
             except ValueError as err:
-                problems.append("%s: speculative.budget: %s; DDTREE takes a number of tree nodes (1-%d) or a "
-                                "schedule by batch size such as {1: 63, 16: 15, 48: 7}" % (label, err, MAX_BUDGET))
+                problems.append(
+                    "%s: speculative.budget: %s; DDTREE takes a number of tree nodes (1-%d) or a "
+                    "schedule by batch size such as {1: 63, 16: 15, 48: 7}" % (label, err, MAX_BUDGET)
+                )
     for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
         value = spec.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -309,10 +368,22 @@ def service_flags(service):
     spec = service.get("speculative") or {}
     if spec.get("autotune") is not None:
         # Its budget and top_k, even its algorithm, are the tuning's: autotune.tuned_service resolves them.
-        raise ValueError("service %s declares speculative.autotune: its flags come from its tuned choice "
-                         "(autotune.tuned_service), not from the declaration" % service.get("name"))
-    flags = ["--model-path", service["model_path"], "--served-model-name", service.get("served_model_name") or service["name"],
-             "--host", service.get("host", "127.0.0.1"), "--port", str(service["port"]), "--tp-size", str(service.get("tp_size", 1))]
+        raise ValueError(
+            "service %s declares speculative.autotune: its flags come from its tuned choice "
+            "(autotune.tuned_service), not from the declaration" % service.get("name")
+        )
+    flags = [
+        "--model-path",
+        service["model_path"],
+        "--served-model-name",
+        service.get("served_model_name") or service["name"],
+        "--host",
+        service.get("host", "127.0.0.1"),
+        "--port",
+        str(service["port"]),
+        "--tp-size",
+        str(service.get("tp_size", 1)),
+    ]
     algorithm = spec.get("algorithm", "NONE")
     if algorithm != "NONE":
         flags += ["--speculative-algorithm", algorithm]
@@ -327,8 +398,11 @@ def service_flags(service):
                 flags.append("--speculative-ddtree-allow-hybrid-unsafe")
             if "--attention-backend" not in attention_backends(service.get("extra_args")):
                 flags += ["--attention-backend", DDTREE_ATTENTION_BACKEND]
-        for key, flag in (("num_steps", "--speculative-num-steps"), ("eagle_topk", "--speculative-eagle-topk"),
-                          ("num_draft_tokens", "--speculative-num-draft-tokens")):
+        for key, flag in (
+            ("num_steps", "--speculative-num-steps"),
+            ("eagle_topk", "--speculative-eagle-topk"),
+            ("num_draft_tokens", "--speculative-num-draft-tokens"),
+        ):
             if spec.get(key) is not None:
                 flags += [flag, str(spec[key])]
     return flags + [str(arg) for arg in service.get("extra_args") or []]

@@ -38,11 +38,22 @@ def hold_for_shadows(choices: dict, services: list, current: dict, releases: dic
         if not production or not choice or choice.get("follows") != "candidate":
             continue
         running = (current or {}).get(production)
-        if not running or running == candidate_id or running not in releases or releases[running].get("overlay") is False:
+        if (
+            not running
+            or running == candidate_id
+            or running not in releases
+            or releases[running].get("overlay") is False
+        ):
             continue
         held[production] = {
-            "release_id": running, "follows": SHADOW, "overlay": True, "candidate_id": candidate_id, "shadow": shadow["name"],
-            "reason": "stays on %s until its shadow %s has run the candidate %s and was not worse" % (running, shadow["name"], candidate_id)}
+            "release_id": running,
+            "follows": SHADOW,
+            "overlay": True,
+            "candidate_id": candidate_id,
+            "shadow": shadow["name"],
+            "reason": "stays on %s until its shadow %s has run the candidate %s and was not worse"
+            % (running, shadow["name"], candidate_id),
+        }
     return held
 
 
@@ -77,8 +88,15 @@ def compare_outputs(shadow_results: list, production_results: list) -> list:
                 if left != right:
                     break
                 common += 1
-            problems.append("the greedy output for prompt %r differs from production's after character %d: production %r, shadow %r"
-                            % (str(prompt)[:60], common, expected[max(0, common - 20):common + 40], text[max(0, common - 20):common + 40]))
+            problems.append(
+                "the greedy output for prompt %r differs from production's after character %d: production %r, shadow %r"
+                % (
+                    str(prompt)[:60],
+                    common,
+                    expected[max(0, common - 20) : common + 40],
+                    text[max(0, common - 20) : common + 40],
+                )
+            )
     return problems
 
 
@@ -89,8 +107,10 @@ def compare_speed(shadow_tps, production_tps, max_slowdown: float = DEFAULT_MAX_
         return ["tokens/s was not measured on %s" % ("the shadow" if shadow_tps is None else "production")]
     least = (1.0 - max_slowdown) * production_tps
     if shadow_tps < least:
-        return ["tokens/s %.3g is %.0f%% below production's %.3g (max_slowdown %g allows down to %.3g)"
-                % (shadow_tps, 100.0 * (1.0 - shadow_tps / production_tps), production_tps, max_slowdown, least)]
+        return [
+            "tokens/s %.3g is %.0f%% below production's %.3g (max_slowdown %g allows down to %.3g)"
+            % (shadow_tps, 100.0 * (1.0 - shadow_tps / production_tps), production_tps, max_slowdown, least)
+        ]
     return []
 
 
@@ -109,10 +129,13 @@ def compare_acceptance(shadow_accept, production_accept) -> list:
 
 def _numbers(gate: dict) -> dict:
     performance = (gate or {}).get("performance") or {}
-    return {"release_id": (gate or {}).get("release_id"), "passed": bool((gate or {}).get("passed")),
-            "stage": (gate or {}).get("failed_stage") or (gate or {}).get("stage"),
-            "tokens_per_second": _number(performance.get("tokens_per_second")),
-            "accept_length": _number(performance.get("accept_length"))}
+    return {
+        "release_id": (gate or {}).get("release_id"),
+        "passed": bool((gate or {}).get("passed")),
+        "stage": (gate or {}).get("failed_stage") or (gate or {}).get("stage"),
+        "tokens_per_second": _number(performance.get("tokens_per_second")),
+        "accept_length": _number(performance.get("accept_length")),
+    }
 
 
 def shadow_verdict(shadow_gate: dict, production_gate: dict, max_slowdown: float = DEFAULT_MAX_SLOWDOWN) -> dict:
@@ -131,11 +154,22 @@ def shadow_verdict(shadow_gate: dict, production_gate: dict, max_slowdown: float
     elif not shadow["passed"]:
         problems = ["the shadow failed its gate at %s: %s" % (shadow["stage"], (shadow_gate.get("msg") or "").strip())]
     elif not (production_gate or {}).get("performance"):
-        problems = ["production could not be measured (its gate stopped at %s: %s)"
-                    % (production["stage"], ((production_gate or {}).get("msg") or "no result").strip())]
+        problems = [
+            "production could not be measured (its gate stopped at %s: %s)"
+            % (production["stage"], ((production_gate or {}).get("msg") or "no result").strip())
+        ]
     else:
-        problems = (compare_outputs(results, ((production_gate.get("baseline") or {}).get("results")))
-                    + compare_speed(shadow["tokens_per_second"], production["tokens_per_second"], max_slowdown)
-                    + compare_acceptance(shadow["accept_length"], production["accept_length"]))
-    return {"verdict": HELD if problems else PROMOTED, "promote": not problems, "problems": problems,
-            "shadow": shadow, "production": production, "outputs_compared": len(results), "max_slowdown": max_slowdown}
+        problems = (
+            compare_outputs(results, ((production_gate.get("baseline") or {}).get("results")))
+            + compare_speed(shadow["tokens_per_second"], production["tokens_per_second"], max_slowdown)
+            + compare_acceptance(shadow["accept_length"], production["accept_length"])
+        )
+    return {
+        "verdict": HELD if problems else PROMOTED,
+        "promote": not problems,
+        "problems": problems,
+        "shadow": shadow,
+        "production": production,
+        "outputs_compared": len(results),
+        "max_slowdown": max_slowdown,
+    }

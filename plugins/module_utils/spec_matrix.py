@@ -15,18 +15,21 @@ from __future__ import annotations
 PRELOAD = ("torch",)
 
 # `python -m sglang_overlay.predicates --json`, as a job: the module found on the release's path.
-PREDICATES_WITH_PLUGINS = 'import runpy; runpy.run_module("sglang_overlay.predicates", run_name="__main__", alter_sys=True)'
+PREDICATES_WITH_PLUGINS = (
+    'import runpy; runpy.run_module("sglang_overlay.predicates", run_name="__main__", alter_sys=True)'
+)
 
 # Run in the stack as `python -c FLAGS_PROBE <flags...>`: load plugins as SGLang does, parse the flags
 # with SGLang's own parser (exit 2 on a bad flag, like launch_server), resolve the algorithm.
-FLAGS_PROBE = r'''
+FLAGS_PROBE = r"""
 import json, sys
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.server_args import prepare_server_args
 args = prepare_server_args(sys.argv[1:])
 from importlib.metadata import entry_points
-result = {"model_path": args.model_path, "port": args.port, "algorithm": args.speculative_algorithm, "resolves_to": None,
+result = {"model_path": args.model_path, "port": args.port, "algorithm": args.speculative_algorithm,
+          "resolves_to": None,
           "plugins": sorted(({"name": ep.name, "value": ep.value} for ep in entry_points(group="sglang.srt.plugins")),
                             key=lambda plugin: plugin["name"])}
 if args.speculative_algorithm:
@@ -38,7 +41,7 @@ if args.speculative_algorithm:
     except Exception as exc:
         result["error"] = "%s: %s" % (type(exc).__name__, exc)
 print(json.dumps(result))
-'''
+"""
 
 # The overlay's package: a plugin whose entry point lives in it is the overlay's.
 OVERLAY_PACKAGE = "sglang_overlay"
@@ -46,8 +49,11 @@ OVERLAY_PACKAGE = "sglang_overlay"
 
 def overlay_plugins(plugins):
     """The names of the discoverable SGLang plugins ({name, value}) that are the overlay's."""
-    return sorted(plugin["name"] for plugin in plugins
-                  if str(plugin.get("value", "")).split(":", 1)[0].split(".", 1)[0] == OVERLAY_PACKAGE)
+    return sorted(
+        plugin["name"]
+        for plugin in plugins
+        if str(plugin.get("value", "")).split(":", 1)[0].split(".", 1)[0] == OVERLAY_PACKAGE
+    )
 
 
 DFLASH_FAMILY = ("is_dflash", "is_dflash_family", "is_speculative")
@@ -69,7 +75,10 @@ def builtin_differences(pristine, with_release):
                 if before != after:
                     differences.append("%s.%s: %r in pristine SGLang, %r with the release" % (name, key, before, after))
         if row.get("resolves_to") != other.get("resolves_to"):
-            differences.append("%s resolves to %r in pristine SGLang, %r with the release" % (name, row.get("resolves_to"), other.get("resolves_to")))
+            differences.append(
+                "%s resolves to %r in pristine SGLang, %r with the release"
+                % (name, row.get("resolves_to"), other.get("resolves_to"))
+            )
     return differences
 
 
@@ -79,7 +88,11 @@ def dflash_family_problems(with_release, algorithm="DDTREE"):
     if not row or not row.get("known", True):
         return ["%s is not a known speculative algorithm with the release (is the plugin loaded?)" % algorithm]
     predicates = row.get("predicates", {})
-    problems = ["%s.%s is %r, must be True" % (algorithm, key, predicates.get(key)) for key in DFLASH_FAMILY if predicates.get(key) is not True]
+    problems = [
+        "%s.%s is %r, must be True" % (algorithm, key, predicates.get(key))
+        for key in DFLASH_FAMILY
+        if predicates.get(key) is not True
+    ]
     dflash = with_release["algorithms"].get("DFLASH", {}).get("predicates", {})
     for key in sorted(set(predicates) | set(dflash)):
         if key not in DFLASH_FAMILY and predicates.get(key) != dflash.get(key):
@@ -97,6 +110,10 @@ def matrix_lines(pristine, with_release, columns=("is_dflash", "is_dflash_family
         elif name not in pristine["algorithms"] or pristine["algorithms"][name].get("known") is False:
             verdict = "new"
         else:
-            verdict = "same" if not builtin_differences({"algorithms": {name: pristine["algorithms"][name]}}, with_release) else "DIFFERS"
+            verdict = (
+                "same"
+                if not builtin_differences({"algorithms": {name: pristine["algorithms"][name]}}, with_release)
+                else "DIFFERS"
+            )
         lines.append("%-14s %s  %s" % (name, values, verdict))
     return lines

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 # Run as `<stack>/bin/python -c PROBE_SOURCE '<json list of modules to import>'`; prints one JSON object.
-PROBE_SOURCE = r'''
+PROBE_SOURCE = r"""
 import glob, json, os, platform, re, subprocess, sys
 try:
     from importlib import metadata
@@ -60,22 +60,25 @@ for module in json.loads(sys.argv[1]) if len(sys.argv) > 1 else []:
         facts["imports"][module] = {"ok": False, "error": error_text(exc)}
 
 # nvcc: the pip wheel's (inside the stack) first, then CUDA_HOME, /usr/local/cuda, PATH.
-candidates = sorted(glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "*", "bin", "nvcc")))
-candidates += sorted(glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cuda_nvcc", "bin", "nvcc")))
+site_packages = os.path.join(sys.prefix, "lib", "python*", "site-packages")
+candidates = sorted(glob.glob(os.path.join(site_packages, "nvidia", "*", "bin", "nvcc")))
+candidates += sorted(glob.glob(os.path.join(site_packages, "nvidia", "cuda_nvcc", "bin", "nvcc")))
 candidates += [os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc"), "/usr/local/cuda/bin/nvcc"]
 for path in os.environ.get("PATH", "").split(os.pathsep):
     candidates.append(os.path.join(path, "nvcc"))
 for nvcc in candidates:
     if os.access(nvcc, os.X_OK):
         try:
-            out = subprocess.run([nvcc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60).stdout.decode()
+            out = subprocess.run(
+                [nvcc, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60
+            ).stdout.decode()
             match = re.search(r"release (\d+\.\d+)", out)
             facts["nvcc"] = {"path": nvcc, "version": match.group(1) if match else None}
         except Exception as exc:
             facts["nvcc"] = {"path": nvcc, "version": None, "error": error_text(exc)}
         break
 print(json.dumps(facts))
-'''
+"""
 
 
 def _release(version):
@@ -132,7 +135,9 @@ def stack_contradictions(facts, expected, host=None):
         elif want_cuda is not None and torch.get("cuda") is None:
             problems.append("torch %s is a CPU build; the pin set needs CUDA %s" % (torch["version"], want_cuda))
         elif want_cuda is not None and _major_minor(torch["cuda"]) != _major_minor(want_cuda):
-            problems.append("torch %s is a CUDA %s build; the pin set needs CUDA %s" % (torch["version"], torch["cuda"], want_cuda))
+            problems.append(
+                "torch %s is a CUDA %s build; the pin set needs CUDA %s" % (torch["version"], torch["cuda"], want_cuda)
+            )
 
     for dist, version in sorted((expected.get("packages") or {}).items()):
         found = facts["packages"].get(dist)
@@ -150,15 +155,22 @@ def stack_contradictions(facts, expected, host=None):
             if module.startswith("torchcodec"):
                 hint = " (torchcodec needs one complete FFmpeg release 4-8 on the host)"
             elif module.startswith("sgl_kernel"):
-                hint = " (its kernels need a CUDA %s torch and a GPU it was built for)" % (expected.get("torch_cuda") or "?")
+                hint = " (its kernels need a CUDA %s torch and a GPU it was built for)" % (
+                    expected.get("torch_cuda") or "?"
+                )
             problems.append("%s cannot load: %s%s" % (module, result["error"], hint))
 
     if expected.get("nvcc"):
         nvcc = facts.get("nvcc") or {}
         if not nvcc.get("version"):
-            problems.append("nvcc not found in the stack, CUDA_HOME, /usr/local/cuda or PATH; the pin set needs nvcc %s for SGLang's JIT" % expected["nvcc"])
+            problems.append(
+                "nvcc not found in the stack, CUDA_HOME, /usr/local/cuda or PATH; the pin set needs nvcc %s for "
+                "SGLang's JIT" % expected["nvcc"]
+            )
         elif _major_minor(nvcc["version"]) != _major_minor(expected["nvcc"]):
-            problems.append("nvcc %s (%s); the pin set needs %s" % (nvcc["version"], nvcc.get("path"), expected["nvcc"]))
+            problems.append(
+                "nvcc %s (%s); the pin set needs %s" % (nvcc["version"], nvcc.get("path"), expected["nvcc"])
+            )
 
     if expected.get("gpu") and "version" in torch:
         problems.extend(_gpu_contradictions(torch, host))
@@ -169,17 +181,29 @@ def _gpu_contradictions(torch, host):
     problems = []
     capabilities = host.get("gpu_capabilities") or []
     if not torch.get("cuda_available"):
-        problems.append("torch %s sees no GPU (torch.cuda.is_available() is false%s) on a host with %d GPU(s)"
-                        % (torch["version"], ": " + torch["error"] if torch.get("error") else "", len(capabilities)))
+        problems.append(
+            "torch %s sees no GPU (torch.cuda.is_available() is false%s) on a host with %d GPU(s)"
+            % (torch["version"], ": " + torch["error"] if torch.get("error") else "", len(capabilities))
+        )
         return problems
     if capabilities and torch.get("device_count") != len(capabilities):
         problems.append("torch sees %s GPU(s), nvidia-smi lists %d" % (torch.get("device_count"), len(capabilities)))
     for index, capability in enumerate(capabilities):
         if not arch_runs_capability(torch.get("arch_list") or [], capability):
-            problems.append("GPU %d has compute capability %s (sm_%s), which torch %s's arch list %s cannot run"
-                            % (index, capability, capability.replace(".", ""), torch["version"], " ".join(torch.get("arch_list") or [])))
+            problems.append(
+                "GPU %d has compute capability %s (sm_%s), which torch %s's arch list %s cannot run"
+                % (
+                    index,
+                    capability,
+                    capability.replace(".", ""),
+                    torch["version"],
+                    " ".join(torch.get("arch_list") or []),
+                )
+            )
     driver_cuda = host.get("driver_cuda_version")
     if driver_cuda and torch.get("cuda") and _major_minor(driver_cuda) < _major_minor(torch["cuda"]):
-        problems.append("the driver supports CUDA %s, older than the CUDA %s torch %s is built for"
-                        % (driver_cuda, torch["cuda"], torch["version"]))
+        problems.append(
+            "the driver supports CUDA %s, older than the CUDA %s torch %s is built for"
+            % (driver_cuda, torch["cuda"], torch["version"])
+        )
     return problems

@@ -98,7 +98,7 @@ ansible_facts:
           elements: str
           sample:
             - driver 580.159.04, CUDA 13.0, 8 GPU(s)
-            - "GPU 0: NVIDIA RTX PRO 6000 Blackwell Workstation Edition, sm_120, 97250 of 97887 MiB free, persistence on, idle"
+            - "GPU 0: NVIDIA RTX PRO 6000 Blackwell Workstation Edition, sm_120, 97250 of 97887 MiB free, idle"
         processes:
           description:
             - Compute processes on any GPU, with C(gpu_index) and the systemd C(unit) they run in
@@ -158,8 +158,11 @@ def main():
     if os.path.sep not in binary:
         found = module.get_bin_path(binary, opt_dirs=["/usr/bin", "/usr/local/bin"])
         if not found:
-            module.fail_json(msg="nvidia-smi not found: %r is not on PATH, /usr/bin or /usr/local/bin; is the NVIDIA driver installed? "
-                             "Set nvidia_smi to its path if it is elsewhere." % binary)
+            module.fail_json(
+                msg="nvidia-smi not found: %r is not on PATH, /usr/bin or /usr/local/bin; is the NVIDIA driver "
+                "installed? "
+                "Set nvidia_smi to its path if it is elsewhere." % binary
+            )
         binary = found
     elif not os.access(binary, os.X_OK):
         module.fail_json(msg="nvidia-smi not found: %s is missing or not executable" % binary)

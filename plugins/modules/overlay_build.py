@@ -131,7 +131,10 @@ def main():
     if module.check_mode:
         module.exit_json(changed=True, wheel=None, source_hash=content, revision=revision)
     if BUILD_IMPORT_ERROR:
-        module.fail_json(msg=missing_required_lib("pyproject_hooks and packaging (requirements/ee-python.txt)"), exception=BUILD_IMPORT_ERROR)
+        module.fail_json(
+            msg=missing_required_lib("pyproject_hooks and packaging (requirements/ee-python.txt)"),
+            exception=BUILD_IMPORT_ERROR,
+        )
     try:
         with open(os.path.join(source, "pyproject.toml"), encoding="utf-8") as handle:
             system = build_system(handle.read())
@@ -139,22 +142,31 @@ def main():
         module.fail_json(msg="cannot read the build system of %s: %s" % (os.path.join(source, "pyproject.toml"), exc))
     unmet = unmet_requirements(system["requires"])
     if unmet:
-        module.fail_json(msg="the build backend of %s needs %s in the controller's Python %s; install them beside ansible-core "
-                             "(requirements/ee-python.txt, or scripts/bootstrap's venv)" % (source, ", ".join(unmet), sys.executable),
-                         unmet=unmet)
+        module.fail_json(
+            msg="the build backend of %s needs %s in the controller's Python %s; install them beside ansible-core "
+            "(requirements/ee-python.txt, or scripts/bootstrap's venv)" % (source, ", ".join(unmet), sys.executable),
+            unmet=unmet,
+        )
     staging = tempfile.mkdtemp(prefix="overlay-wheel-")
     try:
         # Build from a copy: setuptools writes build/ and *.egg-info next to the source.
         tree = os.path.join(staging, "src-copy")
-        shutil.copytree(source, tree, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", "tests", ".pytest_cache"))
+        shutil.copytree(
+            source,
+            tree,
+            ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "dist", "tests", ".pytest_cache"),
+        )
         out = os.path.join(staging, "wheel")
         os.makedirs(out)
         try:
             name = build_wheel(tree, out, system, sys.executable)
         except subprocess.CalledProcessError as exc:
             output = exc.output.decode("utf-8", "replace") if isinstance(exc.output, bytes) else (exc.output or "")
-            module.fail_json(msg="building the wheel of %s with %s failed (exit %d): %s"
-                             % (source, system["build-backend"], exc.returncode, output.strip()[-1500:]), rc=exc.returncode)
+            module.fail_json(
+                msg="building the wheel of %s with %s failed (exit %d): %s"
+                % (source, system["build-backend"], exc.returncode, output.strip()[-1500:]),
+                rc=exc.returncode,
+            )
         os.makedirs(target, exist_ok=True)
         final = os.path.join(target, name)
         shutil.move(os.path.join(out, name), final + ".tmp")

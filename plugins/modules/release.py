@@ -133,7 +133,8 @@ rebuilt_partial:
   returned: always
   type: bool
 holder:
-  description: The process holding the release's build lock (its pid and since when), when the module gave up waiting for it.
+  description: The process holding the release's build lock (its pid and since when), when the module gave up waiting
+    for it.
   returned: when another build held the lock past O(lock_timeout)
   type: dict
   sample: {pid: 4242, since: "2026-12-01T05:02:11Z"}
@@ -183,7 +184,7 @@ def summary(manifest):
 
 
 def make_read_only(root):
-    for directory, dummy, names in os.walk(root):
+    for directory, _dirs, names in os.walk(root):
         for name in names:
             path = os.path.join(directory, name)
             if not os.path.islink(path):
@@ -193,8 +194,14 @@ def make_read_only(root):
 def run(module, command, env, what):
     rc, stdout, stderr = module.run_command(command, environ_update=env)
     if rc != 0:
-        module.fail_json(msg="%s failed (exit %d): %s" % (what, rc, (stderr or stdout).strip()[-1500:]), cmd=command,
-                         stdout=stdout, stderr=stderr, rebuilt_partial=False, problems=[])
+        module.fail_json(
+            msg="%s failed (exit %d): %s" % (what, rc, (stderr or stdout).strip()[-1500:]),
+            cmd=command,
+            stdout=stdout,
+            stderr=stderr,
+            rebuilt_partial=False,
+            problems=[],
+        )
     return stdout
 
 
@@ -207,8 +214,24 @@ def build(module, path, extra_wheels):
     env = {"PYTHONPATH": site, "PYTHONNOUSERSITE": "1", "TRITON_CACHE_DIR": cache}
     wheels = ([params["wheel"]] if params["overlay"] else []) + params["extra_wheels"]
     if wheels:
-        run(module, [python, "-m", "pip", "install", "--no-deps", "--no-index", "--no-compile", "--disable-pip-version-check",
-                     "--target", site] + wheels, {"PYTHONNOUSERSITE": "1"}, "installing the release's wheels")
+        run(
+            module,
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--no-index",
+                "--no-compile",
+                "--disable-pip-version-check",
+                "--target",
+                site,
+            ]
+            + wheels,
+            {"PYTHONNOUSERSITE": "1"},
+            "installing the release's wheels",
+        )
     else:
         os.makedirs(site)  # a base release in production: the stack alone
     os.symlink(params["stack"], os.path.join(path, "stack"))
@@ -270,13 +293,17 @@ def main():
             module.fail_json(msg="extra wheel %s is not on the host" % wheel, problems=[], rebuilt_partial=False)
         extra_wheels.append({"wheel": os.path.basename(wheel), "sha256": file_sha256(wheel)})
     if params["state"] == "present" and params["overlay"] and not params["wheel"]:
-        module.fail_json(msg="an overlay release needs wheel (the overlay wheel on the host); overlay=false builds the base release",
-                         problems=[], rebuilt_partial=False)
+        module.fail_json(
+            msg="an overlay release needs wheel (the overlay wheel on the host); overlay=false builds the base release",
+            problems=[],
+            rebuilt_partial=False,
+        )
     if not params["release_id"] and not params["overlay"]:
         params["release_id"] = base_release_id(params["stack_id"], [extra["sha256"] for extra in extra_wheels])
     elif not params["release_id"]:
-        params["release_id"] = release_id(params["source_hash"], params["stack_id"], params["arch"],
-                                          [extra["sha256"] for extra in extra_wheels])
+        params["release_id"] = release_id(
+            params["source_hash"], params["stack_id"], params["arch"], [extra["sha256"] for extra in extra_wheels]
+        )
     path = os.path.join(params["root"], params["release_id"])
     if params["state"] == "verified" or module.check_mode:
         settle(module, path, extra_wheels)
@@ -286,9 +313,14 @@ def main():
         with exclusive(lock, timeout=params["lock_timeout"]):
             settle(module, path, extra_wheels)
     except LockTimeout as error:
-        module.fail_json(msg="release %s is being built by another process on this host: %s (lock_timeout %d s). "
-                             "Wait for it and run again, or stop that process if it is stuck." % (path, error, params["lock_timeout"]),
-                         release_dir=path, problems=["build in progress"], rebuilt_partial=False, holder=error.holder)
+        module.fail_json(
+            msg="release %s is being built by another process on this host: %s (lock_timeout %d s). "
+            "Wait for it and run again, or stop that process if it is stuck." % (path, error, params["lock_timeout"]),
+            release_dir=path,
+            problems=["build in progress"],
+            rebuilt_partial=False,
+            holder=error.holder,
+        )
 
 
 def settle(module, path, extra_wheels):
@@ -299,24 +331,54 @@ def settle(module, path, extra_wheels):
         manifest = read_manifest(path)
         problems = manifest_problems(manifest, *tree_hashes(path))
         if problems:
-            module.fail_json(msg="release %s is tampered: its files differ from its manifest (%d difference(s): %s). "
-                                 "It will not be activated; remove it to rebuild." % (path, len(problems), "; ".join(problems[:5])),
-                             release_dir=path, problems=problems, rebuilt_partial=False, manifest=summary(manifest))
-        module.exit_json(changed=False, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=False,
-                         manifest=summary(manifest), overlay=manifest.get("overlay", True))
+            module.fail_json(
+                msg="release %s is tampered: its files differ from its manifest (%d difference(s): %s). "
+                "It will not be activated; remove it to rebuild." % (path, len(problems), "; ".join(problems[:5])),
+                release_dir=path,
+                problems=problems,
+                rebuilt_partial=False,
+                manifest=summary(manifest),
+            )
+        module.exit_json(
+            changed=False,
+            release_id=params["release_id"],
+            release_dir=path,
+            problems=[],
+            rebuilt_partial=False,
+            manifest=summary(manifest),
+            overlay=manifest.get("overlay", True),
+        )
     partial = os.path.isdir(path)
     if params["state"] == "verified":
-        module.fail_json(msg="release %s is %s: no manifest. It will not be activated." % (path, "partial" if partial else "missing"),
-                         release_dir=path, problems=["no manifest"], rebuilt_partial=False)
+        module.fail_json(
+            msg="release %s is %s: no manifest. It will not be activated."
+            % (path, "partial" if partial else "missing"),
+            release_dir=path,
+            problems=["no manifest"],
+            rebuilt_partial=False,
+        )
     if module.check_mode:
-        module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial,
-                         overlay=params["overlay"])
+        module.exit_json(
+            changed=True,
+            release_id=params["release_id"],
+            release_dir=path,
+            problems=[],
+            rebuilt_partial=partial,
+            overlay=params["overlay"],
+        )
     if partial:
         shutil.rmtree(path)
     os.makedirs(path)
     manifest = build(module, path, extra_wheels)
-    module.exit_json(changed=True, release_id=params["release_id"], release_dir=path, problems=[], rebuilt_partial=partial,
-                     manifest=summary(manifest), overlay=params["overlay"])
+    module.exit_json(
+        changed=True,
+        release_id=params["release_id"],
+        release_dir=path,
+        problems=[],
+        rebuilt_partial=partial,
+        manifest=summary(manifest),
+        overlay=params["overlay"],
+    )
 
 
 if __name__ == "__main__":

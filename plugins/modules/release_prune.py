@@ -63,7 +63,12 @@ import shutil
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.layout import directories, prune_result, releases_in_use, unused
+from ansible_collections.ddtree.sglang.plugins.module_utils.layout import (
+    directories,
+    prune_result,
+    releases_in_use,
+    unused,
+)
 
 
 def main():

@@ -14,7 +14,8 @@ version_added: 0.2.0
 description:
   - The sglang_service role's decisions after the switch, with the reason for each; the role only acts on them.
   - C(restart) - the service's unit, environment or API key changed, the launcher changed, its release was
-    switched to, or its release has no passed verdict and the process may predate it (M(ddtree.sglang.service_gate_status)).
+    switched to, or its release has no passed verdict and the process may predate it
+    (M(ddtree.sglang.service_gate_status)).
   - C(start) - every service not rolled back is kept running; C(gate) - each one restarted, started because it
     was not running, stopped and started for its tuning, or whose release has no verdict; C(quick_check) - the
     others (a C(/health) request).
@@ -38,7 +39,8 @@ options:
     type: dict
     default: {}
   links:
-    description: The names of the services whose current link changed, or the registered M(ddtree.sglang.service_link) loop's results.
+    description: The names of the services whose current link changed, or the registered M(ddtree.sglang.service_link)
+      loop's results.
     type: list
     elements: raw
     default: []
@@ -181,11 +183,23 @@ def main():
     params = module.params
     installed = None
     if module.check_mode:
-        installed = [s["name"] for s in params["services"] if os.path.exists(os.path.join(params["units_dir"], s["unit"]))]
+        installed = [
+            s["name"] for s in params["services"] if os.path.exists(os.path.join(params["units_dir"], s["unit"]))
+        ]
     result = service_actions(
-        params["services"], params["releases"], params["links"], params["changed"], params["recorded"],
-        window_restarted=params["window_restarted"], installed=installed, gate_results=params["gate_results"],
-        shadow_verdicts=params["shadow_verdicts"], check_mode=module.check_mode, host=params["host"], state_root=params["state_root"])
+        params["services"],
+        params["releases"],
+        params["links"],
+        params["changed"],
+        params["recorded"],
+        window_restarted=params["window_restarted"],
+        installed=installed,
+        gate_results=params["gate_results"],
+        shadow_verdicts=params["shadow_verdicts"],
+        check_mode=module.check_mode,
+        host=params["host"],
+        state_root=params["state_root"],
+    )
     module.exit_json(changed=False, **result)
 
 

@@ -47,7 +47,8 @@ options:
     type: str
     required: true
   state_file:
-    description: The service's tuning state, written whole and atomically (e.g. C(/var/lib/sglang/<service>/autotune.json)).
+    description: The service's tuning state, written whole and atomically (e.g.
+      C(/var/lib/sglang/<service>/autotune.json)).
     type: path
     required: true
   measurements:
@@ -160,13 +161,15 @@ msg:
   returned: always
   type: str
 previous_choice:
-  description: The choice the state file holds, valid for this key or not (null when there is none); check mode plans with it.
+  description: The choice the state file holds, valid for this key or not (null when there is none); check mode plans
+    with it.
   returned: always
   type: dict
   sample: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree}
 trials:
   description:
-    - When tuning is needed and the service declares C(autotune.gpus) and C(autotune.port), or C(autotune.own_gpus) - what to run and measure,
+    - When tuning is needed and the service declares C(autotune.gpus) and C(autotune.port), or C(autotune.own_gpus) -
+      what to run and measure,
       DFLASH first - each with C(label) (C(DDTREE budget 8 top_k 4)), C(setting), C(concurrency) and C(instance), the
       temporary instance's unit entry (name C(<service>-autotune), unit, flags, C(exec_args), environment,
       C(loads_overlay), gpus, port) for the role's unit and environment templates.
@@ -174,7 +177,8 @@ trials:
   type: list
   elements: dict
   sample: [{label: DFLASH, setting: {algorithm: DFLASH, budget: null, top_k: null}, concurrency: [1],
-            instance: {name: coder-autotune, unit: sglang-coder-autotune.service, port: 30100, gpus: [2, 3], loads_overlay: false}}]
+            instance: {name: coder-autotune, unit: sglang-coder-autotune.service, port: 30100, gpus: [2, 3],
+              loads_overlay: false}}]
 own_window:
   description:
     - Whether the trials run on the service's own GPUs and port (C(autotune.own_gpus)) - the caller stops the service
@@ -214,7 +218,8 @@ choice:
     budget: 8
     top_k: 4
     status: ddtree
-    reason: DDTREE budget 8 top_k 4 is the fastest setting that beats DFLASH by min_gain +3.0% at every declared concurrency (+14.8% at concurrency 1)
+    reason: DDTREE budget 8 top_k 4 is the fastest setting that beats DFLASH by min_gain +3.0% at every declared
+      concurrency (+14.8% at concurrency 1)
     tokens_per_second: {"1": 161.0}
     gain_over_dflash: {"1": 0.1484}
     gain_over_none: {}
@@ -224,7 +229,8 @@ key:
   description: The tuning key - C(digest) and the C(parts) it is computed from.
   returned: always
   type: dict
-  sample: {digest: 3f2a9c0d11e4b7a2, parts: {model: /models/coder, drafter: /models/coder-dflash, release_id: 4c1d2e3f4a5b}}
+  sample: {digest: 3f2a9c0d11e4b7a2, parts: {model: /models/coder, drafter: /models/coder-dflash, release_id:
+    4c1d2e3f4a5b}}
 key_changes:
   description: The key's parts that differ from the recorded tuning's (all of them when there was none).
   returned: always
@@ -236,7 +242,8 @@ grid:
   returned: always
   type: list
   elements: dict
-  sample: [{algorithm: DFLASH, budget: null, top_k: null, concurrency: 1}, {algorithm: DDTREE, budget: 4, top_k: 4, concurrency: 1}]
+  sample: [{algorithm: DFLASH, budget: null, top_k: null, concurrency: 1}, {algorithm: DDTREE, budget: 4, top_k: 4,
+    concurrency: 1}]
 problems:
   description: Why the measurements could not decide (on failure).
   returned: failure
@@ -267,25 +274,30 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import PROMPT_SET, ROUNDS
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import trials, window_restore_after
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import default as gate_default
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
 
 ARGUMENT_SPEC = dict(
     service=dict(type="dict", required=True),
     release_id=dict(type="str", required=True),
     state_file=dict(type="path", required=True),
-    measurements=dict(type="list", elements="dict", default=[], options=dict(
-        algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
-        budget=dict(type="int"),
-        top_k=dict(type="int"),
-        concurrency=dict(type="int", required=True),
-        tokens_per_second=dict(type="float", no_log=False),
-        accept_length=dict(type="float"),
-        error=dict(type="str"),
-        requests=dict(type="int"),
-        completion_tokens=dict(type="int", no_log=False),
-        seconds=dict(type="float"),
-    )),
+    measurements=dict(
+        type="list",
+        elements="dict",
+        default=[],
+        options=dict(
+            algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
+            budget=dict(type="int"),
+            top_k=dict(type="int"),
+            concurrency=dict(type="int", required=True),
+            tokens_per_second=dict(type="float", no_log=False),
+            accept_length=dict(type="float"),
+            error=dict(type="str"),
+            requests=dict(type="int"),
+            completion_tokens=dict(type="int", no_log=False),
+            seconds=dict(type="float"),
+        ),
+    ),
     workload=dict(type="dict", default={}),
     floor_margin=dict(type="float", default=DEFAULT_FLOOR_MARGIN),
     force=dict(type="bool", default=False),
@@ -302,8 +314,17 @@ def _text(document):
 # choice tuned before, or DFLASH, the fallback, when it was never tuned.
 FALLBACK = {"algorithm": "DFLASH", "status": "fallback", "reason": "not tuned yet (check mode measures nothing)"}
 # The choice's fields a history line keeps.
-HISTORY_FIELDS = ("algorithm", "budget", "top_k", "status", "reason", "tokens_per_second", "gain_over_dflash",
-                  "gain_over_none", "speed_floor")
+HISTORY_FIELDS = (
+    "algorithm",
+    "budget",
+    "top_k",
+    "status",
+    "reason",
+    "tokens_per_second",
+    "gain_over_dflash",
+    "gain_over_none",
+    "speed_floor",
+)
 
 
 def plan_choice(result: dict) -> dict:
@@ -321,13 +342,19 @@ def tuning_message(name: str, result: dict) -> str:
     where = ""
     if trials_:
         where = " at concurrency %s, each on a temporary instance on GPUs %s" % (
-            ", ".join(str(c) for c in trials_[0]["concurrency"]), ", ".join(str(g) for g in trials_[0]["instance"]["gpus"]))
+            ", ".join(str(c) for c in trials_[0]["concurrency"]),
+            ", ".join(str(g) for g in trials_[0]["instance"]["gpus"]),
+        )
     if result["own_window"]:
         where += " (its own: the service stops for up to %s s)" % result["window_restore_after"]
     return "%s would be tuned (%s changed): %s%s; planned meanwhile with %s (%s)" % (
-        name, ", ".join(result["key_changes"]), ", ".join(trial["label"] for trial in trials_), where,
+        name,
+        ", ".join(result["key_changes"]),
+        ", ".join(trial["label"] for trial in trials_),
+        where,
         _setting(result["plan_choice"]),
-        "the choice tuned before" if result["previous_choice"] else "no tuning yet: the fallback")
+        "the choice tuned before" if result["previous_choice"] else "no tuning yet: the fallback",
+    )
 
 
 def _setting(choice: dict) -> str:
@@ -338,10 +365,16 @@ def _setting(choice: dict) -> str:
 
 def history_record(choice: dict, result: dict, release_id: str) -> dict:
     """The line the role appends to the service's history.jsonl after a tuning."""
-    return {"time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()), "event": "autotune", "release_id": release_id,
-            "key": result["key"]["digest"], "key_changes": result["key_changes"],
-            "choice": {key: choice[key] for key in HISTORY_FIELDS if key in choice},
-            "settings": [setting.get("status") for setting in choice.get("settings") or []], "state_file": "autotune.json"}
+    return {
+        "time": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+        "event": "autotune",
+        "release_id": release_id,
+        "key": result["key"]["digest"],
+        "key_changes": result["key_changes"],
+        "choice": {key: choice[key] for key in HISTORY_FIELDS if key in choice},
+        "settings": [setting.get("status") for setting in choice.get("settings") or []],
+        "state_file": "autotune.json",
+    }
 
 
 def main():
@@ -350,7 +383,9 @@ def main():
     service, path = params["service"], params["state_file"]
     name = service.get("name", "service")
     if not declared(service):
-        module.fail_json(msg="%s: speculative.autotune is not declared; only a DDTREE service with autotune is tuned" % name)
+        module.fail_json(
+            msg="%s: speculative.autotune is not declared; only a DDTREE service with autotune is tuned" % name
+        )
     problems = autotune_problems(service.get("speculative") or {})
     if problems:
         module.fail_json(msg="%s: %s" % (name, " | ".join(problems)), problems=problems)
@@ -359,16 +394,27 @@ def main():
 
     tuning = declaration(service["speculative"])
     # The prompt set is the collection's: its name (bumped with its text) keys the tuning too.
-    key = tuning_key(service, params["release_id"], dict({"prompts": PROMPT_SET, "rounds": ROUNDS}, **params["workload"]))
+    key = tuning_key(
+        service, params["release_id"], dict({"prompts": PROMPT_SET, "rounds": ROUNDS}, **params["workload"])
+    )
     try:
         document = read_json(path)
     except (OSError, ValueError) as exc:
         module.fail_json(msg="%s: cannot read the tuning state %s (%s); move it aside to tune anew" % (name, path, exc))
     recorded = recorded_choice(document, key)
     current = (document or {}).get("current") or {}
-    result = dict(changed=False, tuned=False, needs_tuning=recorded is None or params["force"], choice=recorded,
-                  key=key, key_changes=key_changes(current.get("key"), key), grid=measurement_plan(tuning),
-                  service=name, previous_choice=current.get("choice"), trials=[])
+    result = dict(
+        changed=False,
+        tuned=False,
+        needs_tuning=recorded is None or params["force"],
+        choice=recorded,
+        key=key,
+        key_changes=key_changes(current.get("key"), key),
+        grid=measurement_plan(tuning),
+        service=name,
+        previous_choice=current.get("choice"),
+        trials=[],
+    )
     own = service["speculative"]["autotune"]
     result["own_window"] = in_own_window(service)
     result["window_restore_after"] = None
@@ -376,16 +422,19 @@ def main():
         result["trials"] = trials(service)
         if result["own_window"]:
             try:
-                result["window_restore_after"] = window_restore_after(len(result["trials"]), params["start_timeout"],
-                                                                      params["window_measure_allowance"])
+                result["window_restore_after"] = window_restore_after(
+                    len(result["trials"]), params["start_timeout"], params["window_measure_allowance"]
+                )
             except ValueError as exc:
                 module.fail_json(msg="%s: %s" % (name, exc))
     result["plan_choice"] = plan_choice(result)
     result["msg"] = tuning_message(name, result)
     if not result["needs_tuning"]:
         if params["measurements"]:
-            module.warn("%s: the tuning key %s did not change since %s: the measurements were not used (force: true "
-                        "tunes from them)" % (name, key["digest"], document["current"].get("tuned_at")))
+            module.warn(
+                "%s: the tuning key %s did not change since %s: the measurements were not used (force: true "
+                "tunes from them)" % (name, key["digest"], document["current"].get("tuned_at"))
+            )
         module.exit_json(**result)
     if not params["measurements"]:
         result["choice"] = None
@@ -394,17 +443,38 @@ def main():
     try:
         choice = choose(tuning, params["measurements"])
     except IncompleteMeasurements as exc:
-        module.fail_json(**dict(result, msg="%s: the measurements cannot decide, the state file was left as it was: %s"
-                                % (name, exc), problems=exc.problems))
-    record = tuning_record(key, params["release_id"], tuning, params["measurements"], choice,
-                           time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), params["floor_margin"])
+        module.fail_json(
+            **dict(
+                result,
+                msg="%s: the measurements cannot decide, the state file was left as it was: %s" % (name, exc),
+                problems=exc.problems,
+            )
+        )
+    record = tuning_record(
+        key,
+        params["release_id"],
+        tuning,
+        params["measurements"],
+        choice,
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        params["floor_margin"],
+    )
     after = state_document(document, record)
-    result.update(changed=True, tuned=True, choice=record["choice"], plan_choice=record["choice"],
-                  history=history_record(record["choice"], result, params["release_id"]))
+    result.update(
+        changed=True,
+        tuned=True,
+        choice=record["choice"],
+        plan_choice=record["choice"],
+        history=history_record(record["choice"], result, params["release_id"]),
+    )
     result["msg"] = "%s: %s" % (name, record["choice"].get("reason") or "")
     if module._diff:
-        result["diff"] = {"before": _text(document), "after": _text(after),
-                          "before_header": "%s (before)" % path, "after_header": "%s (after)" % path}
+        result["diff"] = {
+            "before": _text(document),
+            "after": _text(after),
+            "before_header": "%s (before)" % path,
+            "after_header": "%s (after)" % path,
+        }
     if not module.check_mode:
         try:
             write_json(path, after, module.atomic_move)

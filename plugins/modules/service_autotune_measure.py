@@ -24,7 +24,8 @@ author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
   unit:
-    description: The temporary instance's systemd unit; watched while the server starts, so one that exits is not waited for.
+    description: The temporary instance's systemd unit; watched while the server starts, so one that exits is not waited
+      for.
     type: str
     required: true
   host:
@@ -43,7 +44,8 @@ options:
     type: dict
     required: true
     suboptions:
-      algorithm: {description: "DFLASH or DDTREE (or NONE: reported, never chosen)", type: str, required: true, choices: [DFLASH, DDTREE, NONE]}
+      algorithm: {description: "DFLASH or DDTREE (or NONE: reported, never chosen)", type: str, required: true, choices:
+        [DFLASH, DDTREE, NONE]}
       budget: {description: DDTREE's budget, type: int}
       top_k: {description: DDTREE's top-k, type: int}
   concurrency:
@@ -88,7 +90,8 @@ measurements:
   description:
     - One per declared concurrency, in the shape M(ddtree.sglang.service_autotune) takes - the setting,
       C(concurrency), C(tokens_per_second) (all completion tokens over the level's wall seconds),
-      C(accept_length), C(error) (null when it was measured), and the evidence C(requests), C(completion_tokens), C(seconds).
+      C(accept_length), C(error) (null when it was measured), and the evidence C(requests),
+      C(completion_tokens), C(seconds).
   returned: always
   type: list
   elements: dict
@@ -117,8 +120,8 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure imp
     wait_ready,
     workload,
 )
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import default as gate_default
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
 
 
 def main():
@@ -128,11 +131,15 @@ def main():
             host=dict(type="str", default="127.0.0.1"),
             port=dict(type="int", required=True),
             api_key=dict(type="str", no_log=True),
-            setting=dict(type="dict", required=True, options=dict(
-                algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
-                budget=dict(type="int"),
-                top_k=dict(type="int"),
-            )),
+            setting=dict(
+                type="dict",
+                required=True,
+                options=dict(
+                    algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
+                    budget=dict(type="int"),
+                    top_k=dict(type="int"),
+                ),
+            ),
             concurrency=dict(type="list", elements="int", required=True),
             max_tokens=dict(type="int", default=128, no_log=False),
             warmup=dict(type="int", default=1),
@@ -147,11 +154,20 @@ def main():
         if params[name] <= 0:
             module.fail_json(msg="%s is %s; it must be above 0" % (name, params[name]))
     if params["warmup"] < 0 or any(value < 1 for value in params["concurrency"]) or not params["concurrency"]:
-        module.fail_json(msg="warmup must be >= 0 and concurrency a non-empty list of integers >= 1 (got %s, %s)"
-                         % (params["warmup"], params["concurrency"]))
+        module.fail_json(
+            msg="warmup must be >= 0 and concurrency a non-empty list of integers >= 1 (got %s, %s)"
+            % (params["warmup"], params["concurrency"])
+        )
     systemctl = module.get_bin_path("systemctl", required=True)
-    io = ServiceIO(module.run_command, systemctl, module.get_bin_path("journalctl", required=True), params["unit"],
-                   params["host"], params["port"], api_key=params["api_key"])
+    io = ServiceIO(
+        module.run_command,
+        systemctl,
+        module.get_bin_path("journalctl", required=True),
+        params["unit"],
+        params["host"],
+        params["port"],
+        api_key=params["api_key"],
+    )
 
     def unit_state():
         _rc, out, _err = module.run_command([systemctl, "is-active", params["unit"]])
@@ -164,10 +180,21 @@ def main():
     if problem:
         measurements = failed_setting(setting, params["concurrency"], problem)
     else:
-        measurements = measure_setting(io.request, setting, params["concurrency"], PROMPTS, params["max_tokens"],
-                                       params["request_timeout"], params["warmup"])
-    module.exit_json(changed=False, measurements=measurements, ready_s=ready_s,
-                     workload=workload(params["max_tokens"], params["warmup"]))
+        measurements = measure_setting(
+            io.request,
+            setting,
+            params["concurrency"],
+            PROMPTS,
+            params["max_tokens"],
+            params["request_timeout"],
+            params["warmup"],
+        )
+    module.exit_json(
+        changed=False,
+        measurements=measurements,
+        ready_s=ready_s,
+        workload=workload(params["max_tokens"], params["warmup"]),
+    )
 
 
 if __name__ == "__main__":

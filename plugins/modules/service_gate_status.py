@@ -59,7 +59,8 @@ EXAMPLES = r"""
 
 - name: Say which ones need a gate
   ansible.builtin.debug:
-    msg: "{{ gate_status.services | dict2items | rejectattr('value.action', 'eq', 'none') | map(attribute='key') | list }}"
+    msg: "{{ gate_status.services | dict2items | rejectattr('value.action', 'eq', 'none') | map(attribute='key') | list
+      }}"
 """
 
 RETURN = r"""
@@ -88,7 +89,12 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_verdicts import (
-    UNIT_PROPERTIES, gate_action, started_after, unit_facts, verdicts_path)
+    UNIT_PROPERTIES,
+    gate_action,
+    started_after,
+    unit_facts,
+    verdicts_path,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import unit_name
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_unit import parse_systemctl_show
@@ -120,19 +126,31 @@ def main():
         try:
             document = read_json(path)
         except (OSError, ValueError) as error:
-            module.fail_json(msg="cannot read the gate verdicts of %s (%s): %s. Move the file aside: the service is then "
-                                 "gated once as if it had no verdicts." % (service, path, error))
+            module.fail_json(
+                msg="cannot read the gate verdicts of %s (%s): %s. Move the file aside: the service is then "
+                "gated once as if it had no verdicts." % (service, path, error)
+            )
         unit = unit_name(service)
-        rc, out, err = module.run_command([systemctl, "show", "--timestamp=unix", "-p", ",".join(UNIT_PROPERTIES), unit])
+        rc, out, err = module.run_command(
+            [systemctl, "show", "--timestamp=unix", "-p", ",".join(UNIT_PROPERTIES), unit]
+        )
         if rc != 0:
             module.fail_json(msg="systemctl show %s failed (rc %d): %s" % (unit, rc, err.strip()))
         facts = unit_facts(parse_systemctl_show(out))
         facts["started_after_switch"] = started_after(
-            facts["process_start"], link_mtime(os.path.join(module.params["services_root"], service, "current")))
-        decision = gate_action(links["current"], links["previous"], document, facts["active"], facts["started_after_switch"],
-                               facts["restarts"])
-        services[service] = dict(decision, release_id=links["current"], previous_release_id=links["previous"], unit=unit,
-                                 unit_state=facts)
+            facts["process_start"], link_mtime(os.path.join(module.params["services_root"], service, "current"))
+        )
+        decision = gate_action(
+            links["current"],
+            links["previous"],
+            document,
+            facts["active"],
+            facts["started_after_switch"],
+            facts["restarts"],
+        )
+        services[service] = dict(
+            decision, release_id=links["current"], previous_release_id=links["previous"], unit=unit, unit_state=facts
+        )
     module.exit_json(changed=False, services=services)
 
 

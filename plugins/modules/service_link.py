@@ -48,7 +48,8 @@ options:
     type: path
     default: /opt/sglang/releases
   verdicts_file:
-    description: The service's gate verdicts (C(/var/lib/sglang/<service>/verdicts.json)); unset, they are not consulted.
+    description: The service's gate verdicts (C(/var/lib/sglang/<service>/verdicts.json)); unset, they are not
+      consulted.
     type: path
 attributes:
   check_mode:
@@ -145,26 +146,41 @@ def main():
         try:
             verdicts = read_json(params["verdicts_file"])
         except (OSError, ValueError) as error:
-            module.fail_json(msg="cannot read the gate verdicts of %s (%s): %s" % (params["service"], params["verdicts_file"], error),
-                             before=named(before))
-        after = {"current": params["release_id"],
-                 "previous": fallback_after_switch(before["current"], before["previous"], params["release_id"], verdicts)}
+            module.fail_json(
+                msg="cannot read the gate verdicts of %s (%s): %s"
+                % (params["service"], params["verdicts_file"], error),
+                before=named(before),
+            )
+        after = {
+            "current": params["release_id"],
+            "previous": fallback_after_switch(before["current"], before["previous"], params["release_id"], verdicts),
+        }
     else:
         if not before["previous"]:
-            module.fail_json(msg="service %s has no previous release to go back to" % params["service"], before=named(before))
+            module.fail_json(
+                msg="service %s has no previous release to go back to" % params["service"], before=named(before)
+            )
         after = {"current": before["previous"], "previous": before["current"]}
     release_dir = os.path.join(params["releases_root"], after["current"])
     if module.check_mode and params["state"] == "current" and not os.path.exists(release_dir):
         # A plan: the release is built (and verified) by the run that activates it.
         problems = []
-        module.warn("release %s is not built yet; it is verified when it is built, before activation" % after["current"])
+        module.warn(
+            "release %s is not built yet; it is verified when it is built, before activation" % after["current"]
+        )
     else:
         problems = verify_release(release_dir)
     if problems:
-        module.fail_json(msg="release %s will not be activated for %s: %s" % (after["current"], params["service"], "; ".join(problems[:5])),
-                         problems=problems, before=named(before))
+        module.fail_json(
+            msg="release %s will not be activated for %s: %s"
+            % (after["current"], params["service"], "; ".join(problems[:5])),
+            problems=problems,
+            before=named(before),
+        )
     changed = after != before
-    result = dict(changed=changed, service=params["service"], state=params["state"], before=named(before), **named(after))
+    result = dict(
+        changed=changed, service=params["service"], state=params["state"], before=named(before), **named(after)
+    )
     if module._diff:
         result["diff"] = {
             "before": "current -> %s\nprevious -> %s\n" % (before["current"], before["previous"]),
@@ -177,8 +193,12 @@ def main():
         # previous first: at every moment current names a good release.
         for link in ("previous", "current"):
             if after[link] and after[link] != before[link]:
-                replace_link(os.path.join(service_dir, link),
-                             release_link_target(params["services_root"], params["service"], params["releases_root"], after[link]))
+                replace_link(
+                    os.path.join(service_dir, link),
+                    release_link_target(
+                        params["services_root"], params["service"], params["releases_root"], after[link]
+                    ),
+                )
     module.exit_json(**result)
 
 

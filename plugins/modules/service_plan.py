@@ -146,7 +146,8 @@ services:
   sample:
     - name: coder
       unit: sglang-coder.service
-      flags: [--model-path, /models/coder, --served-model-name, coder, --host, 127.0.0.1, --port, "30000", --tp-size, "2"]
+      flags: [--model-path, /models/coder, --served-model-name, coder, --host, 127.0.0.1, --port, "30000", --tp-size,
+        "2"]
       exec_args: --model-path /models/coder --served-model-name coder --host 127.0.0.1 --port 30000 --tp-size 2
       environment: {CUDA_VISIBLE_DEVICES: "0,1"}
       algorithm: DDTREE
@@ -168,7 +169,8 @@ needs_base_release:
   returned: success
   type: bool
 untuned:
-  description: The services that declare C(speculative.autotune) and have no choice in O(tuned) yet (O(untuned=defer)), in order.
+  description: The services that declare C(speculative.autotune) and have no choice in O(tuned) yet (O(untuned=defer)),
+    in order.
   returned: success
   type: list
   elements: str
@@ -208,25 +210,37 @@ def main():
     services, host = module.params["services"], module.params["host"]
     problems = service_problems(services, module.params["gpu_indices"], host)
     if problems:
-        module.fail_json(msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)), problems=problems)
+        module.fail_json(
+            msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)),
+            problems=problems,
+        )
     untuned = []
     if module.params["untuned"] == "defer":
-        untuned = [service["name"] for service in services if declared(service) and not (module.params["tuned"] or {}).get(service["name"])]
+        untuned = [
+            service["name"]
+            for service in services
+            if declared(service) and not (module.params["tuned"] or {}).get(service["name"])
+        ]
         services = [service for service in services if service["name"] not in untuned]
     services, problems = _with_tuned_choices(services, module.params["tuned"], host)
     if problems:
-        module.fail_json(msg="%d service(s) without a tuned setting, nothing was changed: %s" % (len(problems), " | ".join(problems)),
-                         problems=problems)
+        module.fail_json(
+            msg="%d service(s) without a tuned setting, nothing was changed: %s"
+            % (len(problems), " | ".join(problems)),
+            problems=problems,
+        )
     plan = []
     for service, tuning in services:
-        plan.append(dict(
-            unit_entry(service),
-            release=service.get("release") or CANDIDATE,
-            shadow_of=service.get("shadow_of"),
-            shadow_max_slowdown=service.get("shadow_max_slowdown"),
-            gate=gate_settings(service, module.params["gate_defaults"]),
-            tuned=tuning,
-        ))
+        plan.append(
+            dict(
+                unit_entry(service),
+                release=service.get("release") or CANDIDATE,
+                shadow_of=service.get("shadow_of"),
+                shadow_max_slowdown=service.get("shadow_max_slowdown"),
+                gate=gate_settings(service, module.params["gate_defaults"]),
+                tuned=tuning,
+            )
+        )
     # The stack's base release: what a service without the overlay runs, and a tuned service's DFLASH.
     needs_base_release = bool(untuned) or any(not entry["loads_overlay"] for entry in plan)
     module.exit_json(changed=False, services=plan, untuned=untuned, needs_base_release=needs_base_release)
@@ -243,12 +257,18 @@ def _with_tuned_choices(services, tuned, host):
         label = "%s: sglang_services[%d] (%s)" % (host, position, service["name"])
         choice = (tuned or {}).get(service["name"])
         if not choice:
-            problems.append("%s: speculative.autotune is declared but no tuned choice was given in tuned; run "
-                            "ddtree.sglang.service_autotune for the candidate release first (docs/autotune.md)" % label)
+            problems.append(
+                "%s: speculative.autotune is declared but no tuned choice was given in tuned; run "
+                "ddtree.sglang.service_autotune for the candidate release first (docs/autotune.md)" % label
+            )
             continue
         try:
-            result.append((tuned_service(service, choice),
-                           {key: choice.get(key) for key in ("algorithm", "budget", "top_k", "status", "speed_floor")}))
+            result.append(
+                (
+                    tuned_service(service, choice),
+                    {key: choice.get(key) for key in ("algorithm", "budget", "top_k", "status", "speed_floor")},
+                )
+            )
         except ValueError as exc:
             problems.append("%s: %s" % (label, exc))
     return result, problems

@@ -43,7 +43,8 @@ options:
       - Needed when a service does not load the overlay.
     type: str
   stack_id:
-    description: The host's active stack, which a pin by revision prefers when the revision was built for several stacks.
+    description: The host's active stack, which a pin by revision prefers when the revision was built for several
+      stacks.
     type: str
   releases_root:
     description: Where releases live.
@@ -89,7 +90,8 @@ services:
            reason: "NEXTN does not load the overlay: the base release (the stack alone)"}
     writer: {release_id: 0b7e3f2a9c1d, release_dir: /opt/sglang/releases/0b7e3f2a9c1d, follows: shadow, overlay: true,
              candidate_id: 9c1d0b7e3f2a, shadow: writer-shadow,
-             reason: "stays on 0b7e3f2a9c1d until its shadow writer-shadow has run the candidate 9c1d0b7e3f2a and was not worse"}
+             reason: "stays on 0b7e3f2a9c1d until its shadow writer-shadow has run the candidate 9c1d0b7e3f2a and was
+               not worse"}
 keep:
   description: Every release a service runs after this choice (what pruning must keep).
   returned: success
@@ -146,22 +148,36 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    needs_base = [service["name"] for service in params["services"] if not loads_overlay(service.get("algorithm", "NONE"))]
+    needs_base = [
+        service["name"] for service in params["services"] if not loads_overlay(service.get("algorithm", "NONE"))
+    ]
     if needs_base and not params["base_id"]:
-        module.fail_json(msg="services %s do not load the overlay and need the base release: give base_id" % ", ".join(needs_base))
+        module.fail_json(
+            msg="services %s do not load the overlay and need the base release: give base_id" % ", ".join(needs_base)
+        )
     releases = read_manifests(params["releases_root"])
-    choices, problems = choose_releases(params["services"], params["candidate_id"], params["base_id"],
-                                        releases, params["stack_id"], params["host"])
+    choices, problems = choose_releases(
+        params["services"], params["candidate_id"], params["base_id"], releases, params["stack_id"], params["host"]
+    )
     productions = [service["shadow_of"] for service in params["services"] if service.get("shadow_of")]
     if productions and not problems:
-        choices = hold_for_shadows(choices, params["services"], current_releases(params["services_root"], productions),
-                                   releases, params["candidate_id"])
+        choices = hold_for_shadows(
+            choices,
+            params["services"],
+            current_releases(params["services_root"], productions),
+            releases,
+            params["candidate_id"],
+        )
     if problems:
-        module.fail_json(msg="%d release pin(s) cannot be met, nothing was changed: %s" % (len(problems), " | ".join(problems)),
-                         problems=problems)
+        module.fail_json(
+            msg="%d release pin(s) cannot be met, nothing was changed: %s" % (len(problems), " | ".join(problems)),
+            problems=problems,
+        )
     for choice in choices.values():
         choice["release_dir"] = os.path.join(params["releases_root"], choice["release_id"])
-    module.exit_json(changed=False, services=choices, keep=sorted({choice["release_id"] for choice in choices.values()}))
+    module.exit_json(
+        changed=False, services=choices, keep=sorted({choice["release_id"] for choice in choices.values()})
+    )
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ services:
   description: Per service, the release C(current) names (C(release_id)) and the one C(previous) names.
   returned: success
   type: dict
-  sample: {coder: {release_id: 9c1d0b7e3f2a, previous_release_id: 0b7e3f2a9c1d}, chat: {release_id: null, previous_release_id: null}}
+  sample: {coder: {release_id: 9c1d0b7e3f2a, previous_release_id: 0b7e3f2a9c1d}, chat: {release_id: null,
+    previous_release_id: null}}
 """
 
 from ansible.module_utils.basic import AnsibleModule

@@ -38,7 +38,8 @@ options:
     type: dict
     default: {}
   production_gate:
-    description: The gate's result on the production service, run recording nothing (check mode), for its outputs and numbers.
+    description: The gate's result on the production service, run recording nothing (check mode), for its outputs and
+      numbers.
     type: dict
     default: {}
   max_slowdown:
@@ -84,7 +85,8 @@ problems:
   returned: always
   type: list
   elements: str
-  sample: ["the greedy output for prompt 'List the first ten prime numbers, separated by commas.' differs from production's after character 12: ..."]
+  sample: ["the greedy output for prompt 'List the first ten prime numbers, separated by commas.' differs from
+    production's after character 12: ..."]
 shadow:
   description: The shadow's release, whether its gate passed (and its stage), tokens/s and acceptance length.
   returned: always
@@ -135,14 +137,27 @@ def main():
     )
     params = module.params
     if not 0 <= params["max_slowdown"] < 1:
-        module.fail_json(msg="max_slowdown is %g; it is a share of production's tokens/s, at least 0 and below 1" % params["max_slowdown"])
+        module.fail_json(
+            msg="max_slowdown is %g; it is a share of production's tokens/s, at least 0 and below 1"
+            % params["max_slowdown"]
+        )
     result = shadow_verdict(params["shadow_gate"], params["production_gate"], params["max_slowdown"])
     shadow, production = result["shadow"], result["production"]
     numbers = "tokens/s %s vs %s, acceptance %s vs %s, %d output(s) compared" % (
-        shadow["tokens_per_second"], production["tokens_per_second"], shadow["accept_length"], production["accept_length"],
-        result["outputs_compared"])
+        shadow["tokens_per_second"],
+        production["tokens_per_second"],
+        shadow["accept_length"],
+        production["accept_length"],
+        result["outputs_compared"],
+    )
     msg = "%s: shadow %s on %s, production %s on %s (%s)" % (
-        result["verdict"], params["shadow"], shadow["release_id"], params["production"], production["release_id"], numbers)
+        result["verdict"],
+        params["shadow"],
+        shadow["release_id"],
+        params["production"],
+        production["release_id"],
+        numbers,
+    )
     if result["problems"]:
         msg += ": " + "; ".join(result["problems"])
     module.exit_json(changed=False, service=params["production"], shadow_service=params["shadow"], msg=msg, **result)

@@ -290,7 +290,8 @@ died_during:
   returned: when a server died during a later stage
   type: dict
   sample: {stage: baseline, request: "baseline prompt 'List the first ten prime numbers, separated by commas.'",
-           error: "ConnectionRefusedError: [Errno 111] Connection refused", main_pid_at_ready: "4182", main_pid_now: "0"}
+           error: "ConnectionRefusedError: [Errno 111] Connection refused",
+           main_pid_at_ready: "4182", main_pid_now: "0"}
 failure_kind:
   description:
     - What failed, for example C(bad_flag), C(oom), C(self_kill), C(scheduler_exception), C(plugin),
@@ -341,7 +342,8 @@ chat:
   description: The chat completion - its text (at most 500 characters), tokens, finish reason and latency.
   returned: when reached
   type: dict
-  sample: {text: "The capital of France is Paris, on the Seine.", completion_tokens: 14, finish_reason: stop, latency_s: 0.41}
+  sample: {text: "The capital of France is Paris, on the Seine.", completion_tokens: 14, finish_reason: stop, latency_s:
+    0.41}
 degenerate:
   description: The degenerate-output verdict on the chat text (and which rule fired).
   returned: when reached
@@ -356,7 +358,8 @@ baseline:
   type: dict
   sample: {status: passed, file: /var/lib/sglang/coder/baseline.json, model: coder,
            key: "coder | DFLASH | tp 1 | sglang 0.5.23", family: DFLASH,
-           results: [{prompt: "List the first ten prime numbers, separated by commas.", status: match, differing_chars: 0}]}
+           results: [{prompt: "List the first ten prime numbers, separated by commas.", status: match, differing_chars:
+             0}]}
 performance:
   description:
     - Tokens/s, acceptance length, the previous numbers and floors compared with, and the problems found.
@@ -401,8 +404,8 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import 
     quick_params,
     with_gate,
 )
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import HealthGate, ServiceIO, unit_name
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_verdicts import utc_now, verdict_record, verdicts_add
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import HealthGate, ServiceIO, unit_name
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
 
 # The options: declared once, in module_utils/gate_options.py (tests/unit/test_schemas.py holds DOCUMENTATION,
@@ -418,8 +421,11 @@ def record_verdict(module, path, release_id, passed, result):
         document = verdicts_add(read_json(path), release_id, verdict_record(passed, result, utc_now()))
         write_json(path, document, module.atomic_move)
     except (OSError, ValueError) as error:
-        module.fail_json(msg="the gate's verdict for release %s (%s) could not be recorded in %s: %s"
-                             % (release_id, "passed" if passed else "failed", path, error), **result)
+        module.fail_json(
+            msg="the gate's verdict for release %s (%s) could not be recorded in %s: %s"
+            % (release_id, "passed" if passed else "failed", path, error),
+            **result,
+        )
 
 
 def main():
@@ -438,11 +444,23 @@ def main():
     for option in POSITIVE:
         if params[option] <= 0:
             module.fail_json(msg="%s must be positive, got %s" % (option, params[option]))
-    io = ServiceIO(module.run_command, module.get_bin_path("systemctl", required=True),
-                   module.get_bin_path("journalctl", required=True), unit_name(params["name"]), params["host"],
-                   params["port"], api_key=params["api_key"], connect_timeout=max(0.2, min(1.0, params["poll_interval"])))
-    gate = HealthGate(params, io, check_mode=module.check_mode, warn=module.warn,
-                      write=lambda path, document: write_json(path, document, module.atomic_move))
+    io = ServiceIO(
+        module.run_command,
+        module.get_bin_path("systemctl", required=True),
+        module.get_bin_path("journalctl", required=True),
+        unit_name(params["name"]),
+        params["host"],
+        params["port"],
+        api_key=params["api_key"],
+        connect_timeout=max(0.2, min(1.0, params["poll_interval"])),
+    )
+    gate = HealthGate(
+        params,
+        io,
+        check_mode=module.check_mode,
+        warn=module.warn,
+        write=lambda path, document: write_json(path, document, module.atomic_move),
+    )
     passed, message, result = gate.run()
     if params["verdict_file"]:
         record_verdict(module, params["verdict_file"], params["release_id"], passed, dict(result, msg=message))

@@ -83,7 +83,8 @@ EXAMPLES = r"""
   ddtree.sglang.spec_verify:
     stack: /opt/sglang/stacks/3f2a9c1d0b7e
     release: /opt/sglang/releases/9c1d0b7e3f2a
-    flags: [--model-path, /models/coder, --speculative-algorithm, DDTREE, --speculative-draft-model-path, /models/coder-dflash]
+    flags: [--model-path, /models/coder, --speculative-algorithm, DDTREE, --speculative-draft-model-path,
+      /models/coder-dflash]
     state_root: /var/lib/sglang
 """
 
@@ -162,10 +163,16 @@ def record_slot(params):
     """Where a pass with these options, stack and releases is recorded (check_records.find_record)."""
     options = {name: value for name, value in params.items() if name != "state_root"}
     releases = sorted({params["release"], params["flags_release"] or params["release"]})
-    fingerprints = {"stack": check_records.stack_fingerprint(params["stack"]),
-                    "releases": {release: check_records.release_fingerprint(release) for release in releases}}
-    complete = bool(fingerprints["stack"]["marker"]) and all(print_["manifest"] for print_ in fingerprints["releases"].values())
-    return check_records.find_record(params["state_root"], CHECK, CODE, dict(options, fingerprints=fingerprints), complete)
+    fingerprints = {
+        "stack": check_records.stack_fingerprint(params["stack"]),
+        "releases": {release: check_records.release_fingerprint(release) for release in releases},
+    }
+    complete = bool(fingerprints["stack"]["marker"]) and all(
+        print_["manifest"] for print_ in fingerprints["releases"].values()
+    )
+    return check_records.find_record(
+        params["state_root"], CHECK, CODE, dict(options, fingerprints=fingerprints), complete
+    )
 
 
 def main():
@@ -193,29 +200,53 @@ def main():
     quiet = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
     jobs = [
         # Pristine: the predicates file run by path, so nothing of the release is importable or discoverable.
-        dict(name="the pristine predicate matrix", script=os.path.join(site, "sglang_overlay", "predicates.py"),
-             argv=["--json", "--no-plugins"]),
-        dict(name="the predicate matrix with the release", code=PREDICATES_WITH_PLUGINS, argv=["--json"],
-             path=[site], env={"PYTHONPATH": site}),
+        dict(
+            name="the pristine predicate matrix",
+            script=os.path.join(site, "sglang_overlay", "predicates.py"),
+            argv=["--json", "--no-plugins"],
+        ),
+        dict(
+            name="the predicate matrix with the release",
+            code=PREDICATES_WITH_PLUGINS,
+            argv=["--json"],
+            path=[site],
+            env={"PYTHONPATH": site},
+        ),
     ]
     if params["flags"]:
         # The flags are parsed with the release the service runs (a pinned one, or a base release).
         flags_site = os.path.join(params["flags_release"] or params["release"], "site")
         env = dict({"PYTHONPATH": flags_site}, **{key: str(value) for key, value in params["environment"].items()})
-        jobs.append(dict(name="SGLang's parser on the service's flags", code=FLAGS_PROBE, argv=params["flags"],
-                         path=[flags_site], env=env))
-    rc, stdout, stderr = module.run_command(runner_command(python, jobs, preload=PRELOAD), environ_update=dict(quiet, PYTHONPATH=""))
+        jobs.append(
+            dict(
+                name="SGLang's parser on the service's flags",
+                code=FLAGS_PROBE,
+                argv=params["flags"],
+                path=[flags_site],
+                env=env,
+            )
+        )
+    rc, stdout, stderr = module.run_command(
+        runner_command(python, jobs, preload=PRELOAD), environ_update=dict(quiet, PYTHONPATH="")
+    )
     try:
         answers = job_results(stdout)
     except ValueError as exc:
-        module.fail_json(msg="the stack's Python could not run the checks (exit %d): %s" % (rc, exc), rc=rc,
-                         stderr_lines=(stderr or "").splitlines()[-40:])
+        module.fail_json(
+            msg="the stack's Python could not run the checks (exit %d): %s" % (rc, exc),
+            rc=rc,
+            stderr_lines=(stderr or "").splitlines()[-40:],
+        )
 
     def output(job):
         answer = answers[job["name"]]
         if answer["rc"] != 0:
-            module.fail_json(msg="%s failed (exit %d): %s" % (job["name"], answer["rc"], last_line(answer)), rc=answer["rc"],
-                             stdout=answer["stdout"], stderr_lines=answer["stderr"].splitlines()[-40:])
+            module.fail_json(
+                msg="%s failed (exit %d): %s" % (job["name"], answer["rc"], last_line(answer)),
+                rc=answer["rc"],
+                stdout=answer["stdout"],
+                stderr_lines=answer["stderr"].splitlines()[-40:],
+            )
         try:
             return json_output(answer)
         except ValueError:
@@ -230,17 +261,27 @@ def main():
         plugin_problems=dflash_family_problems(with_release, params["plugin_algorithm"]),
     )
     if result["builtin_differences"] or result["plugin_problems"]:
-        module.fail_json(msg="the release changes SGLang's speculative algorithms: %s"
-                         % "; ".join(result["builtin_differences"] + result["plugin_problems"]), **result)
+        module.fail_json(
+            msg="the release changes SGLang's speculative algorithms: %s"
+            % "; ".join(result["builtin_differences"] + result["plugin_problems"]),
+            **result,
+        )
     if params["flags"]:
         parsed = output(jobs[2])
         result["parsed"] = parsed
         leaked = overlay_plugins(parsed.get("plugins") or [])
         if not params["flags_overlay"] and leaked:
-            module.fail_json(msg="the service must not load the overlay, but its release %s makes SGLang discover the overlay's plugin %s"
-                             % (params["flags_release"] or params["release"], ", ".join(leaked)), **result)
+            module.fail_json(
+                msg="the service must not load the overlay, but its release %s makes SGLang discover the overlay's "
+                "plugin %s" % (params["flags_release"] or params["release"], ", ".join(leaked)),
+                **result,
+            )
         if parsed.get("error"):
-            module.fail_json(msg="--speculative-algorithm %s does not resolve with the release: %s" % (parsed["algorithm"], parsed["error"]), **result)
+            module.fail_json(
+                msg="--speculative-algorithm %s does not resolve with the release: %s"
+                % (parsed["algorithm"], parsed["error"]),
+                **result,
+            )
     if slot:
         if not module.check_mode:
             check_records.write_record(slot["path"], CHECK, slot["key"], result, check_records.utc_now())

@@ -140,8 +140,9 @@ def record_slot(params):
     """Where a pass with these options on this stack is recorded (check_records.find_record)."""
     options = {name: value for name, value in params.items() if name not in ("state_root", "timeout")}
     fingerprint = check_records.stack_fingerprint(params["stack"])
-    return check_records.find_record(params["state_root"], CHECK, CODE, dict(options, fingerprint=fingerprint),
-                                     complete=bool(fingerprint["marker"]))
+    return check_records.find_record(
+        params["state_root"], CHECK, CODE, dict(options, fingerprint=fingerprint), complete=bool(fingerprint["marker"])
+    )
 
 
 def main():
@@ -169,17 +170,30 @@ def main():
         environ_update={"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"},
     )
     if rc != 0:
-        module.fail_json(msg="the probe failed in stack %s (exit %d): %s" % (stack, rc, (stderr or stdout).strip()[-800:]),
-                         rc=rc, stdout=stdout, stderr=stderr, contradictions=[])
+        module.fail_json(
+            msg="the probe failed in stack %s (exit %d): %s" % (stack, rc, (stderr or stdout).strip()[-800:]),
+            rc=rc,
+            stdout=stdout,
+            stderr=stderr,
+            contradictions=[],
+        )
     try:
         facts = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        module.fail_json(msg="the probe in stack %s printed no JSON: %r" % (stack, stdout[-500:]), stderr=stderr, contradictions=[])
-    host = {"gpu_capabilities": module.params["gpu_capabilities"], "driver_cuda_version": module.params["driver_cuda_version"]}
+        module.fail_json(
+            msg="the probe in stack %s printed no JSON: %r" % (stack, stdout[-500:]), stderr=stderr, contradictions=[]
+        )
+    host = {
+        "gpu_capabilities": module.params["gpu_capabilities"],
+        "driver_cuda_version": module.params["driver_cuda_version"],
+    }
     problems = stack_contradictions(facts, module.params["expected"], host)
     if problems:
-        module.fail_json(msg="stack %s contradicts its pin set or this host: %s" % (stack, "; ".join(problems)),
-                         facts=facts, contradictions=problems)
+        module.fail_json(
+            msg="stack %s contradicts its pin set or this host: %s" % (stack, "; ".join(problems)),
+            facts=facts,
+            contradictions=problems,
+        )
     result = dict(changed=False, facts=facts, contradictions=[])
     if slot:
         if not module.check_mode:

@@ -129,8 +129,12 @@ def main():
 def report(module, params, marker):
     """Check mode: say whether a download would happen."""
     archive = params["dest"].rstrip(os.sep) + ".tar"
-    module.exit_json(changed=not (os.path.exists(marker) and os.path.exists(archive)), files=wheels(params["dest"]),
-                     marker=marker, archive=archive)
+    module.exit_json(
+        changed=not (os.path.exists(marker) and os.path.exists(archive)),
+        files=wheels(params["dest"]),
+        marker=marker,
+        archive=archive,
+    )
 
 
 def wheels(dest):
@@ -156,15 +160,27 @@ def download(module, params, marker):
             write_archive()
         module.exit_json(changed=changed, files=wheels(dest), marker=marker, archive=archive)
     try:
-        command = download_command(sys.executable, params["lock"], dest, params["python_version"], params["glibc"],
-                                   params["index_url"], params["extra_index_urls"])
+        command = download_command(
+            sys.executable,
+            params["lock"],
+            dest,
+            params["python_version"],
+            params["glibc"],
+            params["index_url"],
+            params["extra_index_urls"],
+        )
     except ValueError as error:
         module.fail_json(msg="glibc: %s" % error)
     os.makedirs(dest, exist_ok=True)
     rc, stdout, stderr = module.run_command(command)
     if rc != 0:
-        module.fail_json(msg="pip download of %s failed (exit %d): %s" % (params["lock"], rc, stderr.strip()[-1500:]),
-                         cmd=command, rc=rc, stdout=stdout, stderr=stderr)
+        module.fail_json(
+            msg="pip download of %s failed (exit %d): %s" % (params["lock"], rc, stderr.strip()[-1500:]),
+            cmd=command,
+            rc=rc,
+            stdout=stdout,
+            stderr=stderr,
+        )
     for name in os.listdir(dest):
         if name.startswith(".complete-"):
             os.remove(os.path.join(dest, name))

@@ -20,5 +20,7 @@ def cache_dir(*parts: str, environ=None) -> str:
     """The cache folder (or a path under it), from environ (default: this process's environment)."""
     environ = os.environ if environ is None else environ
     root = environ.get("DDTREE_CACHE") or os.path.join(
-        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache"), CACHE_NAME)
+        environ.get("XDG_CACHE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".cache"),
+        CACHE_NAME,
+    )
     return os.path.join(root, *parts)

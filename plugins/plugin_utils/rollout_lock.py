@@ -106,6 +106,7 @@ def _hold(paths, watch, watch_start, owner, timeout, poll):
     Prints "wait <path>" when it starts waiting for a lock, then "acquired" or "busy <path>" (and
     exits BUSY_EXIT); once it holds every lock, it stays until the watched process is gone.
     """
+
     def say(line):
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
@@ -157,16 +158,31 @@ def acquire(lock_dir, keys, owner, watch_pid, timeout, poll=1.0, on_wait=None):
     try:
         os.makedirs(lock_dir, exist_ok=True)
     except OSError as error:
-        raise LockError("cannot create the lock directory %s: %s (set DDTREE_LOCK_DIR to a writable one)" % (lock_dir, error))
+        raise LockError(
+            "cannot create the lock directory %s: %s (set DDTREE_LOCK_DIR to a writable one)" % (lock_dir, error)
+        ) from None
     if not os.access(lock_dir, os.W_OK):
         raise LockError("the lock directory %s is not writable (set DDTREE_LOCK_DIR to a writable one)" % lock_dir)
     start = time.monotonic()
     holder = subprocess.Popen(
         # The holder is this file run as a script (stdlib only), so it needs no import path.
-        [sys.executable, os.path.abspath(__file__), json.dumps(paths), str(watch_pid), process_start_time(watch_pid),
-         json.dumps(owner, sort_keys=True), str(timeout), str(poll)],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, close_fds=True)
+        [
+            sys.executable,
+            os.path.abspath(__file__),
+            json.dumps(paths),
+            str(watch_pid),
+            process_start_time(watch_pid),
+            json.dumps(owner, sort_keys=True),
+            str(timeout),
+            str(poll),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        close_fds=True,
+    )
     for line in holder.stdout:
         verb, dummy, path = line.strip().partition(" ")
         if verb == "wait" and on_wait:
@@ -177,10 +193,22 @@ def acquire(lock_dir, keys, owner, watch_pid, timeout, poll=1.0, on_wait=None):
             return {"acquired": True, "waited_s": round(time.monotonic() - start, 1), "paths": paths}
         elif verb == "busy":
             holder.wait()
-            return {"acquired": False, "waited_s": round(time.monotonic() - start, 1), "path": path, "holder": read_holder(path)}
+            return {
+                "acquired": False,
+                "waited_s": round(time.monotonic() - start, 1),
+                "path": path,
+                "holder": read_holder(path),
+            }
     code = holder.wait()
-    raise LockError("the lock holder exited with status %s before taking the locks: %s" % (code, holder.stderr.read().strip()[-500:]))
+    raise LockError(
+        "the lock holder exited with status %s before taking the locks: %s"
+        % (code, holder.stderr.read().strip()[-500:])
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(_hold(json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]), float(sys.argv[6])))
+    sys.exit(
+        _hold(
+            json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], float(sys.argv[5]), float(sys.argv[6])
+        )
+    )

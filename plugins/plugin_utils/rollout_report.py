@@ -80,7 +80,9 @@ def gate_summary(result):
         "health_latency_s": health.get("latency_s"),
         "chat_latency_s": chat.get("latency_s"),
         "baseline": baseline.get("status"),
-        "baseline_matches": "%d/%d" % (matches.count("match"), len(matches)) if matches and baseline.get("status") in ("passed", "failed") else None,
+        "baseline_matches": "%d/%d" % (matches.count("match"), len(matches))
+        if matches and baseline.get("status") in ("passed", "failed")
+        else None,
         "tokens_per_second": performance.get("tokens_per_second"),
         "accept_length": performance.get("accept_length"),
         "previous_tokens_per_second": previous.get("tokens_per_second"),
@@ -88,9 +90,12 @@ def gate_summary(result):
         "total_s": (result.get("timings") or {}).get("total"),
     }
     if not summary["passed"]:
-        summary.update(failure_kind=result.get("failure_kind"), msg=result.get("msg", ""),
-                       journal_excerpt=list(result.get("journal_excerpt") or [])[-JOURNAL_LINES:],
-                       signature_matches=[match.get("line") for match in result.get("signature_matches") or []][:5])
+        summary.update(
+            failure_kind=result.get("failure_kind"),
+            msg=result.get("msg", ""),
+            journal_excerpt=list(result.get("journal_excerpt") or [])[-JOURNAL_LINES:],
+            signature_matches=[match.get("line") for match in result.get("signature_matches") or []][:5],
+        )
     return summary
 
 
@@ -120,24 +125,48 @@ def recovery_note(recovery):
     if recovery["reason"] == "failed_verdict":
         verdict = recovery.get("verdict") or {}
         return "release %s had failed its gate at %s (%s) and an interrupted rollout left it current" % (
-            release, verdict.get("recorded_at") or "?", verdict.get("stage") or "?")
+            release,
+            verdict.get("recorded_at") or "?",
+            verdict.get("stage") or "?",
+        )
     if recovery["reason"] == "interrupted":
         return "release %s was left current without a gate verdict by an interrupted rollout (%s)" % (
-            release, "restarted, then gated" if recovery["action"] == "restart" else "gated as it ran")
+            release,
+            "restarted, then gated" if recovery["action"] == "restart" else "gated as it ran",
+        )
     return "release %s had no gate verdict (it predates them, or the first rollout was interrupted): %s" % (
-        release, "restarted, then gated" if recovery["action"] == "restart" else "gated as it ran")
+        release,
+        "restarted, then gated" if recovery["action"] == "restart" else "gated as it ran",
+    )
 
 
 def _service(record, name):
-    return record["services"].setdefault(name, {
-        "name": name, "before_release_id": None, "after_release_id": None, "switched": False, "gate": None,
-        "rollback": None, "recovery": None, "release_choice": None, "shadow": None, "tuning": None})
+    return record["services"].setdefault(
+        name,
+        {
+            "name": name,
+            "before_release_id": None,
+            "after_release_id": None,
+            "switched": False,
+            "gate": None,
+            "rollback": None,
+            "recovery": None,
+            "release_choice": None,
+            "shadow": None,
+            "tuning": None,
+        },
+    )
 
 
 # How a service's release was chosen, for the table, where it is not the default (the candidate: a
 # rolled-back service runs an older release than the candidate it followed, so it is not marked).
-CHOICE_WORDS = {"pin": "pinned", "base": "base, no overlay", "shadow": "after its shadow",
-                "promoted": "promoted by its shadow", "held": "held by its shadow"}
+CHOICE_WORDS = {
+    "pin": "pinned",
+    "base": "base, no overlay",
+    "shadow": "after its shadow",
+    "promoted": "promoted by its shadow",
+    "held": "held by its shadow",
+}
 
 
 def _choice_word(service):
@@ -151,20 +180,38 @@ def _shadow_event(record, event, result):
     production = _service(record, result.get("service") or event.get("service"))
     shadow_name = result.get("shadow_service")
     shadow = result.get("shadow") or {}
-    production["shadow"] = {key: result.get(key) for key in (
-        "shadow_service", "verdict", "problems", "shadow", "production", "outputs_compared", "max_slowdown")}
+    production["shadow"] = {
+        key: result.get(key)
+        for key in ("shadow_service", "verdict", "problems", "shadow", "production", "outputs_compared", "max_slowdown")
+    }
     choice = production.get("release_choice") or {}
     if result.get("promote"):
-        production["release_choice"] = dict(choice, release_id=shadow.get("release_id"), follows="promoted",
-                                            reason="promoted: its shadow %s passed and was not worse" % shadow_name)
+        production["release_choice"] = dict(
+            choice,
+            release_id=shadow.get("release_id"),
+            follows="promoted",
+            reason="promoted: its shadow %s passed and was not worse" % shadow_name,
+        )
         return
-    production["release_choice"] = dict(choice, follows="held", reason="held on its release: its shadow %s %s" % (
-        shadow_name, "was worse" if shadow.get("passed") else "failed its gate"))
+    production["release_choice"] = dict(
+        choice,
+        follows="held",
+        reason="held on its release: its shadow %s %s"
+        % (shadow_name, "was worse" if shadow.get("passed") else "failed its gate"),
+    )
     if shadow.get("passed"):
         rolled = _service(record, shadow_name)
-        rolled["rollback"] = dict(rolled["rollback"] or {}, evidence={
-            "passed": False, "release_id": shadow.get("release_id"), "stage": "shadow", "failure_kind": "shadow_worse",
-            "during": "shadow", "msg": "worse than %s: %s" % (production["name"], "; ".join(result.get("problems") or []))})
+        rolled["rollback"] = dict(
+            rolled["rollback"] or {},
+            evidence={
+                "passed": False,
+                "release_id": shadow.get("release_id"),
+                "stage": "shadow",
+                "failure_kind": "shadow_worse",
+                "during": "shadow",
+                "msg": "worse than %s: %s" % (production["name"], "; ".join(result.get("problems") or [])),
+            },
+        )
 
 
 def _percent(gain):
@@ -183,10 +230,16 @@ def tuning_summary(result, plan=False):
     else:
         state = "unchanged"
     gains = choice.get("gain_over_dflash") or {}
-    return {"state": state, "algorithm": choice.get("algorithm"), "budget": choice.get("budget"), "top_k": choice.get("top_k"),
-            "status": choice.get("status"), "reason": choice.get("reason"),
-            "gain_over_dflash": {concurrency: gains[concurrency] for concurrency in sorted(gains, key=int)},
-            "key_changes": list(result.get("key_changes") or []) if result.get("needs_tuning") else []}
+    return {
+        "state": state,
+        "algorithm": choice.get("algorithm"),
+        "budget": choice.get("budget"),
+        "top_k": choice.get("top_k"),
+        "status": choice.get("status"),
+        "reason": choice.get("reason"),
+        "gain_over_dflash": {concurrency: gains[concurrency] for concurrency in sorted(gains, key=int)},
+        "key_changes": list(result.get("key_changes") or []) if result.get("needs_tuning") else [],
+    }
 
 
 def tuning_text(tuning):
@@ -211,8 +264,11 @@ def shadow_numbers(comparison):
     """'tokens/s S vs P, acceptance S vs P' of a shadow's comparison (shadow first)."""
     shadow, production = comparison.get("shadow") or {}, comparison.get("production") or {}
     return "tokens/s %s vs %s, acceptance %s vs %s" % (
-        _number(shadow.get("tokens_per_second")), _number(production.get("tokens_per_second")),
-        _number(shadow.get("accept_length"), digits=2), _number(production.get("accept_length"), digits=2))
+        _number(shadow.get("tokens_per_second")),
+        _number(production.get("tokens_per_second")),
+        _number(shadow.get("accept_length"), digits=2),
+        _number(production.get("accept_length"), digits=2),
+    )
 
 
 def _host_status(record, kind):
@@ -227,13 +283,19 @@ def _host_status(record, kind):
         return "would change" if record["changes"] else "no change"
     if any(service["rollback"] for service in services):
         return "rolled back"
-    if record.get("inconclusive") or any((service.get("bake") or {}).get("verdict") == "inconclusive" for service in services):
+    if record.get("inconclusive") or any(
+        (service.get("bake") or {}).get("verdict") == "inconclusive" for service in services
+    ):
         return "inconclusive"
     if record["failure"]:
         return "failed"
     if not record["seen"]:
         return "not reached"
-    if any(service["after_release_id"] != service["before_release_id"] for service in services if service["after_release_id"]):
+    if any(
+        service["after_release_id"] != service["before_release_id"]
+        for service in services
+        if service["after_release_id"]
+    ):
         return "updated"
     # Never "unchanged" for a release that had not passed its gate when this run began.
     for service in services:
@@ -247,8 +309,20 @@ def build_report(events, targeted, kind="rollout", meta=None):
     hosts = {}
 
     def host(name):
-        return hosts.setdefault(name, {"host": name, "status": None, "seen": False, "release": None, "base_release": None, "services": {},
-                                       "changes": [], "failure": None, "unreachable": False})
+        return hosts.setdefault(
+            name,
+            {
+                "host": name,
+                "status": None,
+                "seen": False,
+                "release": None,
+                "base_release": None,
+                "services": {},
+                "changes": [],
+                "failure": None,
+                "unreachable": False,
+            },
+        )
 
     for name in targeted:
         host(name)
@@ -266,8 +340,12 @@ def build_report(events, targeted, kind="rollout", meta=None):
         result = event.get("result") or {}
         kind_ = event["kind"]
         if kind_ == "lock":
-            lock = {"waited_s": result.get("waited_s"), "refused": bool(result.get("refused")),
-                    "holder": result.get("holder"), "msg": result.get("msg")}
+            lock = {
+                "waited_s": result.get("waited_s"),
+                "refused": bool(result.get("refused")),
+                "holder": result.get("holder"),
+                "msg": result.get("msg"),
+            }
             continue
         if kind_ == "start":
             for service, links in sorted((result or {}).items()):
@@ -281,7 +359,9 @@ def build_report(events, targeted, kind="rollout", meta=None):
             record[key] = {"release_id": result.get("release_id"), "built": bool(result.get("changed"))}
         elif kind_ == "choice":
             for name, choice in sorted((result.get("services") or {}).items()):
-                _service(record, name)["release_choice"] = {key: (choice or {}).get(key) for key in ("release_id", "follows", "reason")}
+                _service(record, name)["release_choice"] = {
+                    key: (choice or {}).get(key) for key in ("release_id", "follows", "reason")
+                }
         elif kind_ == "shadow":
             _shadow_event(record, event, result)
         elif kind_ == "tuning" and result.get("service"):
@@ -290,8 +370,11 @@ def build_report(events, targeted, kind="rollout", meta=None):
             service = _service(record, event["service"])
             before = (result.get("before") or {}).get("release_id")
             if event.get("rollback"):
-                service["rollback"] = dict(service["rollback"] or {}, failed_release_id=before,
-                                           rolled_back_to_release_id=result.get("release_id"))
+                service["rollback"] = dict(
+                    service["rollback"] or {},
+                    failed_release_id=before,
+                    rolled_back_to_release_id=result.get("release_id"),
+                )
             else:
                 if service["before_release_id"] is None:
                     service["before_release_id"] = before
@@ -321,14 +404,21 @@ def build_report(events, targeted, kind="rollout", meta=None):
             for name, status in sorted((result.get("services") or {}).items()):
                 if (status or {}).get("action") not in (None, "none"):
                     _service(record, name)["recovery"] = {
-                        key: status.get(key) for key in ("action", "reason", "release_id", "previous_release_id", "verdict")}
+                        key: status.get(key)
+                        for key in ("action", "reason", "release_id", "previous_release_id", "verdict")
+                    }
         elif kind_ == "change":
-            record["changes"].append({"task": event.get("task"), "item": event.get("item"), "diff": (event.get("diff") or "")[:DIFF_CHARS]})
+            record["changes"].append(
+                {"task": event.get("task"), "item": event.get("item"), "diff": (event.get("diff") or "")[:DIFF_CHARS]}
+            )
         elif kind_ == "failed":
             record["failure"] = record["failure"] or {"task": event.get("task"), "msg": _failure_message(result)}
         elif kind_ == "unreachable":
             record["unreachable"] = True
-            record["failure"] = record["failure"] or {"task": event.get("task"), "msg": result.get("msg", "unreachable")}
+            record["failure"] = record["failure"] or {
+                "task": event.get("task"),
+                "msg": result.get("msg", "unreachable"),
+            }
     rows = []
     for name in list(targeted) + sorted(set(hosts) - set(targeted)):
         record = hosts[name]
@@ -339,13 +429,20 @@ def build_report(events, targeted, kind="rollout", meta=None):
             if service["recovery"]:
                 service["recovery"]["note"] = recovery_note(service["recovery"])
                 verdict = service["recovery"].get("verdict") or {}
-                if service["rollback"] and not service["rollback"].get("evidence") and verdict.get("verdict") == "failed":
+                if (
+                    service["rollback"]
+                    and not service["rollback"].get("evidence")
+                    and verdict.get("verdict") == "failed"
+                ):
                     # Rolled back on the verdict an interrupted rollout recorded: that verdict is the evidence.
                     service["rollback"]["evidence"] = {
-                        "passed": False, "release_id": service["recovery"]["release_id"], "stage": verdict.get("stage"),
+                        "passed": False,
+                        "release_id": service["recovery"]["release_id"],
+                        "stage": verdict.get("stage"),
                         "failure_kind": verdict.get("failure_kind"),
-                        "msg": "recorded at %s by a rollout that died before its rollback: %s" % (
-                            verdict.get("recorded_at"), verdict.get("msg") or "")}
+                        "msg": "recorded at %s by a rollout that died before its rollback: %s"
+                        % (verdict.get("recorded_at"), verdict.get("msg") or ""),
+                    }
             if service["rollback"] and "failed_release_id" not in service["rollback"]:
                 # The gate failed but no rollback followed (the run stopped first): say so.
                 service["rollback"]["failed_release_id"] = None
@@ -375,6 +472,7 @@ def resume_command(report):
 
 
 # ---- Markdown ---------------------------------------------------------------------------------------
+
 
 def _cell(value):
     if value is None or value == "":
@@ -416,9 +514,18 @@ def _headline(report):
     parts = ", ".join("%d %s" % (count, status) for status, count in sorted(counts.items()))
     if report["verdict"] == "planned":
         return "## ddtree.sglang plan: %s" % (parts or "no hosts")
-    word = {"succeeded": "succeeded", "failed": "FAILED", "paused": "PAUSED (a bake's re-check was inconclusive)",
-            "refused": "REFUSED (another rollout holds the lock)", "plan failed": "FAILED"}.get(report["verdict"], report["verdict"])
-    return "## ddtree.sglang %s: %s (%s)" % ("plan" if report["kind"] == "plan" else "rollout", word, parts or "no hosts")
+    word = {
+        "succeeded": "succeeded",
+        "failed": "FAILED",
+        "paused": "PAUSED (a bake's re-check was inconclusive)",
+        "refused": "REFUSED (another rollout holds the lock)",
+        "plan failed": "FAILED",
+    }.get(report["verdict"], report["verdict"])
+    return "## ddtree.sglang %s: %s (%s)" % (
+        "plan" if report["kind"] == "plan" else "rollout",
+        word,
+        parts or "no hosts",
+    )
 
 
 def render_markdown(report):
@@ -450,12 +557,22 @@ def render_markdown(report):
             if report["kind"] == "plan" and (service.get("release_choice") or row["release"]):
                 after = (service.get("release_choice") or row["release"])["release_id"]
             after_cell = _code(after) + (" (%s)" % _choice_word(service) if _choice_word(service) else "")
-            out.append("| %s | %s | %s | %s | %s | %s |" % (
-                _cell(row["host"]), _cell(service["name"]), _code(service["before_release_id"]), after_cell,
-                _cell(row["status"]), _cell(_gate_cell(service["gate"]) if report["kind"] != "plan" else "–")))
+            out.append(
+                "| %s | %s | %s | %s | %s | %s |"
+                % (
+                    _cell(row["host"]),
+                    _cell(service["name"]),
+                    _code(service["before_release_id"]),
+                    after_cell,
+                    _cell(row["status"]),
+                    _cell(_gate_cell(service["gate"]) if report["kind"] != "plan" else "–"),
+                )
+            )
     out.append("")
 
-    recoveries = [(row["host"], service) for row in report["hosts"] for service in row["services"] if service.get("recovery")]
+    recoveries = [
+        (row["host"], service) for row in report["hosts"] for service in row["services"] if service.get("recovery")
+    ]
     if recoveries and report["kind"] != "plan":
         out += ["After an interrupted rollout:", ""]
         out += ["- %s · %s: %s." % (host, service["name"], service["recovery"]["note"]) for host, service in recoveries]
@@ -467,30 +584,57 @@ def render_markdown(report):
             if not rollback:
                 continue
             evidence = rollback.get("evidence") or {}
-            out += ["### %s · %s: %s" % (row["host"], service["name"],
-                                         "rolled back" if rollback.get("rolled_back_to_release_id") else "gate failed, not rolled back"), ""]
+            out += [
+                "### %s · %s: %s"
+                % (
+                    row["host"],
+                    service["name"],
+                    "rolled back" if rollback.get("rolled_back_to_release_id") else "gate failed, not rolled back",
+                ),
+                "",
+            ]
             message = evidence.get("msg", "").strip()
             # The gate's message starts with "<unit> failed at <stage> (<kind>): ", said already here.
             if " failed at %s (" % evidence.get("stage") in message.split(": ", 1)[0]:
                 message = message.split(": ", 1)[1]
-            out.append("Release %s failed %s at **%s** (%s): %s" % (
-                _code(rollback.get("failed_release_id") or evidence.get("release_id")),
-                {"bake": "the bake's re-check", "shadow": "the comparison with its production service"}.get(
-                    evidence.get("during"), "the health gate"), evidence.get("stage"),
-                evidence.get("failure_kind") or "?", message))
+            out.append(
+                "Release %s failed %s at **%s** (%s): %s"
+                % (
+                    _code(rollback.get("failed_release_id") or evidence.get("release_id")),
+                    {"bake": "the bake's re-check", "shadow": "the comparison with its production service"}.get(
+                        evidence.get("during"), "the health gate"
+                    ),
+                    evidence.get("stage"),
+                    evidence.get("failure_kind") or "?",
+                    message,
+                )
+            )
             out.append("")
             if rollback.get("rolled_back_to_release_id"):
                 back = rollback.get("gate") or {}
-                out.append("Rolled back to %s; its gate %s." % (
-                    _code(rollback["rolled_back_to_release_id"]),
-                    "passed" if back.get("passed") else "FAILED at %s: %s" % (back.get("stage"), back.get("msg", "")) if back else
-                    "was not run"))
+                out.append(
+                    "Rolled back to %s; its gate %s."
+                    % (
+                        _code(rollback["rolled_back_to_release_id"]),
+                        "passed"
+                        if back.get("passed")
+                        else "FAILED at %s: %s" % (back.get("stage"), back.get("msg", ""))
+                        if back
+                        else "was not run",
+                    )
+                )
                 out.append("")
             if evidence.get("signature_matches"):
                 out += ["Journal lines that decided it:", "", _fence(evidence["signature_matches"]), ""]
             if evidence.get("journal_excerpt"):
-                out += ["<details><summary>Journal excerpt (last %d lines)</summary>" % len(evidence["journal_excerpt"]), "",
-                        _fence(evidence["journal_excerpt"]), "", "</details>", ""]
+                out += [
+                    "<details><summary>Journal excerpt (last %d lines)</summary>" % len(evidence["journal_excerpt"]),
+                    "",
+                    _fence(evidence["journal_excerpt"]),
+                    "",
+                    "</details>",
+                    "",
+                ]
 
     failures = [row for row in report["hosts"] if row["failure"] and not any(s["rollback"] for s in row["services"])]
     if failures:
@@ -503,56 +647,149 @@ def render_markdown(report):
     if report.get("paused"):
         out += ["### Paused", "", _cell(report["paused"]), ""]
         if resume_command(report):
-            out += ["Resume (the same run again; under AWX, relaunch the job):", "", _fence([resume_command(report)]), ""]
-    bakes = [(row["host"], service["name"], service["bake"]) for row in report["hosts"] for service in row["services"] if service.get("bake")]
-    bakes += [(row["host"], None, {"verdict": "inconclusive", "stage": None, "reason": row["inconclusive"]})
-              for row in report["hosts"] if row.get("inconclusive")]
+            out += [
+                "Resume (the same run again; under AWX, relaunch the job):",
+                "",
+                _fence([resume_command(report)]),
+                "",
+            ]
+    bakes = [
+        (row["host"], service["name"], service["bake"])
+        for row in report["hosts"]
+        for service in row["services"]
+        if service.get("bake")
+    ]
+    bakes += [
+        (row["host"], None, {"verdict": "inconclusive", "stage": None, "reason": row["inconclusive"]})
+        for row in report["hosts"]
+        if row.get("inconclusive")
+    ]
     if bakes:
         out += ["### Bake re-checks", "", "| Host | Service | Result | Stage | Why |", "|---|---|---|---|---|"]
         for host, name, bake in bakes:
             why = bake["reason"] if bake["verdict"] != "passed" else ""
-            out.append("| %s | %s | %s | %s | %s |" % (_cell(host), _cell(name), _cell(bake["verdict"]), _cell(bake["stage"]), _cell(why)))
+            out.append(
+                "| %s | %s | %s | %s | %s |"
+                % (_cell(host), _cell(name), _cell(bake["verdict"]), _cell(bake["stage"]), _cell(why))
+            )
         out.append("")
-    shadows = [(row["host"], service["name"], service["shadow"]) for row in report["hosts"] for service in row["services"] if service.get("shadow")]
+    shadows = [
+        (row["host"], service["name"], service["shadow"])
+        for row in report["hosts"]
+        for service in row["services"]
+        if service.get("shadow")
+    ]
     if shadows:
-        out += ["### Shadows", "", "| Host | Service | Shadow | Candidate | Result | Shadow vs production | Outputs compared | Why |",
-                "|---|---|---|---|---|---|---|---|"]
+        out += [
+            "### Shadows",
+            "",
+            "| Host | Service | Shadow | Candidate | Result | Shadow vs production | Outputs compared | Why |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for host, name, comparison in shadows:
-            out.append("| %s |" % " | ".join(_cell(value) for value in (
-                host, name, comparison["shadow_service"], _short((comparison["shadow"] or {}).get("release_id")), comparison["verdict"],
-                shadow_numbers(comparison), comparison["outputs_compared"], "; ".join(comparison["problems"] or []))))
+            out.append(
+                "| %s |"
+                % " | ".join(
+                    _cell(value)
+                    for value in (
+                        host,
+                        name,
+                        comparison["shadow_service"],
+                        _short((comparison["shadow"] or {}).get("release_id")),
+                        comparison["verdict"],
+                        shadow_numbers(comparison),
+                        comparison["outputs_compared"],
+                        "; ".join(comparison["problems"] or []),
+                    )
+                )
+            )
         out.append("")
-    tunings = [(row["host"], service["name"], service["tuning"]) for row in report["hosts"] for service in row["services"] if service.get("tuning")]
+    tunings = [
+        (row["host"], service["name"], service["tuning"])
+        for row in report["hosts"]
+        for service in row["services"]
+        if service.get("tuning")
+    ]
     if tunings:
-        out += ["### Tuning", "", "| Host | Service | Tuning | Runs | Gain over DFLASH | Why |", "|---|---|---|---|---|---|"]
+        out += [
+            "### Tuning",
+            "",
+            "| Host | Service | Tuning | Runs | Gain over DFLASH | Why |",
+            "|---|---|---|---|---|---|",
+        ]
         for host, name, tuning in tunings:
-            runs = "DDTREE budget %s top_k %s" % (tuning["budget"], tuning["top_k"]) if tuning["algorithm"] == "DDTREE" else tuning["algorithm"]
+            runs = (
+                "DDTREE budget %s top_k %s" % (tuning["budget"], tuning["top_k"])
+                if tuning["algorithm"] == "DDTREE"
+                else tuning["algorithm"]
+            )
             if tuning["state"] in ("would tune", "needs tuning"):
                 runs = None
-            gains = ", ".join("%s at %s" % (_percent(gain), concurrency) for concurrency, gain in tuning["gain_over_dflash"].items())
+            gains = ", ".join(
+                "%s at %s" % (_percent(gain), concurrency) for concurrency, gain in tuning["gain_over_dflash"].items()
+            )
             why = "%s changed" % ", ".join(tuning["key_changes"]) if tuning["key_changes"] else ""
-            out.append("| %s |" % " | ".join(_cell(value) for value in (
-                host, name, tuning["state"], runs, gains, "; ".join(part for part in (why, tuning["reason"] or "") if part))))
+            out.append(
+                "| %s |"
+                % " | ".join(
+                    _cell(value)
+                    for value in (
+                        host,
+                        name,
+                        tuning["state"],
+                        runs,
+                        gains,
+                        "; ".join(part for part in (why, tuning["reason"] or "") if part),
+                    )
+                )
+            )
         out.append("")
     not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
     if not_reached:
-        out += ["Not reached (the rollout stopped before them; they keep the release they had): %s" % ", ".join(not_reached), ""]
+        out += [
+            "Not reached (the rollout stopped before them; they keep the release they had): %s"
+            % ", ".join(not_reached),
+            "",
+        ]
 
-    gates = [(row["host"], service["name"], label, gate)
-             for row in report["hosts"] for service in row["services"]
-             for label, gate in (("deploy", service["gate"]), ("after rollback", (service["rollback"] or {}).get("gate")))
-             if gate]
+    gates = [
+        (row["host"], service["name"], label, gate)
+        for row in report["hosts"]
+        for service in row["services"]
+        for label, gate in (("deploy", service["gate"]), ("after rollback", (service["rollback"] or {}).get("gate")))
+        if gate
+    ]
     if gates:
-        out += ["### Health gates", "",
-                "| Host | Service | Gate | Release | Result | Time to port | /health | Chat | Baseline | Tokens/s (prev) | Accept length (prev) | Total |",
-                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "### Health gates",
+            "",
+            "| Host | Service | Gate | Release | Result | Time to port | /health | Chat | Baseline | Tokens/s (prev) | "
+            "Accept length (prev) | Total |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for host, name, label, gate in gates:
-            out.append("| %s |" % " | ".join(_cell(value) for value in (
-                host, name, label, _short(gate["release_id"]), "passed" if gate["passed"] else "failed at %s" % gate["stage"],
-                _number(gate["time_to_port_s"], " s"), _number(gate["health_latency_s"], " s", 2), _number(gate["chat_latency_s"], " s", 2),
-                gate["baseline_matches"] and "%s (%s)" % (gate["baseline"], gate["baseline_matches"]) or gate["baseline"],
-                _pair(gate["tokens_per_second"], gate["previous_tokens_per_second"]),
-                _pair(gate["accept_length"], gate["previous_accept_length"], 2), _number(gate["total_s"], " s"))))
+            out.append(
+                "| %s |"
+                % " | ".join(
+                    _cell(value)
+                    for value in (
+                        host,
+                        name,
+                        label,
+                        _short(gate["release_id"]),
+                        "passed" if gate["passed"] else "failed at %s" % gate["stage"],
+                        _number(gate["time_to_port_s"], " s"),
+                        _number(gate["health_latency_s"], " s", 2),
+                        _number(gate["chat_latency_s"], " s", 2),
+                        gate["baseline_matches"]
+                        and "%s (%s)" % (gate["baseline"], gate["baseline_matches"])
+                        or gate["baseline"],
+                        _pair(gate["tokens_per_second"], gate["previous_tokens_per_second"]),
+                        _pair(gate["accept_length"], gate["previous_accept_length"], 2),
+                        _number(gate["total_s"], " s"),
+                    )
+                )
+            )
         out.append("")
 
     if report["kind"] == "plan":
@@ -592,8 +829,13 @@ def summary_lines(report):
             detail = row["failure"]["msg"] if row["failure"] else "keeps the release it had"
             lines.append(("%s: %s - %s" % (row["host"], row["status"], detail), bad))
         for service in row["services"]:
-            text = "%s %s: %s, release %s -> %s" % (row["host"], service["name"], row["status"],
-                                                    _short(service["before_release_id"]) or "none", _short(service["after_release_id"]) or "none")
+            text = "%s %s: %s, release %s -> %s" % (
+                row["host"],
+                service["name"],
+                row["status"],
+                _short(service["before_release_id"]) or "none",
+                _short(service["after_release_id"]) or "none",
+            )
             if service.get("release_choice"):
                 text += " (%s)" % service["release_choice"]["reason"]
             if service["gate"]:
@@ -602,8 +844,12 @@ def summary_lines(report):
                 text += ", " + tuning_text(service["tuning"])
             if service.get("shadow"):
                 comparison = service["shadow"]
-                text += ", shadow %s: %s (%s)%s" % (comparison["shadow_service"], comparison["verdict"], shadow_numbers(comparison),
-                                                    ": " + "; ".join(comparison["problems"]) if comparison["problems"] else "")
+                text += ", shadow %s: %s (%s)%s" % (
+                    comparison["shadow_service"],
+                    comparison["verdict"],
+                    shadow_numbers(comparison),
+                    ": " + "; ".join(comparison["problems"]) if comparison["problems"] else "",
+                )
             if service["rollback"] and service["rollback"].get("rolled_back_to_release_id"):
                 text += ", rolled back to %s" % _short(service["rollback"]["rolled_back_to_release_id"])
             if service.get("recovery") and report["kind"] != "plan":
@@ -614,7 +860,9 @@ def summary_lines(report):
     if report.get("stopped"):
         lines.append(("STOPPED: %s" % report["stopped"], True))
     if report.get("paused"):
-        lines.append((report["paused"] if report["paused"].startswith("PAUSED") else "PAUSED: %s" % report["paused"], True))
+        lines.append(
+            (report["paused"] if report["paused"].startswith("PAUSED") else "PAUSED: %s" % report["paused"], True)
+        )
         if resume_command(report):
             lines.append(("resume: %s" % resume_command(report), True))
     return lines

@@ -14,11 +14,21 @@ PULL_GUARD = REPO / "roles" / "rollout_pull" / "files" / "ddtree-rollout-pull-gu
 
 
 def run(command, env, cwd=REPO, check=True, timeout=1800, new_session=False):
-    proc = subprocess.run(command, cwd=cwd, env=env, text=True, capture_output=True, timeout=timeout, check=False,
-                          start_new_session=new_session)
+    proc = subprocess.run(
+        command,
+        cwd=cwd,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+        check=False,
+        start_new_session=new_session,
+    )
     if check and proc.returncode != 0:
-        raise AssertionError("%s exited %d\n--- stdout (tail)\n%s\n--- stderr (tail)\n%s" % (
-            " ".join(map(str, command)), proc.returncode, proc.stdout[-6000:], proc.stderr[-3000:]))
+        raise AssertionError(
+            "%s exited %d\n--- stdout (tail)\n%s\n--- stderr (tail)\n%s"
+            % (" ".join(map(str, command)), proc.returncode, proc.stdout[-6000:], proc.stderr[-3000:])
+        )
     return proc
 
 
@@ -51,7 +61,14 @@ def killed_at_task(env, task, marker, after_s=0):
     """The environment of a playbook run that SIGKILLs its own process group when the task whose name
     starts with `task` begins, or `after_s` seconds into it (callback_plugins/kill_at_task.py), after
     writing `marker`. Run it with new_session=True, so that nothing but the run dies."""
-    plugins = [str(Path(__file__).parent / "callback_plugins")] + list(filter(None, [env.get("ANSIBLE_CALLBACK_PLUGINS")]))
-    return dict(env, ANSIBLE_CALLBACK_PLUGINS=":".join(plugins),
-                ANSIBLE_CALLBACKS_ENABLED="ddtree.sglang.rollout_summary,kill_at_task",
-                DDTREE_KILL_AT_TASK=task, DDTREE_KILL_AFTER_S=str(after_s), DDTREE_KILL_MARKER=str(marker))
+    plugins = [str(Path(__file__).parent / "callback_plugins")] + list(
+        filter(None, [env.get("ANSIBLE_CALLBACK_PLUGINS")])
+    )
+    return dict(
+        env,
+        ANSIBLE_CALLBACK_PLUGINS=":".join(plugins),
+        ANSIBLE_CALLBACKS_ENABLED="ddtree.sglang.rollout_summary,kill_at_task",
+        DDTREE_KILL_AT_TASK=task,
+        DDTREE_KILL_AFTER_S=str(after_s),
+        DDTREE_KILL_MARKER=str(marker),
+    )

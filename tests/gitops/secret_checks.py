@@ -10,9 +10,8 @@ unit's loaded configuration. The only place it may be: the service's secret file
 import json
 from pathlib import Path
 
-import yaml
-
 import secret_search
+import yaml
 from conftest import ARTIFACTS, on_lab_host
 
 SERVICE, HOST = "coder", "ct200"
@@ -24,32 +23,36 @@ HOST_ROOTS = ["/etc", "/opt/sglang", "/var/lib/sglang", "/var/log", "/var/tmp", 
 
 def plant_key(key):
     """A fleet-repository change giving ct200's service the key."""
+
     def change(work):
         path = work / GROUP_VARS
         data = yaml.safe_load(path.read_text())
         next(service for service in data["sglang_services"] if service["name"] == SERVICE)["api_key"] = key
         path.unlink()  # the checkout's file may be a link: write a file of the fleet's own
         path.write_text(yaml.safe_dump(data, sort_keys=False))
+
     return change
 
 
 def chat_statuses(env, key, keys=(None, "key")):
     """HTTP status and answer of a chat completion to ct200's service, once per entry of keys (None: no
     Authorization header; "key": the key's). The key travels on stdin, never in an argv."""
-    code = ("import json, sys, urllib.error, urllib.request\n"
-            "key = sys.stdin.readline().strip()\n"
-            "body = json.dumps({'model': 'any', 'max_tokens': 12, 'temperature': 0,\n"
-            "                   'messages': [{'role': 'user', 'content': 'Name three rivers.'}]}).encode()\n"
-            "for use in sys.argv[1:]:\n"
-            "    headers = {'Content-Type': 'application/json'}\n"
-            "    if use == 'key':\n"
-            "        headers['Authorization'] = 'Bearer ' + key\n"
-            "    try:\n"
-            "        answer = json.load(urllib.request.urlopen(urllib.request.Request(\n"
-            "            'http://127.0.0.1:30000/v1/chat/completions', body, headers), timeout=60))\n"
-            "        print(json.dumps([200, answer['choices'][0]['message']['content']]))\n"
-            "    except urllib.error.HTTPError as error:\n"
-            "        print(json.dumps([error.code, None]))\n")
+    code = (
+        "import json, sys, urllib.error, urllib.request\n"
+        "key = sys.stdin.readline().strip()\n"
+        "body = json.dumps({'model': 'any', 'max_tokens': 12, 'temperature': 0,\n"
+        "                   'messages': [{'role': 'user', 'content': 'Name three rivers.'}]}).encode()\n"
+        "for use in sys.argv[1:]:\n"
+        "    headers = {'Content-Type': 'application/json'}\n"
+        "    if use == 'key':\n"
+        "        headers['Authorization'] = 'Bearer ' + key\n"
+        "    try:\n"
+        "        answer = json.load(urllib.request.urlopen(urllib.request.Request(\n"
+        "            'http://127.0.0.1:30000/v1/chat/completions', body, headers), timeout=60))\n"
+        "        print(json.dumps([200, answer['choices'][0]['message']['content']]))\n"
+        "    except urllib.error.HTTPError as error:\n"
+        "        print(json.dumps([error.code, None]))\n"
+    )
     argv = [("key" if use else "none") for use in keys]
     out = on_lab_host(env, HOST, "python3", "-c", code, *argv, stdin=key + "\n")
     return [tuple(json.loads(line)) for line in out.splitlines()]
@@ -62,8 +65,14 @@ def search_controller(env, key, outputs, report_dirs):
     workdir = Path(env["DDTREE_ROLLOUT_WORKDIR"])
     # The fleet repository's mirror and checkouts hold the key by design (the inventory, as a vault would).
     roots = [str(path) for path in report_dirs] + [env["ANSIBLE_LOCAL_TEMP"], env["DDTREE_LOCK_DIR"], str(workdir)]
-    found["files"] = [hit["path"] for hit in secret_search.search_files(
-        [root for root in roots if Path(root).exists()], needle, skip=[str(workdir / "mirror.git"), str(workdir / "trees")])]
+    found["files"] = [
+        hit["path"]
+        for hit in secret_search.search_files(
+            [root for root in roots if Path(root).exists()],
+            needle,
+            skip=[str(workdir / "mirror.git"), str(workdir / "trees")],
+        )
+    ]
     return found
 
 

@@ -41,8 +41,9 @@ def search_files(roots, needle, skip=()):
     hits = []
     for root in roots:
         for directory, dirs, files in os.walk(root):
-            dirs[:] = sorted(name for name in dirs
-                             if not os.path.join(directory, name).startswith(SKIP_DIRS + tuple(skip)))
+            dirs[:] = sorted(
+                name for name in dirs if not os.path.join(directory, name).startswith(SKIP_DIRS + tuple(skip))
+            )
             for name in sorted(files):
                 path = os.path.join(directory, name)
                 try:
@@ -77,8 +78,9 @@ def search_processes(needle):
 
 def search_journal(needle):
     """Journal entries (every field: MESSAGE, _CMDLINE, ...) that hold needle, with the unit and fields."""
-    proc = subprocess.run(["journalctl", "--no-pager", "-o", "export"], stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, check=False)
+    proc = subprocess.run(
+        ["journalctl", "--no-pager", "-o", "export"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False
+    )
     hits = []
     for entry in proc.stdout.split(b"\n\n"):
         if needle not in entry:
@@ -97,20 +99,37 @@ def search_journal(needle):
 
 def search_units(needle):
     """Units whose loaded configuration (`systemctl show`: ExecStart, Environment, drop-ins applied) holds needle."""
-    proc = subprocess.run(["systemctl", "list-units", "--all", "--plain", "--no-legend", "--type=service"],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, check=False)
+    proc = subprocess.run(
+        ["systemctl", "list-units", "--all", "--plain", "--no-legend", "--type=service"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        check=False,
+    )
     hits = []
     for unit in (line.split()[0] for line in proc.stdout.splitlines() if line.strip()):
-        shown = subprocess.run(["systemctl", "show", unit], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False)
+        shown = subprocess.run(
+            ["systemctl", "show", unit], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False
+        )
         if needle in shown.stdout:
-            hits.append({"unit": unit, "properties": [line.split(b"=", 1)[0].decode() for line in shown.stdout.splitlines()
-                                                      if needle in line]})
+            hits.append(
+                {
+                    "unit": unit,
+                    "properties": [
+                        line.split(b"=", 1)[0].decode() for line in shown.stdout.splitlines() if needle in line
+                    ],
+                }
+            )
     return hits
 
 
 def search_host(needle, roots, skip=()):
-    return {"files": search_files(roots, needle, skip), "processes": search_processes(needle),
-            "journal": search_journal(needle), "units": search_units(needle)}
+    return {
+        "files": search_files(roots, needle, skip),
+        "processes": search_processes(needle),
+        "journal": search_journal(needle),
+        "units": search_units(needle),
+    }
 
 
 if __name__ == "__main__":

@@ -21,7 +21,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-
 from conftest import ARTIFACTS, REPO, copy_checkout, on_lab_host, run
 
 INVENTORY = "tests/gitops/fleet-inventory/hosts.yml"
@@ -34,10 +33,14 @@ SERVICES = "/opt/sglang/services/coder"
 VERDICTS = "/var/lib/sglang/coder/verdicts.json"
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("podman") is None or shutil.which("ansible-playbook") is None,
-                       reason="needs podman and the controller venv (scripts/test fleet)"),
-    pytest.mark.skipif(os.environ.get("DDTREE_TEST_FLEET") != "1",
-                       reason="the 24-host rollout runs in its own stage: scripts/test fleet"),
+    pytest.mark.skipif(
+        shutil.which("podman") is None or shutil.which("ansible-playbook") is None,
+        reason="needs podman and the controller venv (scripts/test fleet)",
+    ),
+    pytest.mark.skipif(
+        os.environ.get("DDTREE_TEST_FLEET") != "1",
+        reason="the 24-host rollout runs in its own stage: scripts/test fleet",
+    ),
 ]
 
 
@@ -45,8 +48,14 @@ pytestmark = [
 def bed(tmp_path_factory):
     """24 lab hosts of their own and a copy of this checkout to vary the overlay in."""
     base = tmp_path_factory.mktemp("fleet")
-    env = dict(os.environ, DDTREE_LAB_ID=os.environ.get("DDTREE_FLEET_LAB_ID") or "ddtree-fleet-%d-%d" % (int(time.time()), os.getpid()),
-               DDTREE_LAB_INVENTORY=INVENTORY, DDTREE_LOCK_DIR=str(base / "locks"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env = dict(
+        os.environ,
+        DDTREE_LAB_ID=os.environ.get("DDTREE_FLEET_LAB_ID") or "ddtree-fleet-%d-%d" % (int(time.time()), os.getpid()),
+        DDTREE_LAB_INVENTORY=INVENTORY,
+        DDTREE_LOCK_DIR=str(base / "locks"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+    )
     for name in ("DDTREE_ROLLOUT_REPORT", "DDTREE_ROLLOUT_REPORT_DIR", "DDTREE_KILL_AT_TASK", "DDTREE_KILL_AFTER_S"):
         env.pop(name, None)
     work = base / "work"
@@ -74,23 +83,33 @@ def release(bed, note, planted=False):
     path.write_text((REPO / NOTE_FILE).read_text().rstrip("\n") + "\n# %s (%d)\n" % (note, time.time()))
     fault = bed["work"] / FAULT_MODULE
     if planted:
-        fault.write_text('"""Planted by tests/gitops/test_fleet.py: degenerate output on %s only."""\nimport socket\n\n'
-                         'FAULT = "degenerate" if socket.gethostname() == "%s" else ""\n' % (PLANTED, PLANTED))
+        fault.write_text(
+            '"""Planted by tests/gitops/test_fleet.py: degenerate output on %s only."""\nimport socket\n\n'
+            'FAULT = "degenerate" if socket.gethostname() == "%s" else ""\n' % (PLANTED, PLANTED)
+        )
     elif fault.exists():
         fault.unlink()
 
 
 def host_state(env, host):
     """One host's coder: current and previous release, the unit's state and start, the verdict of current."""
-    script = ("echo current=$(readlink %s/current); echo previous=$(readlink %s/previous); systemctl show -p ActiveState "
-              "-p ExecMainStartTimestamp sglang-coder.service; echo ---; cat %s 2>/dev/null || echo '{}'") % (SERVICES, SERVICES, VERDICTS)
+    script = (
+        "echo current=$(readlink %s/current); echo previous=$(readlink %s/previous); systemctl show -p ActiveState "
+        "-p ExecMainStartTimestamp sglang-coder.service; echo ---; cat %s 2>/dev/null || echo '{}'"
+    ) % (SERVICES, SERVICES, VERDICTS)
     out = on_lab_host(env, host, "/bin/sh", "-c", script, check=False) + "\n"
     head, _sep, text = out.partition("---\n")
     props = dict(line.partition("=")[::2] for line in head.splitlines() if "=" in line)
     current, previous = (os.path.basename(props.get(name, "")) or None for name in ("current", "previous"))
     verdicts = {rel: record.get("verdict") for rel, record in (json.loads(text or "{}").get("verdicts") or {}).items()}
-    return {"current": current, "previous": previous, "unit": props.get("ActiveState"), "started": props.get("ExecMainStartTimestamp"),
-            "verdict": verdicts.get(current), "verdicts": verdicts}
+    return {
+        "current": current,
+        "previous": previous,
+        "unit": props.get("ActiveState"),
+        "started": props.get("ExecMainStartTimestamp"),
+        "verdict": verdicts.get(current),
+        "verdicts": verdicts,
+    }
 
 
 def fleet_state(bed):
@@ -114,16 +133,30 @@ def rollout(bed, name, forks, policy=None, playbook="playbooks/services.yml"):
         command += ["-e", json.dumps({"ddtree_rollout_policy": policy})]
     before, busy, started = resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s(), time.monotonic()
     proc = run(command, env, bed["work"], check=False, timeout=5400)
-    wall, after, busy = time.monotonic() - started, resource.getrusage(resource.RUSAGE_CHILDREN), machine_busy_s() - busy
+    wall, after, busy = (
+        time.monotonic() - started,
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+        machine_busy_s() - busy,
+    )
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     for suffix in ("json", "md"):
         if (reports / ("rollout.%s" % suffix)).exists():
             shutil.copyfile(reports / ("rollout.%s" % suffix), ARTIFACTS / ("fleet-%s.%s" % (name, suffix)))
     report = json.loads((reports / "rollout.json").read_text()) if (reports / "rollout.json").exists() else {}
-    timing = {"forks": forks, "policy": policy, "rc": proc.returncode, "wall_s": round(wall, 1), "controller_cpu_s": round(cpu, 1),
-              "hosts": len(HOSTS), "wall_s_per_host": round(wall / len(HOSTS), 2), "controller_cpu_s_per_host": round(cpu / len(HOSTS), 2),
-              "machine_cpu_s": round(busy, 1), "cores": os.cpu_count(), "load_average": os.getloadavg()}
+    timing = {
+        "forks": forks,
+        "policy": policy,
+        "rc": proc.returncode,
+        "wall_s": round(wall, 1),
+        "controller_cpu_s": round(cpu, 1),
+        "hosts": len(HOSTS),
+        "wall_s_per_host": round(wall / len(HOSTS), 2),
+        "controller_cpu_s_per_host": round(cpu / len(HOSTS), 2),
+        "machine_cpu_s": round(busy, 1),
+        "cores": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
     bed["timings"][name] = timing
     print("[fleet] %s: %s" % (name, timing), flush=True)
     return proc, report, timing
@@ -169,10 +202,14 @@ def test_a_host_failing_in_the_second_batch_stops_the_rollout(bed):
     assert planted["verdicts"].get(new) == "failed", planted
     assert hosts[PLANTED]["status"] == "rolled back", hosts[PLANTED]
     for host in HOSTS[2:]:
-        assert after[host]["current"] == before[host]["current"] and after[host]["started"] == before[host]["started"], (host, before[host], after[host])
+        assert (
+            after[host]["current"] == before[host]["current"] and after[host]["started"] == before[host]["started"]
+        ), (host, before[host], after[host])
     # The report lists all 24, readably: the canary updated, fleet-02 rolled back, the rest not reached.
     assert sorted(hosts) == HOSTS, sorted(hosts)
-    assert all(hosts[host]["status"] == "not reached" for host in HOSTS[2:]), [(h, hosts[h]["status"]) for h in HOSTS[2:]]
+    assert all(hosts[host]["status"] == "not reached" for host in HOSTS[2:]), [
+        (h, hosts[h]["status"]) for h in HOSTS[2:]
+    ]
     markdown = (ARTIFACTS / "fleet-planted-failure.md").read_text()
     assert all(host in markdown for host in HOSTS)
     bed["good"] = good
@@ -191,7 +228,9 @@ def test_rollout_time_by_forks(bed, forks):
     releases = {s["current"] for s in state.values()}
     assert len(releases) == 1 and releases != {bed["good"]}, releases
     assert all(s["verdict"] == "passed" and s["unit"] == "active" for s in state.values()), state
-    assert all(entry["status"] == "updated" for entry in report["hosts"]), [(e["host"], e["status"]) for e in report["hosts"]]
+    assert all(entry["status"] == "updated" for entry in report["hosts"]), [
+        (e["host"], e["status"]) for e in report["hosts"]
+    ]
     bed["good"] = releases.pop()
 
 
@@ -233,20 +272,26 @@ def test_a_crash_during_the_bake_rolls_that_host_back_and_stops_the_rollout(bed)
         pytest.skip("the fleet did not converge")
     before = fleet_state(bed)
     release(bed, "fleet bake")
-    proc, report, log = rollout_beside(bed, "bake-failure", kill_once_gated, (bed["env"], BAKED, before[BAKED]["current"]))
+    proc, report, log = rollout_beside(
+        bed, "bake-failure", kill_once_gated, (bed["env"], BAKED, before[BAKED]["current"])
+    )
     after, hosts = fleet_state(bed), by_host(report)
     assert log, "fleet-03 never recorded a passed verdict for the new release, so nothing was killed"
     new = log[0]["killed"]
     assert proc.returncode != 0, proc.stdout[-4000:]
     baked = after[BAKED]
-    assert baked["current"] == before[BAKED]["current"] and baked["unit"] == "active" and baked["verdict"] == "passed", baked
+    assert (
+        baked["current"] == before[BAKED]["current"] and baked["unit"] == "active" and baked["verdict"] == "passed"
+    ), baked
     assert hosts[BAKED]["status"] == "rolled back", hosts[BAKED]
     assert hosts[BAKED]["services"][0]["bake"]["verdict"] == "failed", hosts[BAKED]
     for host in HOSTS[:8]:
         if host != BAKED:
             assert after[host]["current"] == new and after[host]["verdict"] == "passed", (host, after[host])
     for host in HOSTS[8:]:
-        assert after[host]["current"] == before[host]["current"] and after[host]["started"] == before[host]["started"], host
+        assert (
+            after[host]["current"] == before[host]["current"] and after[host]["started"] == before[host]["started"]
+        ), host
         assert hosts[host]["status"] == "not reached", (host, hosts[host]["status"])
     assert sorted(hosts) == HOSTS
 
@@ -279,9 +324,13 @@ def test_an_unreachable_host_during_the_bake_pauses_and_the_printed_command_resu
         pytest.skip("the fleet did not converge")
     env, before = bed["env"], fleet_state(bed)
     release(bed, "fleet pause")
-    proc, report, log = rollout_beside(bed, "bake-paused", cut_off_once_baking,
-                                       (env, HOSTS[2:8], UNREACHABLE, before[UNREACHABLE]["current"]),
-                                       cleanup=lambda: on_lab_host(env, UNREACHABLE, "chmod", "0755", SSHD, check=False))
+    proc, report, log = rollout_beside(
+        bed,
+        "bake-paused",
+        cut_off_once_baking,
+        (env, HOSTS[2:8], UNREACHABLE, before[UNREACHABLE]["current"]),
+        cleanup=lambda: on_lab_host(env, UNREACHABLE, "chmod", "0755", SSHD, check=False),
+    )
     assert log, "the third batch never had passed verdicts for the new release, so no host was cut off"
     new, hosts, paused = log[0]["release"], by_host(report), fleet_state(bed)
     assert proc.returncode != 0, proc.stdout[-4000:]
@@ -289,9 +338,13 @@ def test_an_unreachable_host_during_the_bake_pauses_and_the_printed_command_resu
     assert report["verdict"] == "paused", report.get("verdict")
     assert hosts[UNREACHABLE]["status"] == "inconclusive", hosts[UNREACHABLE]
     for host in HOSTS[:8]:  # nothing rolled back: all of the first three batches run the new release, passed
-        assert paused[host]["current"] == new and paused[host]["verdict"] == "passed" and paused[host]["unit"] == "active", (host, paused[host])
+        assert (
+            paused[host]["current"] == new and paused[host]["verdict"] == "passed" and paused[host]["unit"] == "active"
+        ), (host, paused[host])
     for host in HOSTS[8:]:
-        assert paused[host]["current"] == before[host]["current"] and paused[host]["started"] == before[host]["started"], host
+        assert (
+            paused[host]["current"] == before[host]["current"] and paused[host]["started"] == before[host]["started"]
+        ), host
         assert hosts[host]["status"] == "not reached", (host, hosts[host]["status"])
     markdown = (ARTIFACTS / "fleet-bake-paused.md").read_text()
     resume = [line.strip() for line in markdown.splitlines() if line.strip().startswith("cd %s && " % bed["work"])]
@@ -300,16 +353,23 @@ def test_an_unreachable_host_during_the_bake_pauses_and_the_printed_command_resu
     # The resume: the command the report printed, as an operator would paste it.
     reports = bed["base"] / "reports-bake-resumed"
     started = time.monotonic()
-    proc = run(["bash", "-c", resume[0]], dict(env, DDTREE_ROLLOUT_REPORT_DIR=str(reports),
-                                               DDTREE_ROLLOUT_TRIGGER="fleet test: resumed"), bed["work"], check=False, timeout=5400)
+    proc = run(
+        ["bash", "-c", resume[0]],
+        dict(env, DDTREE_ROLLOUT_REPORT_DIR=str(reports), DDTREE_ROLLOUT_TRIGGER="fleet test: resumed"),
+        bed["work"],
+        check=False,
+        timeout=5400,
+    )
     bed["timings"]["bake-resumed"] = {"rc": proc.returncode, "wall_s": round(time.monotonic() - started, 1)}
     for suffix in ("json", "md"):
         shutil.copyfile(reports / ("rollout.%s" % suffix), ARTIFACTS / ("fleet-bake-resumed.%s" % suffix))
     assert proc.returncode == 0, proc.stdout[-6000:]
     resumed, after = json.loads((reports / "rollout.json").read_text()), fleet_state(bed)
     assert resumed["verdict"] != "paused" and sorted(by_host(resumed)) == HOSTS, resumed.get("verdict")
-    assert all(after[host]["current"] == new and after[host]["verdict"] == "passed" and after[host]["unit"] == "active"
-               for host in HOSTS), after
+    assert all(
+        after[host]["current"] == new and after[host]["verdict"] == "passed" and after[host]["unit"] == "active"
+        for host in HOSTS
+    ), after
     for host in HOSTS[:8]:  # already on the release: re-checked, not restarted
         assert after[host]["started"] == paused[host]["started"], (host, paused[host], after[host])
     for host in HOSTS[8:]:

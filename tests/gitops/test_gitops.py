@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 import secret_checks
 from conftest import ARTIFACTS, PULL_GUARD, REPO, copy_checkout, killed_at_task, on_lab_host, run
 
@@ -38,19 +37,27 @@ BROKEN_MATCH = "(tree.tokens >= 0)"  # accepts any child: the output is no longe
 # ct200's service's API key: a canary, fresh each run, searched for after the rollouts (issue 18).
 API_KEY = "canary-" + secrets.token_hex(16)
 
-pytestmark = pytest.mark.skipif(shutil.which("podman") is None or shutil.which("ansible-pull") is None,
-                                reason="needs podman and the controller venv (scripts/test gitops)")
+pytestmark = pytest.mark.skipif(
+    shutil.which("podman") is None or shutil.which("ansible-pull") is None,
+    reason="needs podman and the controller venv (scripts/test gitops)",
+)
 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     """A lab of its own (unique container names), locks and work directories of its own."""
     base = tmp_path_factory.mktemp("gitops")
-    env = dict(os.environ, DDTREE_LAB_ID="ddtree-gitops-%d-%d" % (int(time.time()), os.getpid()),
-               DDTREE_LOCK_DIR=str(base / "locks"), DDTREE_ROLLOUT_WORKDIR=str(base / "rollouts"),
-               ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-               # Where the API key search looks on the controller, besides the reports and locks.
-               ANSIBLE_LOCAL_TEMP=str(base / "ansible-tmp"), DDTREE_ROLLOUT_REPORT_HISTORY="1")
+    env = dict(
+        os.environ,
+        DDTREE_LAB_ID="ddtree-gitops-%d-%d" % (int(time.time()), os.getpid()),
+        DDTREE_LOCK_DIR=str(base / "locks"),
+        DDTREE_ROLLOUT_WORKDIR=str(base / "rollouts"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        # Where the API key search looks on the controller, besides the reports and locks.
+        ANSIBLE_LOCAL_TEMP=str(base / "ansible-tmp"),
+        DDTREE_ROLLOUT_REPORT_HISTORY="1",
+    )
     env.pop("DDTREE_ROLLOUT_REPORT_DIR", None)
     run([str(REPO / "lab" / "up")], env)
     try:
@@ -72,7 +79,22 @@ def fleet(lab):
         if change:
             change(work)
         run(["git", "-C", str(work), "add", "-A"], env)
-        run(["git", "-C", str(work), "-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "--quiet", "-m", message], env)
+        run(
+            [
+                "git",
+                "-C",
+                str(work),
+                "-c",
+                "user.name=ci",
+                "-c",
+                "user.email=ci@localhost",
+                "commit",
+                "--quiet",
+                "-m",
+                message,
+            ],
+            env,
+        )
         run(["git", "-C", str(work), "push", "--quiet", str(bare), "HEAD:main"], env)
         return run(["git", "-C", str(work), "rev-parse", "HEAD"], env).stdout.strip()
 
@@ -90,6 +112,7 @@ def mend_walk(note):
     def change(work):
         path = work / WALK
         path.write_text(path.read_text().replace(BROKEN_MATCH, GOOD_MATCH).rstrip("\n") + "\n# %s\n" % note)
+
     return change
 
 
@@ -107,16 +130,32 @@ def answers(lab, host):
         [(status, text)] = secret_checks.chat_statuses(lab["env"], API_KEY, keys=["key"])
         assert status == 200, status
         return text
-    code = ("import json, urllib.request; body = json.dumps({'model': 'any', 'max_tokens': 12, 'temperature': 0, "
-            "'messages': [{'role': 'user', 'content': 'Name three rivers.'}]}).encode(); "
-            "req = urllib.request.Request('http://127.0.0.1:30000/v1/chat/completions', body, {'Content-Type': 'application/json'}); "
-            "print(json.load(urllib.request.urlopen(req, timeout=60))['choices'][0]['message']['content'])")
+    code = (
+        "import json, urllib.request; body = json.dumps({'model': 'any', 'max_tokens': 12, 'temperature': 0, "
+        "'messages': [{'role': 'user', 'content': 'Name three rivers.'}]}).encode(); "
+        "req = urllib.request.Request('http://127.0.0.1:30000/v1/chat/completions', body, {'Content-Type': 'application/json'}); "
+        "print(json.load(urllib.request.urlopen(req, timeout=60))['choices'][0]['message']['content'])"
+    )
     return on_host(lab, host, "python3", "-c", code)
 
 
 def rollout(lab, fleet, report_dir, *extra, check=True):
-    return run([str(REPO / "scripts" / "rollout"), "--repo", str(fleet["bare"]), "--revision", "main",
-                "--report-dir", str(report_dir), "--trigger", "gitops test", *extra], lab["env"], check=check)
+    return run(
+        [
+            str(REPO / "scripts" / "rollout"),
+            "--repo",
+            str(fleet["bare"]),
+            "--revision",
+            "main",
+            "--report-dir",
+            str(report_dir),
+            "--trigger",
+            "gitops test",
+            *extra,
+        ],
+        lab["env"],
+        check=check,
+    )
 
 
 def load(path):
@@ -129,14 +168,20 @@ def keep(path, name):
 
 
 def services(report):
-    return {(row["host"], service["name"]): dict(service, status=row["status"]) for row in report["hosts"] for service in row["services"]}
+    return {
+        (row["host"], service["name"]): dict(service, status=row["status"])
+        for row in report["hosts"]
+        for service in row["services"]
+    }
 
 
 STATE = {}
 
 
 def test_commit_a_rolls_out_on_both_hosts(lab, fleet):
-    commit_a = fleet["commit"]("A: this checkout, and a canary API key for ct200's service", secret_checks.plant_key(API_KEY))
+    commit_a = fleet["commit"](
+        "A: this checkout, and a canary API key for ct200's service", secret_checks.plant_key(API_KEY)
+    )
     reports = lab["base"] / "reports-a"
     # -vvv: every module's arguments and results printed, where a key passed through a task would show.
     STATE["output_a"] = rollout(lab, fleet, reports, "--", "-vvv")
@@ -146,7 +191,10 @@ def test_commit_a_rolls_out_on_both_hosts(lab, fleet):
     assert {row["host"]: row["status"] for row in plan["hosts"]} == {"ct200": "would change", "ct129": "would change"}
     assert report["verdict"] == "succeeded" and report["revision"] == commit_a and report["trigger"] == "gitops test"
     rows = services(report)
-    assert {key: row["status"] for key, row in rows.items()} == {("ct200", "coder"): "updated", ("ct129", "chat"): "updated"}
+    assert {key: row["status"] for key, row in rows.items()} == {
+        ("ct200", "coder"): "updated",
+        ("ct129", "chat"): "updated",
+    }
     release_a, base = rows[("ct200", "coder")]["after_release_id"], rows[("ct129", "chat")]["after_release_id"]
     assert base != release_a and all(row["gate"]["passed"] for row in rows.values())
     assert rows[("ct129", "chat")]["release_choice"]["follows"] == "base"
@@ -171,7 +219,10 @@ def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_o
     rows = services(report)
     coder, chat = rows[("ct200", "coder")], rows[("ct129", "chat")]
     assert coder["status"] == "rolled back" and coder["before_release_id"] == coder["after_release_id"] == release_a
-    assert coder["rollback"]["failed_release_id"] not in (None, release_a) and coder["rollback"]["rolled_back_to_release_id"] == release_a
+    assert (
+        coder["rollback"]["failed_release_id"] not in (None, release_a)
+        and coder["rollback"]["rolled_back_to_release_id"] == release_a
+    )
     assert coder["gate"]["passed"] is False and coder["gate"]["stage"] in ("degenerate", "baseline")
     assert coder["rollback"]["gate"]["passed"] is True
     base = STATE["base"]
@@ -189,9 +240,14 @@ def test_commit_b_fails_on_the_canary_which_is_rolled_back_and_the_fleet_stays_o
     # key is nowhere but in its own file.
     output_a = STATE["output_a"]
     secret_checks.assert_the_key_is_only_in_its_file(
-        lab["env"], API_KEY,
-        {"rollout A (plan and rollout, -vvv)": output_a.stdout + output_a.stderr, "rollout B (rolled back, -vvv)": proc.stdout + proc.stderr},
-        [STATE["reports_a"], reports])
+        lab["env"],
+        API_KEY,
+        {
+            "rollout A (plan and rollout, -vvv)": output_a.stdout + output_a.stderr,
+            "rollout B (rolled back, -vvv)": proc.stdout + proc.stderr,
+        },
+        [STATE["reports_a"], reports],
+    )
 
 
 def pull_unit(lab, fleet):
@@ -200,27 +256,56 @@ def pull_unit(lab, fleet):
     env = lab["env"]
     home = lab["base"] / "pull-node"
     home.mkdir(exist_ok=True)
-    run(["ansible-playbook", "-i", "inventories/lab/hosts.yml", "tests/gitops/pull-node.yml", "-l", "ct129",
-         "-e", json.dumps({"rollout_pull_repo_url": str(fleet["bare"]), "rollout_pull_home": str(home)})], env)
+    run(
+        [
+            "ansible-playbook",
+            "-i",
+            "inventories/lab/hosts.yml",
+            "tests/gitops/pull-node.yml",
+            "-l",
+            "ct129",
+            "-e",
+            json.dumps({"rollout_pull_repo_url": str(fleet["bare"]), "rollout_pull_home": str(home)}),
+        ],
+        env,
+    )
     unit = on_host(lab, "ct129", "systemctl", "cat", "ddtree-rollout-pull.service").splitlines()
 
     def command(key):
-        return shlex.split(next(line for line in unit if line.startswith(key + "="))[len(key) + 1:])
+        return shlex.split(next(line for line in unit if line.startswith(key + "="))[len(key) + 1 :])
 
     argv = command("ExecStart")
-    assert argv[1:] == ["--url", str(fleet["bare"]), "--checkout", "main", "--directory", str(home / "checkout"),
-                        "--only-if-changed", "--inventory", "inventories/lab/hosts.yml", "--limit", "all", "site.yml"]
+    assert argv[1:] == [
+        "--url",
+        str(fleet["bare"]),
+        "--checkout",
+        "main",
+        "--directory",
+        str(home / "checkout"),
+        "--only-if-changed",
+        "--inventory",
+        "inventories/lab/hosts.yml",
+        "--limit",
+        "all",
+        "site.yml",
+    ]
     guard_start, guard_stop = command("ExecStartPre"), command("ExecStopPost")
     assert guard_start[1] == "start" and guard_stop[1] == "stop" and guard_start[2:] == guard_stop[2:]
-    environment = dict(item.strip('"').split("=", 1) for item in
-                       (line[len("Environment="):] for line in unit if line.startswith("Environment=")))
+    environment = dict(
+        item.strip('"').split("=", 1)
+        for item in (line[len("Environment=") :] for line in unit if line.startswith("Environment="))
+    )
     assert environment["DDTREE_ROLLOUT_TRIGGER"] == "pull timer"
     # The timer is installed, enabled and scheduled on the node.
     assert on_host(lab, "ct129", "systemctl", "is-enabled", "ddtree-rollout-pull.timer") == "enabled"
     assert on_host(lab, "ct129", "systemctl", "is-active", "ddtree-rollout-pull.timer") == "active"
     assert environment["DDTREE_LOCK_DIR"] == env["DDTREE_LOCK_DIR"]
-    return {"command": [shutil.which("ansible-pull")] + argv[1:], "guard_args": guard_start[2:], "home": home,
-            "env": dict(env, **{key: value for key, value in environment.items() if key != "HOME"})}
+    return {
+        "command": [shutil.which("ansible-pull")] + argv[1:],
+        "guard_args": guard_start[2:],
+        "home": home,
+        "env": dict(env, **{key: value for key, value in environment.items() if key != "HOME"}),
+    }
 
 
 def tick(pull, kill_at=None):
@@ -230,13 +315,28 @@ def tick(pull, kill_at=None):
     env, home = pull["env"], pull["home"]
     said = run([str(PULL_GUARD), "start", *pull["guard_args"]], env, cwd=home).stdout
     marker = home / "killed"
-    proc = run(pull["command"], killed_at_task(env, kill_at, marker) if kill_at else env, cwd=home, check=False,
-               new_session=kill_at is not None)
+    proc = run(
+        pull["command"],
+        killed_at_task(env, kill_at, marker) if kill_at else env,
+        cwd=home,
+        check=False,
+        new_session=kill_at is not None,
+    )
     if kill_at:
-        assert proc.returncode == -9 and marker.exists(), "the run was not killed at %r (rc %d)\n%s" % (kill_at, proc.returncode, proc.stdout[-4000:])
+        assert proc.returncode == -9 and marker.exists(), "the run was not killed at %r (rc %d)\n%s" % (
+            kill_at,
+            proc.returncode,
+            proc.stdout[-4000:],
+        )
         marker.unlink()
-    ended = {0: ("success", "0")}.get(proc.returncode, ("signal", "KILL") if proc.returncode < 0 else ("exit-code", str(proc.returncode)))
-    run([str(PULL_GUARD), "stop", *pull["guard_args"]], dict(env, SERVICE_RESULT=ended[0], EXIT_STATUS=ended[1]), cwd=home)
+    ended = {0: ("success", "0")}.get(
+        proc.returncode, ("signal", "KILL") if proc.returncode < 0 else ("exit-code", str(proc.returncode))
+    )
+    run(
+        [str(PULL_GUARD), "stop", *pull["guard_args"]],
+        dict(env, SERVICE_RESULT=ended[0], EXIT_STATUS=ended[1]),
+        cwd=home,
+    )
     return proc, said
 
 
@@ -258,7 +358,10 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     release_c = rows[("ct200", "coder")]["after_release_id"]
     # A DDTree-only change: ct200's DDTREE service is updated, ct129's NEXTN service is left as it was.
     assert release_c != STATE["release_a"] and rows[("ct129", "chat")]["after_release_id"] == STATE["base"]
-    assert {key: row["status"] for key, row in rows.items()} == {("ct200", "coder"): "updated", ("ct129", "chat"): "unchanged"}
+    assert {key: row["status"] for key, row in rows.items()} == {
+        ("ct200", "coder"): "updated",
+        ("ct129", "chat"): "unchanged",
+    }
     assert len(list((reports / "history").glob("*-rollout.json"))) == 1
 
     # No new commit: ansible-pull does not run the playbook at all.
@@ -286,7 +389,9 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     assert coder["status"] == "rolled back" and coder["after_release_id"] == release_c
     assert coder["rollback"]["failed_release_id"] == release_d and "interrupted rollout" in coder["recovery"]["note"]
     assert rows[("ct129", "chat")]["status"] == "not reached"
-    assert current_release(lab, "ct200", "coder") == release_c and current_release(lab, "ct129", "chat") == STATE["base"]
+    assert (
+        current_release(lab, "ct200", "coder") == release_c and current_release(lab, "ct129", "chat") == STATE["base"]
+    )
     assert verdict(lab, release_d) == "failed" and verdict(lab, release_c) == "passed"
     STATE["release_c"] = release_c
     # E puts back C's exact tree: its release is C's (the release id is the content's), which the hosts
@@ -296,19 +401,47 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
 
 def test_two_triggers_at_once_one_refuses_one_waits_nothing_breaks(lab, fleet):
     env = lab["env"]
-    first_reports, refused_reports, waiting_reports = (lab["base"] / name for name in ("race-1", "race-refused", "race-wait"))
-    base_command = [str(REPO / "scripts" / "rollout"), "--repo", str(fleet["bare"]), "--revision", "main", "--skip-plan"]
-    first = subprocess.Popen(base_command + ["--report-dir", str(first_reports), "--trigger", "first"], cwd=REPO, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first_reports, refused_reports, waiting_reports = (
+        lab["base"] / name for name in ("race-1", "race-refused", "race-wait")
+    )
+    base_command = [
+        str(REPO / "scripts" / "rollout"),
+        "--repo",
+        str(fleet["bare"]),
+        "--revision",
+        "main",
+        "--skip-plan",
+    ]
+    first = subprocess.Popen(
+        base_command + ["--report-dir", str(first_reports), "--trigger", "first"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     # Wait until the first holds the lock (its holder wrote the lock files).
     lock_file = Path(env["DDTREE_LOCK_DIR"]) / ("%s-ct200.lock" % env["DDTREE_LAB_ID"])
     deadline = time.monotonic() + 600
-    while '"trigger": "first"' not in (lock_file.read_text() if lock_file.exists() else "") and time.monotonic() < deadline:
+    while (
+        '"trigger": "first"' not in (lock_file.read_text() if lock_file.exists() else "")
+        and time.monotonic() < deadline
+    ):
         assert first.poll() is None, first.stdout.read()[-3000:]
         time.sleep(0.5)
-    refused = run(base_command + ["--report-dir", str(refused_reports), "--trigger", "refused", "--lock-timeout", "0"], env, check=False)
-    waiting = subprocess.Popen(base_command + ["--report-dir", str(waiting_reports), "--trigger", "waiting", "--lock-timeout", "900"],
-                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    refused = run(
+        base_command + ["--report-dir", str(refused_reports), "--trigger", "refused", "--lock-timeout", "0"],
+        env,
+        check=False,
+    )
+    waiting = subprocess.Popen(
+        base_command + ["--report-dir", str(waiting_reports), "--trigger", "waiting", "--lock-timeout", "900"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     first_out = first.communicate(timeout=1800)[0]
     waiting_out = waiting.communicate(timeout=1800)[0]
 
@@ -323,7 +456,11 @@ def test_two_triggers_at_once_one_refuses_one_waits_nothing_breaks(lab, fleet):
     first_report, waiting_report = load(first_reports / "rollout.json"), load(waiting_reports / "rollout.json")
     # The waiting one started its work only after the first had finished.
     assert waiting_report["lock"]["waited_s"] > 0 and waiting_report["finished"] >= first_report["finished"]
-    assert {row["status"] for row in first_report["hosts"]} == {row["status"] for row in waiting_report["hosts"]} == {"unchanged"}
+    assert (
+        {row["status"] for row in first_report["hosts"]}
+        == {row["status"] for row in waiting_report["hosts"]}
+        == {"unchanged"}
+    )
     release = services(first_report)[("ct200", "coder")]["after_release_id"]
     assert current_release(lab, "ct200", "coder") == release == STATE["release_c"]
     assert current_release(lab, "ct129", "chat") == STATE["base"]

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import ARTIFACTS, PULL_GUARD, REPO, copy_checkout, killed_at_task, on_lab_host, run
 
 WALK = "sglang_overlay/src/sglang_overlay/core/walk.py"
@@ -29,12 +28,16 @@ SERVICES = "/opt/sglang/services/coder"
 VERDICTS = "/var/lib/sglang/coder/verdicts.json"
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("podman") is None or shutil.which("ansible-playbook") is None,
-                       reason="needs podman and the controller venv (scripts/test interrupted)"),
+    pytest.mark.skipif(
+        shutil.which("podman") is None or shutil.which("ansible-playbook") is None,
+        reason="needs podman and the controller venv (scripts/test interrupted)",
+    ),
     # About 40 minutes on two cores (a rollout, then a kill and a re-run per cell): its own stage,
     # `scripts/test interrupted`, outside the suite's 15 minutes until it is made cheaper (issue 14).
-    pytest.mark.skipif(os.environ.get("DDTREE_TEST_INTERRUPTED") != "1",
-                       reason="the interrupted-rollout matrix runs in its own stage: scripts/test interrupted"),
+    pytest.mark.skipif(
+        os.environ.get("DDTREE_TEST_INTERRUPTED") != "1",
+        reason="the interrupted-rollout matrix runs in its own stage: scripts/test interrupted",
+    ),
 ]
 
 
@@ -42,8 +45,14 @@ pytestmark = [
 def bed(tmp_path_factory):
     """A lab of its own and a copy of this checkout to vary the overlay in."""
     base = tmp_path_factory.mktemp("interrupted")
-    env = dict(os.environ, DDTREE_LAB_ID=os.environ.get("DDTREE_INTERRUPTED_LAB_ID") or "ddtree-intr-%d-%d" % (int(time.time()), os.getpid()),
-               DDTREE_LOCK_DIR=str(base / "locks"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0")
+    env = dict(
+        os.environ,
+        DDTREE_LAB_ID=os.environ.get("DDTREE_INTERRUPTED_LAB_ID")
+        or "ddtree-intr-%d-%d" % (int(time.time()), os.getpid()),
+        DDTREE_LOCK_DIR=str(base / "locks"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+    )
     for name in ("DDTREE_ROLLOUT_REPORT_DIR", "DDTREE_KILL_AT_TASK", "DDTREE_KILL_AFTER_S"):
         env.pop(name, None)
     work = base / "work"
@@ -76,11 +85,15 @@ def overlay(bed, lossy, note):
 
 def host_state(bed):
     """ct200's coder: current and previous release, the unit's state, and the recorded verdicts."""
-    links = {link: os.path.basename(on_host(bed, "ct200", "readlink", "%s/%s" % (SERVICES, link), check=False)) or None
-             for link in ("current", "previous")}
+    links = {
+        link: os.path.basename(on_host(bed, "ct200", "readlink", "%s/%s" % (SERVICES, link), check=False)) or None
+        for link in ("current", "previous")
+    }
     unit = on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder.service", check=False)
     text = on_host(bed, "ct200", "cat", VERDICTS, check=False)
-    verdicts = {release: record["verdict"] for release, record in (json.loads(text)["verdicts"] if text else {}).items()}
+    verdicts = {
+        release: record["verdict"] for release, record in (json.loads(text)["verdicts"] if text else {}).items()
+    }
     return dict(links, unit=unit, verdicts=verdicts, verdict=verdicts.get(links["current"]))
 
 
@@ -91,11 +104,19 @@ def playbook(bed, playbook_path, report, kill_at=None, kill_after=0, limit="ct20
         marker.unlink()
     if kill_at:
         env = killed_at_task(env, kill_at, marker, kill_after)
-    proc = run(["ansible-playbook", "-i", "inventories/lab/hosts.yml", playbook_path, "-l", limit, *extra], env, bed["work"],
-               check=False, new_session=True)
+    proc = run(
+        ["ansible-playbook", "-i", "inventories/lab/hosts.yml", playbook_path, "-l", limit, *extra],
+        env,
+        bed["work"],
+        check=False,
+        new_session=True,
+    )
     if kill_at:
         assert proc.returncode == -9 and marker.exists(), "the kill point %r was not reached (rc %d)\n%s" % (
-            kill_at, proc.returncode, proc.stdout[-4000:])
+            kill_at,
+            proc.returncode,
+            proc.stdout[-4000:],
+        )
     return proc
 
 
@@ -107,9 +128,19 @@ class Answering:
 
     def _loop(self):
         while not self.stop.wait(3):
-            proc = run(["podman", "exec", "%s-ct129" % self.bed["env"]["DDTREE_LAB_ID"], "python3", "-c",
-                        "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30000/health', timeout=30)"],
-                       self.bed["env"], REPO, check=False)
+            proc = run(
+                [
+                    "podman",
+                    "exec",
+                    "%s-ct129" % self.bed["env"]["DDTREE_LAB_ID"],
+                    "python3",
+                    "-c",
+                    "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30000/health', timeout=30)",
+                ],
+                self.bed["env"],
+                REPO,
+                check=False,
+            )
             self.count += 1
             if proc.returncode != 0:
                 self.failures.append((time.strftime("%H:%M:%S"), proc.returncode, proc.stderr[-200:]))
@@ -132,8 +163,15 @@ KILL_POINTS = {
     "rollback": ("Point current back at the previous release", 0),
 }
 # The cells, in an order where each starts from the state the one before left: (kill point, lossy?).
-CELLS = [("restarted", True), ("rollback", True), ("switched", False), ("restarted", False),
-         ("switched", True), ("build", False), ("build", True)]
+CELLS = [
+    ("restarted", True),
+    ("rollback", True),
+    ("switched", False),
+    ("restarted", False),
+    ("switched", True),
+    ("build", False),
+    ("build", True),
+]
 
 
 def test_a_first_rollout_records_verdicts(bed):
@@ -164,11 +202,20 @@ def test_a_release_rolled_out_under_ansible_runner_as_awx_runs_it(bed):
     private.mkdir(exist_ok=True)
     names = ("DDTREE_LAB_ID", "DDTREE_LOCK_DIR", "DDTREE_CACHE", "DDTREE_LAB_IMAGE", "PATH", "HOME", "ANSIBLE_NOCOLOR")
     envvars = {name: bed["env"][name] for name in names if name in bed["env"]}
-    envvars.update(DDTREE_ROLLOUT_REPORT_DIR=str(reports), DDTREE_ROLLOUT_TRIGGER="awx job 7",
-                   ANSIBLE_CONFIG=str(bed["work"] / "ansible.cfg"))
-    result = ansible_runner.run(private_data_dir=str(private), project_dir=str(bed["work"]), playbook="site.yml",
-                                inventory=str(bed["work"] / "inventories" / "lab" / "hosts.yml"), limit="ct200",
-                                envvars=envvars, quiet=True)
+    envvars.update(
+        DDTREE_ROLLOUT_REPORT_DIR=str(reports),
+        DDTREE_ROLLOUT_TRIGGER="awx job 7",
+        ANSIBLE_CONFIG=str(bed["work"] / "ansible.cfg"),
+    )
+    result = ansible_runner.run(
+        private_data_dir=str(private),
+        project_dir=str(bed["work"]),
+        playbook="site.yml",
+        inventory=str(bed["work"] / "inventories" / "lab" / "hosts.yml"),
+        limit="ct200",
+        envvars=envvars,
+        quiet=True,
+    )
     output = result.stdout.read()
     assert (result.status, result.rc) == ("successful", 0), output[-4000:]
     artifacts = Path(result.config.artifact_dir)
@@ -187,7 +234,9 @@ def test_a_release_rolled_out_under_ansible_runner_as_awx_runs_it(bed):
     bed["good"] = state["current"]
 
 
-@pytest.mark.parametrize("point, lossy", CELLS, ids=["%s-%s" % (point, "lossy" if lossy else "healthy") for point, lossy in CELLS])
+@pytest.mark.parametrize(
+    "point, lossy", CELLS, ids=["%s-%s" % (point, "lossy" if lossy else "healthy") for point, lossy in CELLS]
+)
 def test_killed_rollout_converges_on_the_next_run(bed, point, lossy):
     if "good" not in bed:
         pytest.skip("the first rollout failed")
@@ -205,9 +254,16 @@ def test_killed_rollout_converges_on_the_next_run(bed, point, lossy):
         state = host_state(bed)
     report = json.loads(report_path.read_text())
     coder = report["hosts"][0]["services"][0]
-    row = {"cell": name, "killed": killed, "after": state, "rc": proc.returncode, "status": report["hosts"][0]["status"],
-           "note": (coder.get("recovery") or {}).get("note"), "seconds": round(time.monotonic() - started),
-           "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count)}
+    row = {
+        "cell": name,
+        "killed": killed,
+        "after": state,
+        "rc": proc.returncode,
+        "status": report["hosts"][0]["status"],
+        "note": (coder.get("recovery") or {}).get("note"),
+        "seconds": round(time.monotonic() - started),
+        "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count),
+    }
     bed["rows"].append(row)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "interrupted-matrix.json").write_text(json.dumps(bed["rows"], indent=1))
@@ -252,11 +308,40 @@ def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, loss
     name = "pull-timer-%s" % ("lossy" if lossy else "healthy")
     overlay(bed, lossy, note=name)
     run(["git", "-C", str(work), "add", "-A"], env, REPO)
-    run(["git", "-C", str(work), "-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "--quiet", "-m", name], env, REPO)
+    run(
+        [
+            "git",
+            "-C",
+            str(work),
+            "-c",
+            "user.name=ci",
+            "-c",
+            "user.email=ci@localhost",
+            "commit",
+            "--quiet",
+            "-m",
+            name,
+        ],
+        env,
+        REPO,
+    )
     run(["git", "-C", str(work), "push", "--quiet", "--force", str(bare), "HEAD:main"], env, REPO)
     checkout, marker = home / "checkout", home / "run-in-progress"
-    pull = [shutil.which("ansible-pull"), "--url", str(bare), "--checkout", "main", "--directory", str(checkout), "--only-if-changed",
-            "--inventory", "inventories/lab/hosts.yml", "--limit", "ct200", "site.yml"]
+    pull = [
+        shutil.which("ansible-pull"),
+        "--url",
+        str(bare),
+        "--checkout",
+        "main",
+        "--directory",
+        str(checkout),
+        "--only-if-changed",
+        "--inventory",
+        "inventories/lab/hosts.yml",
+        "--limit",
+        "ct200",
+        "site.yml",
+    ]
     reports = bed["base"] / ("reports-%s" % name)
     pull_env = dict(env, DDTREE_ROLLOUT_REPORT_DIR=str(reports), DDTREE_ROLLOUT_TRIGGER="pull timer")
     kill_env = killed_at_task(pull_env, KILL_POINTS["restarted"][0], bed["base"] / "killed")
@@ -269,18 +354,31 @@ def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, loss
         skipped = run(pull, pull_env, home, check=False)
         assert "Repository has not changed" in skipped.stdout + skipped.stderr
         # systemd's ExecStopPost after the kill, then the next tick's ExecStartPre and ExecStart.
-        run([str(PULL_GUARD), "stop", str(checkout), str(marker)], dict(env, SERVICE_RESULT="signal", EXIT_STATUS="KILL"), home)
+        run(
+            [str(PULL_GUARD), "stop", str(checkout), str(marker)],
+            dict(env, SERVICE_RESULT="signal", EXIT_STATUS="KILL"),
+            home,
+        )
         assert "did not finish" in run([str(PULL_GUARD), "start", str(checkout), str(marker)], env, home).stdout
         proc = run(pull, pull_env, home, check=False)
-        ended = dict(env, SERVICE_RESULT="success" if proc.returncode == 0 else "exit-code", EXIT_STATUS=str(proc.returncode))
+        ended = dict(
+            env, SERVICE_RESULT="success" if proc.returncode == 0 else "exit-code", EXIT_STATUS=str(proc.returncode)
+        )
         run([str(PULL_GUARD), "stop", str(checkout), str(marker)], ended, home)
         state = host_state(bed)
     assert "Repository has not changed" not in proc.stdout + proc.stderr and not marker.exists()
     report = json.loads((reports / "rollout.json").read_text())
     coder = report["hosts"][0]["services"][0]
-    row = {"cell": name, "killed": killed, "after": state, "rc": proc.returncode, "status": report["hosts"][0]["status"],
-           "note": (coder.get("recovery") or {}).get("note"), "seconds": round(time.monotonic() - started),
-           "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count)}
+    row = {
+        "cell": name,
+        "killed": killed,
+        "after": state,
+        "rc": proc.returncode,
+        "status": report["hosts"][0]["status"],
+        "note": (coder.get("recovery") or {}).get("note"),
+        "seconds": round(time.monotonic() - started),
+        "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count),
+    }
     bed["rows"].append(row)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "interrupted-matrix.json").write_text(json.dumps(bed["rows"], indent=1))
@@ -299,8 +397,12 @@ def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, loss
 
 # coder tuned on its own GPUs (docs/autotune.md, "In the host's rollout window"): two trials (DFLASH, DDTREE
 # budget 4 top_k 4), so the host's own restore fires (2 + 1) x (60 + 30) = 270 s after it was armed.
-WINDOW_VARS = {"sglang_service_start_timeout": 60, "sglang_service_autotune_window_measure_allowance": 30,
-               "sglang_service_autotune_max_tokens": 16, "sglang_service_autotune_floor_margin": 0.5}
+WINDOW_VARS = {
+    "sglang_service_start_timeout": 60,
+    "sglang_service_autotune_window_measure_allowance": 30,
+    "sglang_service_autotune_max_tokens": 16,
+    "sglang_service_autotune_floor_margin": 0.5,
+}
 WINDOW_RESTORE_S = 270
 
 
@@ -312,41 +414,89 @@ def test_a_run_killed_while_coder_is_tuned_on_its_own_gpus_leaves_ct200_serving_
     started, good = time.monotonic(), bed["good"]
     tuned_after = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     coder = dict(yaml.safe_load((REPO / "inventories/lab/group_vars/blackwell.yml").read_text())["sglang_services"][0])
-    coder["speculative"] = {"algorithm": "DDTREE", "autotune": {"budgets": [4], "top_k": [4], "concurrency": [1], "min_gain": 0.0,
-                                                                "own_gpus": True}}
+    coder["speculative"] = {
+        "algorithm": "DDTREE",
+        "autotune": {"budgets": [4], "top_k": [4], "concurrency": [1], "min_gain": 0.0, "own_gpus": True},
+    }
     extra_vars = bed["base"] / "own-window.json"
     extra_vars.write_text(json.dumps(dict(WINDOW_VARS, sglang_services=[coder])))
     extra = ["-e", "@%s" % extra_vars]
     overlay(bed, False, note="healthy own-window %d" % time.time())  # a new release: a tuning to cut short
     with Answering(bed) as ct129:
-        playbook(bed, "playbooks/services.yml", bed["base"] / "killed-own-window.json", kill_at="Measure it: ", kill_after=1, extra=extra)
+        playbook(
+            bed,
+            "playbooks/services.yml",
+            bed["base"] / "killed-own-window.json",
+            kill_at="Measure it: ",
+            kill_after=1,
+            extra=extra,
+        )
         killed_at = time.monotonic()
         killed = host_state(bed)
-        units = on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder-autotune-restore.timer", "sglang-coder-autotune.service",
-                        check=False).split()
+        units = on_host(
+            bed,
+            "ct200",
+            "systemctl",
+            "is-active",
+            "sglang-coder-autotune-restore.timer",
+            "sglang-coder-autotune.service",
+            check=False,
+        ).split()
         # The host restores coder by itself: nothing from the controller until it has.
         deadline = killed_at + WINDOW_RESTORE_S + 90
-        while time.monotonic() < deadline and on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder.service", check=False) != "active":
+        while (
+            time.monotonic() < deadline
+            and on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder.service", check=False) != "active"
+        ):
             time.sleep(5)
         restored_after = round(time.monotonic() - killed_at)
         restored = host_state(bed)
-        left = on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder-autotune-restore.timer", "sglang-coder-autotune.service",
-                       check=False).split()
+        left = on_host(
+            bed,
+            "ct200",
+            "systemctl",
+            "is-active",
+            "sglang-coder-autotune-restore.timer",
+            "sglang-coder-autotune.service",
+            check=False,
+        ).split()
         # Active is not answering yet: the server starts behind its unit.
-        answer = on_host(bed, "ct200", "python3", "-c", "import time, urllib.request\nfor _ in range(120):\n  try:\n"
-                         "    print(urllib.request.urlopen('http://127.0.0.1:30000/health', timeout=10).status); break\n"
-                         "  except OSError:\n    time.sleep(1)", check=False)
+        answer = on_host(
+            bed,
+            "ct200",
+            "python3",
+            "-c",
+            "import time, urllib.request\nfor _ in range(120):\n  try:\n"
+            "    print(urllib.request.urlopen('http://127.0.0.1:30000/health', timeout=10).status); break\n"
+            "  except OSError:\n    time.sleep(1)",
+            check=False,
+        )
         report_path = bed["base"] / "rerun-own-window.json"
         proc = playbook(bed, "site.yml", report_path, extra=extra)
         state = host_state(bed)
         tuning = json.loads(on_host(bed, "ct200", "cat", "/var/lib/sglang/coder/autotune.json"))
-        after_units = on_host(bed, "ct200", "systemctl", "is-active", "sglang-coder-autotune-restore.timer", "sglang-coder-autotune.service",
-                              check=False).split()
+        after_units = on_host(
+            bed,
+            "ct200",
+            "systemctl",
+            "is-active",
+            "sglang-coder-autotune-restore.timer",
+            "sglang-coder-autotune.service",
+            check=False,
+        ).split()
     report = json.loads(report_path.read_text())
-    row = {"cell": "own-gpus-tuning", "killed": killed, "after": state, "rc": proc.returncode, "status": report["hosts"][0]["status"],
-           "note": "killed with coder stopped for its grid (timer %s, trial %s); the host restarted coder %d s after the kill "
-                   "(%s, /health %s)" % (units[0], units[1], restored_after, restored["current"][:12] if restored["current"] else "-", answer),
-           "seconds": round(time.monotonic() - started), "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count)}
+    row = {
+        "cell": "own-gpus-tuning",
+        "killed": killed,
+        "after": state,
+        "rc": proc.returncode,
+        "status": report["hosts"][0]["status"],
+        "note": "killed with coder stopped for its grid (timer %s, trial %s); the host restarted coder %d s after the kill "
+        "(%s, /health %s)"
+        % (units[0], units[1], restored_after, restored["current"][:12] if restored["current"] else "-", answer),
+        "seconds": round(time.monotonic() - started),
+        "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count),
+    }
     bed["rows"].append(row)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "interrupted-matrix.json").write_text(json.dumps(bed["rows"], indent=1))
@@ -374,6 +524,20 @@ def test_print_the_matrix(bed):
     print("\nkill point x release -> after the kill -> after the re-run (site.yml -l ct200)")
     for row in bed["rows"]:
         killed, after = row["killed"], row["after"]
-        print("%-18s killed: current=%s unit=%s verdict=%s | re-run rc=%d: current=%s unit=%s verdict=%s status=%r | %s | %s s | ct129 %s" % (
-            row["cell"], (killed["current"] or "-")[:12], killed["unit"], killed["verdict"], row["rc"], (after["current"] or "-")[:12],
-            after["unit"], after["verdict"], row["status"], row["note"] or "-", row["seconds"], row["ct129"]))
+        print(
+            "%-18s killed: current=%s unit=%s verdict=%s | re-run rc=%d: current=%s unit=%s verdict=%s status=%r | %s | %s s | ct129 %s"
+            % (
+                row["cell"],
+                (killed["current"] or "-")[:12],
+                killed["unit"],
+                killed["verdict"],
+                row["rc"],
+                (after["current"] or "-")[:12],
+                after["unit"],
+                after["verdict"],
+                row["status"],
+                row["note"] or "-",
+                row["seconds"],
+                row["ct129"],
+            )
+        )

@@ -18,7 +18,9 @@ def fake_nvidia_smi(tmp_path):
          rc=0, stdout=None) -> path. With stdout set, it prints that for every query and exits rc.
     """
 
-    def make(captures=None, gpu="query_gpu.csv", apps="query_apps.csv", version="nvidia_smi_version.txt", rc=0, stdout=None):
+    def make(
+        captures=None, gpu="query_gpu.csv", apps="query_apps.csv", version="nvidia_smi_version.txt", rc=0, stdout=None
+    ):
         script = tmp_path / "nvidia-smi"
         if stdout is not None:
             body = "cat <<'OUT'\n%s\nOUT\nexit %d\n" % (stdout, rc)

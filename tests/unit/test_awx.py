@@ -39,17 +39,27 @@ def test_a_playbook_under_ansible_runner_writes_the_rollout_reports(tmp_path):
     private = tmp_path / "private"
     (private / "inventory").mkdir(parents=True)
     (private / "inventory" / "hosts").write_text(
-        "localhost ansible_connection=local ansible_python_interpreter=%s\n" % sys.executable)
+        "localhost ansible_connection=local ansible_python_interpreter=%s\n" % sys.executable
+    )
     reports = tmp_path / "reports"
     result = ansible_runner.run(
         private_data_dir=str(private),
         project_dir=str(REPO),
         playbook="playbooks/lock.yml",
-        extravars={"sglang_services": [], "sglang_service_root": str(tmp_path / "opt"), "ddtree_rollout_lock_timeout": 0},
-        envvars={"DDTREE_ROLLOUT_REPORT_DIR": str(reports), "DDTREE_LOCK_DIR": str(tmp_path / "locks"),
-                 "DDTREE_CACHE": str(tmp_path / "cache"), "DDTREE_ROLLOUT_TRIGGER": "awx job 42",
-                 "DDTREE_ROLLOUT_REVISION": "c" * 40, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
-                 "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")},
+        extravars={
+            "sglang_services": [],
+            "sglang_service_root": str(tmp_path / "opt"),
+            "ddtree_rollout_lock_timeout": 0,
+        },
+        envvars={
+            "DDTREE_ROLLOUT_REPORT_DIR": str(reports),
+            "DDTREE_LOCK_DIR": str(tmp_path / "locks"),
+            "DDTREE_CACHE": str(tmp_path / "cache"),
+            "DDTREE_ROLLOUT_TRIGGER": "awx job 42",
+            "DDTREE_ROLLOUT_REVISION": "c" * 40,
+            "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"),
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        },
         quiet=True,
     )
     assert (result.status, result.rc) == ("successful", 0), result.stdout.read()[-3000:]

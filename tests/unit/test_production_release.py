@@ -21,7 +21,9 @@ from ansible_collections.ddtree.sglang.plugins.modules import overlay_build
 # A path part or a text that only lab or fault-injection code has.
 LAB_PATH = re.compile(r"(^|/)(lab|lab_runtime|ddtree_lab_runtime|molecule)(/|$)|release_fault|(^|/)faults?\.py$")
 # What galaxy.yml's build_ignore leaves out of the artifact.
-NOT_SHIPPED = re.compile(r"^(lab|molecule|collections|inventories/lab|\.cache|\.gpuwhl)/|__pycache__|\.egg-info|\.pytest_cache")
+NOT_SHIPPED = re.compile(
+    r"^(lab|molecule|collections|inventories/lab|\.cache|\.gpuwhl)/|__pycache__|\.egg-info|\.pytest_cache"
+)
 LAB_TEXT = re.compile(r"LAB_RUNTIME_FAULT|release_fault|ddtree_lab_runtime|lab_runtime|crash_at_start")
 
 
@@ -37,19 +39,30 @@ def lab_code(names_and_texts):
 
 
 def test_the_rule_catches_what_the_overlay_used_to_ship():
-    assert lab_code([("sglang_overlay/lab_runtime/faults.py", None), ("sglang_overlay/release_fault.py", None),
-                     ("sglang_overlay/core/x.py", "FAULT = os.environ['LAB_RUNTIME_FAULT']")]) == [
-        ("sglang_overlay/lab_runtime/faults.py", "path"), ("sglang_overlay/release_fault.py", "path"),
-        ("sglang_overlay/core/x.py", "mentions LAB_RUNTIME_FAULT")]
+    assert lab_code(
+        [
+            ("sglang_overlay/lab_runtime/faults.py", None),
+            ("sglang_overlay/release_fault.py", None),
+            ("sglang_overlay/core/x.py", "FAULT = os.environ['LAB_RUNTIME_FAULT']"),
+        ]
+    ) == [
+        ("sglang_overlay/lab_runtime/faults.py", "path"),
+        ("sglang_overlay/release_fault.py", "path"),
+        ("sglang_overlay/core/x.py", "mentions LAB_RUNTIME_FAULT"),
+    ]
     assert lab_code([("sglang_overlay/core/tree.py", "def build_tree(): ...")]) == []
 
 
 def test_the_production_overlay_wheel_has_no_lab_or_fault_code(tmp_path, capsys):
-    code, result = run_module(overlay_build, {"source": str(REPO_ROOT / "sglang_overlay"), "dest": str(tmp_path)}, capsys)
+    code, result = run_module(
+        overlay_build, {"source": str(REPO_ROOT / "sglang_overlay"), "dest": str(tmp_path)}, capsys
+    )
     assert code == 0, result.get("msg")
     with zipfile.ZipFile(result["wheel"]) as wheel:
-        members = [(name, wheel.read(name).decode("utf-8", "replace") if name.endswith((".py", ".txt", "METADATA")) else None)
-                   for name in wheel.namelist()]
+        members = [
+            (name, wheel.read(name).decode("utf-8", "replace") if name.endswith((".py", ".txt", "METADATA")) else None)
+            for name in wheel.namelist()
+        ]
     assert any(name == "sglang_overlay/core/tree.py" for name, _text in members)  # it is the overlay
     assert lab_code(members) == []
 
@@ -58,8 +71,12 @@ def test_the_galaxy_artifact_has_no_lab_or_fault_code(tmp_path):
     galaxy = Path(sys.executable).with_name("ansible-galaxy")
     if not galaxy.exists():
         pytest.skip("ansible-galaxy is not beside this Python (run through scripts/test)")
-    subprocess.run([str(galaxy), "collection", "build", "--output-path", str(tmp_path), str(REPO_ROOT)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [str(galaxy), "collection", "build", "--output-path", str(tmp_path), str(REPO_ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (artifact,) = tmp_path.glob("*.tar.gz")
     with tarfile.open(artifact) as tar:
         members = []
@@ -67,7 +84,11 @@ def test_the_galaxy_artifact_has_no_lab_or_fault_code(tmp_path):
             text = None
             # The code that runs on hosts or controllers (the docs may say what the lab sets; the tests
             # name what they look for).
-            if member.isfile() and member.name.endswith(".py") and member.name.startswith(("plugins/", "roles/", "sglang_overlay/src/")):
+            if (
+                member.isfile()
+                and member.name.endswith(".py")
+                and member.name.startswith(("plugins/", "roles/", "sglang_overlay/src/"))
+            ):
                 text = tar.extractfile(member).read().decode("utf-8", "replace")
             members.append((member.name, text))
     assert any(name == "sglang_overlay/src/sglang_overlay/core/tree.py" for name, _text in members)

@@ -9,13 +9,15 @@
   role's defaults for them are the gate's defaults.
 """
 
-import re
-
 import pytest
 import yaml
 from conftest import REPO_ROOT
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import GATE_OPTIONS, GATE_SETTINGS, options_table
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import (
+    GATE_OPTIONS,
+    GATE_SETTINGS,
+    options_table,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import SERVICE_FIELDS
 from ansible_collections.ddtree.sglang.plugins.modules import service_plan, sglang_health
 
@@ -58,32 +60,54 @@ def differences(label_a, a, label_b, b, path=""):
         left, right = dict(a[name]), dict(b[name])
         for key in sorted((set(left) | set(right)) - {"options"}):
             if left.get(key) != right.get(key):
-                found.append("%s.%s: %s says %r, %s says %r" % (where, key, label_a, left.get(key), label_b, right.get(key)))
+                found.append(
+                    "%s.%s: %s says %r, %s says %r" % (where, key, label_a, left.get(key), label_b, right.get(key))
+                )
         found += differences(label_a, left.get("options", {}), label_b, right.get("options", {}), where + ".")
     return found
 
 
 # ---- a service's fields ----------------------------------------------------------------------------
 
+
 def test_service_fields_are_the_same_in_the_role_and_in_service_plan():
     role = shape(role_service_fields())
-    assert differences("the role's argument spec", role, "service_plan's argument spec", shape(service_plan.SERVICE_OPTIONS)) == []
-    assert differences("the role's argument spec", role, "service_plan's DOCUMENTATION",
-                       shape(documented(service_plan)["services"]["suboptions"])) == []
+    assert (
+        differences(
+            "the role's argument spec", role, "service_plan's argument spec", shape(service_plan.SERVICE_OPTIONS)
+        )
+        == []
+    )
+    assert (
+        differences(
+            "the role's argument spec",
+            role,
+            "service_plan's DOCUMENTATION",
+            shape(documented(service_plan)["services"]["suboptions"]),
+        )
+        == []
+    )
 
 
 # ---- the gate's options ----------------------------------------------------------------------------
 
+
 def test_gate_options_are_the_same_in_the_module_code_and_its_documentation():
-    assert differences("ARGUMENT_SPEC", shape(sglang_health.ARGUMENT_SPEC), "DOCUMENTATION", shape(documented(sglang_health))) == []
+    assert (
+        differences(
+            "ARGUMENT_SPEC", shape(sglang_health.ARGUMENT_SPEC), "DOCUMENTATION", shape(documented(sglang_health))
+        )
+        == []
+    )
 
 
 def test_docs_health_gate_md_holds_the_table_made_from_the_declarations():
     text = GATE_DOC.read_text()
-    table = text[text.index("| option | type | default | meaning |"):].split("\n\n")[0] + "\n"
+    table = text[text.index("| option | type | default | meaning |") :].split("\n\n")[0] + "\n"
     assert table == options_table(), (
         "docs/health-gate.md's option table is not the one made from gate_options.GATE_OPTIONS: "
-        "replace it with the output of `python plugins/module_utils/gate_options.py`")
+        "replace it with the output of `python plugins/module_utils/gate_options.py`"
+    )
 
 
 def test_every_declared_option_has_a_doc_line_and_a_known_type():
@@ -103,11 +127,18 @@ def test_the_role_defaults_of_the_gate_settings_are_the_gates_own():
 
 # ---- per-service gate settings ---------------------------------------------------------------------
 
-@pytest.mark.parametrize("where, settings", [
-    ("the role's argument spec", lambda: role_service_fields()["health"]["options"]),
-    ("service_plan's argument spec", lambda: service_plan.SERVICE_OPTIONS["health"]["options"]),
-    ("service_plan's DOCUMENTATION", lambda: documented(service_plan)["services"]["suboptions"]["health"]["suboptions"]),
-])
+
+@pytest.mark.parametrize(
+    "where, settings",
+    [
+        ("the role's argument spec", lambda: role_service_fields()["health"]["options"]),
+        ("service_plan's argument spec", lambda: service_plan.SERVICE_OPTIONS["health"]["options"]),
+        (
+            "service_plan's DOCUMENTATION",
+            lambda: documented(service_plan)["services"]["suboptions"]["health"]["suboptions"],
+        ),
+    ],
+)
 def test_per_service_gate_settings_are_gate_options_of_the_gates_type(where, settings):
     settings = shape(settings())
     assert sorted(settings) == sorted(GATE_SETTINGS), "%s lists other settings than gate_options.GATE_SETTINGS" % where

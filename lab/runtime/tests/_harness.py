@@ -84,15 +84,22 @@ class HTTPResult:
 class Runtime:
     """One lab runtime process (started by this test run; stopped only through its own PID)."""
 
-    def __init__(self, name: str, tmp: pathlib.Path, args: list, env: Optional[dict] = None,
-                 pythonpath: Optional[list] = None, model: str = MODEL):
+    def __init__(
+        self,
+        name: str,
+        tmp: pathlib.Path,
+        args: list,
+        env: Optional[dict] = None,
+        pythonpath: Optional[list] = None,
+        model: str = MODEL,
+    ):
         self.name = name
         self.port = free_port()
         self.log_path = tmp / f"{name}.log"
-        self.argv = [sys.executable, "-m", "ddtree_lab_runtime", "--model-path", model,
-                     "--port", str(self.port), *args]
-        full_env = {k: v for k, v in os.environ.items()
-                    if not k.startswith(("LAB_", "SGLANG_")) and k != "CUDA_VISIBLE_DEVICES"}
+        self.argv = [sys.executable, "-m", "ddtree_lab_runtime", "--model-path", model, "--port", str(self.port), *args]
+        full_env = {
+            k: v for k, v in os.environ.items() if not k.startswith(("LAB_", "SGLANG_")) and k != "CUDA_VISIBLE_DEVICES"
+        }
         # The given directories first (they may hide packages), then the runtime's source, then the test
         # run's own path, which holds the overlay under test (scripts/run-tests).
         inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -100,8 +107,9 @@ class Runtime:
         full_env["LAB_RUNTIME_LOAD_SECONDS"] = "0.2"
         full_env.update(env or {})
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=full_env, stdin=subprocess.DEVNULL
+        )
         self.started = time.monotonic()
 
     @property
@@ -135,8 +143,9 @@ class Runtime:
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
-    def request(self, method: str, path: str, payload=None, key: Optional[str] = None,
-                timeout: float = 30.0) -> HTTPResult:
+    def request(
+        self, method: str, path: str, payload=None, key: Optional[str] = None, timeout: float = 30.0
+    ) -> HTTPResult:
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -155,8 +164,9 @@ class Runtime:
     def post(self, path: str, payload, **kw) -> HTTPResult:
         return self.request("POST", path, payload, **kw)
 
-    def generate(self, text: str, max_new_tokens: int = 96, key: Optional[str] = None, timeout: float = 30.0,
-                 **sampling) -> dict:
+    def generate(
+        self, text: str, max_new_tokens: int = 96, key: Optional[str] = None, timeout: float = 30.0, **sampling
+    ) -> dict:
         params = {"temperature": 0, "max_new_tokens": max_new_tokens, **sampling}
         res = self.post("/generate", {"text": text, "sampling_params": params}, key=key, timeout=timeout)
         assert res.status == 200, (res.status, res.text, self.log()[-3000:])

@@ -23,8 +23,10 @@ sys.path.insert(0, str(REPO / "tests" / "gpu_sglang"))
 import record_conformance  # noqa: E402
 
 # Cases the lab answers with a 400 of SGLang's error shape instead of what SGLang does.
-REFUSED = {"chat_logprobs": "logprobs are not supported by the lab runtime",
-           "completions_logprobs": "logprobs are not supported by the lab runtime"}
+REFUSED = {
+    "chat_logprobs": "logprobs are not supported by the lab runtime",
+    "completions_logprobs": "logprobs are not supported by the lab runtime",
+}
 # Cases whose error message the lab copies word for word.
 SAME_MESSAGE = {"chat_empty_messages", "chat_max_tokens_negative", "completions_empty_prompt", "chat_text_plain"}
 NOT_COMPARED = {"server_info", "chat_without_chat_template", "health"}  # server_args differ; no template case
@@ -33,8 +35,12 @@ NOT_COMPARED = {"server_info", "chat_without_chat_template", "health"}  # server
 @pytest.fixture(scope="module")
 def answers(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("conformance")
-    runtime = Runtime("ddtree", tmp, ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", DRAFT],
-                      pythonpath=[make_lab_stack_shadow(tmp)])
+    runtime = Runtime(
+        "ddtree",
+        tmp,
+        ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", DRAFT],
+        pythonpath=[make_lab_stack_shadow(tmp)],
+    )
     try:
         assert runtime.wait_for("The server is fired up and ready to roll!"), runtime.log()[-4000:]
         record_conformance.record_all(runtime.url(""), str(tmp / "lab"))
@@ -83,7 +89,9 @@ def collapse(kinds):
     return out
 
 
-CASES = sorted(path.stem for path in REAL.glob("*.json") if not path.stem.startswith("_") and path.stem not in NOT_COMPARED)
+CASES = sorted(
+    path.stem for path in REAL.glob("*.json") if not path.stem.startswith("_") and path.stem not in NOT_COMPARED
+)
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -139,7 +147,9 @@ def test_usage_stops_at_the_stop_string_under_speculative_decoding(answers):
     # word = 6), not the whole accepted block. The lab's tokens are bytes, so that is the bytes of the
     # text and of the stop string.
     real = load(REAL, "completions_stop")["body"]
-    assert real["usage"]["completion_tokens"] == len((real["choices"][0]["text"] + real["choices"][0]["matched_stop"]).split())
+    assert real["usage"]["completion_tokens"] == len(
+        (real["choices"][0]["text"] + real["choices"][0]["matched_stop"]).split()
+    )
     for name in ("completions_stop", "chat_stop"):
         body = load(answers, name)["body"]
         choice = body["choices"][0]
@@ -151,7 +161,9 @@ def test_usage_stops_at_the_stop_string_under_speculative_decoding(answers):
 def test_streams_never_send_part_of_the_stop_string(answers):
     for name in ("chat_stop_stream_usage", "completions_stop_stream"):
         events = [chunk for chunk in load(answers, name)["events"] if chunk != "[DONE]" and chunk["choices"]]
-        text = "".join(c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or "" for c in events)
+        text = "".join(
+            c["choices"][0].get("text") or c["choices"][0].get("delta", {}).get("content") or "" for c in events
+        )
         stop = [c["choices"][0]["matched_stop"] for c in events if c["choices"][0].get("finish_reason")][0]
         assert stop and stop not in text and not any(text.endswith(stop[:k]) for k in range(1, len(stop)))
 

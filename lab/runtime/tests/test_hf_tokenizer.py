@@ -1,7 +1,6 @@
 """The lab model's Hugging Face tokenizer files encode, decode and template exactly as the runtime does."""
 
 import pytest
-
 from ddtree_lab_runtime.hf_tokenizer import write
 from ddtree_lab_runtime.tokenizer import ByteTokenizer
 
@@ -27,6 +26,7 @@ def test_same_ids_and_text_as_the_runtime(hf, text):
 
 def test_same_chat_template_and_eos(hf):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-    assert hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
-        ByteTokenizer().apply_chat_template(messages)
+    assert hf.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    ) == ByteTokenizer().apply_chat_template(messages)
     assert hf.eos_token_id == ByteTokenizer.eos_token_id and len(hf) == ByteTokenizer.vocab_size

@@ -48,8 +48,11 @@ SPEC = ["--speculative-draft-model-path", DRAFT]
 FLEET = {
     # name: (flags, env, needs the broken plugin)
     "none": (["--enable-metrics", "--api-key", KEY, "--served-model-name", "lab-8b"], {}, False),
-    "ddtree": (["--enable-metrics", "--speculative-algorithm", "DDTREE", *SPEC, "--speculative-ddtree-budget", "10"],
-               {"SGLANG_DDTREE_TOP_K": "4"}, False),
+    "ddtree": (
+        ["--enable-metrics", "--speculative-algorithm", "DDTREE", *SPEC, "--speculative-ddtree-budget", "10"],
+        {"SGLANG_DDTREE_TOP_K": "4"},
+        False,
+    ),
     "dflash": (["--speculative-algorithm", "DFLASH", *SPEC], {}, False),
     "eagle": (["--speculative-algorithm", "EAGLE", "--speculative-draft-model-path", "/models/lab-eagle"], {}, False),
     "nextn": (["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "2"], {}, False),
@@ -57,7 +60,11 @@ FLEET = {
     "crash_at_start": ([], {"LAB_RUNTIME_FAULT": "crash_at_start"}, False),
     "crash_after": ([], {"LAB_RUNTIME_FAULT": "crash_after:1"}, False),
     "hang": ([], {"LAB_RUNTIME_FAULT": "hang", "SGLANG_HEALTH_CHECK_TIMEOUT": "2"}, False),
-    "slow": ([], {"LAB_RUNTIME_FAULT": "slow:25", "CUDA_VISIBLE_DEVICES": "3,1", "LAB_RUNTIME_DRAIN_SECONDS": "8"}, False),
+    "slow": (
+        [],
+        {"LAB_RUNTIME_FAULT": "slow:25", "CUDA_VISIBLE_DEVICES": "3,1", "LAB_RUNTIME_DRAIN_SECONDS": "8"},
+        False,
+    ),
     "degenerate": ([], {"LAB_RUNTIME_FAULT": "degenerate", "LAB_RUNTIME_LOAD_SECONDS": "2"}, False),
     "bad_flag": (["--no-such-flag", "1"], {}, False),
     "unknown_algorithm": (["--speculative-algorithm", "FOO", *SPEC], {}, False),
@@ -98,7 +105,10 @@ def test_startup_markers_in_sglang_order(fleet, name):
     runtime = ready(fleet, name)
     log = runtime.log()
     positions = marker_positions(
-        log, "Load weight begin", "Load weight end", f"Uvicorn running on http://127.0.0.1:{runtime.port}",
+        log,
+        "Load weight begin",
+        "Load weight end",
+        f"Uvicorn running on http://127.0.0.1:{runtime.port}",
         "The server is fired up and ready to roll!",
     )
     assert all(p >= 0 for p in positions), log[-3000:]
@@ -166,20 +176,23 @@ def test_generation_endpoints_native_and_openai(fleet):
     assert meta["completion_tokens"] == 40 and meta["prompt_tokens"] == len(PROMPTS[0])
     assert len(native["text"]) > 20 and len(set(native["text"])) > 8
 
-    comp = rt.post("/v1/completions", {"model": "lab-8b", "prompt": PROMPTS[0], "max_tokens": 40,
-                                       "temperature": 0}, key=KEY).json()
+    comp = rt.post(
+        "/v1/completions", {"model": "lab-8b", "prompt": PROMPTS[0], "max_tokens": 40, "temperature": 0}, key=KEY
+    ).json()
     assert comp["object"] == "text_completion" and comp["choices"][0]["text"] == native["text"]
     assert comp["usage"]["completion_tokens"] == 40
 
     messages = [{"role": "user", "content": "Tell me about the river."}]
-    chat = rt.post("/v1/chat/completions", {"model": "lab-8b", "messages": messages, "max_tokens": 60,
-                                            "temperature": 0}, key=KEY).json()
+    chat = rt.post(
+        "/v1/chat/completions", {"model": "lab-8b", "messages": messages, "max_tokens": 60, "temperature": 0}, key=KEY
+    ).json()
     content = chat["choices"][0]["message"]["content"]
     assert chat["object"] == "chat.completion" and chat["choices"][0]["finish_reason"] == "length"
     assert len(content) > 20 and len(set(content)) > 8
 
-    streamed = rt.post("/v1/chat/completions", {"messages": messages, "max_tokens": 60, "temperature": 0,
-                                                "stream": True}, key=KEY)
+    streamed = rt.post(
+        "/v1/chat/completions", {"messages": messages, "max_tokens": 60, "temperature": 0, "stream": True}, key=KEY
+    )
     events = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
@@ -202,10 +215,13 @@ def test_generation_endpoints_native_and_openai(fleet):
 
 def test_api_key_like_sglang(fleet):
     rt = ready(fleet, "none")
-    for method, path, payload in [("GET", "/v1/models", None), ("GET", "/server_info", None),
-                                  ("GET", "/model_info", None),
-                                  ("POST", "/generate", {"text": "hi"}),
-                                  ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})]:
+    for method, path, payload in [
+        ("GET", "/v1/models", None),
+        ("GET", "/server_info", None),
+        ("GET", "/model_info", None),
+        ("POST", "/generate", {"text": "hi"}),
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ]:
         for key in (None, "wrong"):
             res = rt.request(method, path, payload, key=key)
             assert res.status == 401 and res.json() == {"error": "Unauthorized"}, (path, key, res.status)
@@ -307,8 +323,10 @@ def test_incident_broken_plugin_gives_bangs_while_models_and_health_answer(fleet
     rt = ready(fleet, "incident")
     assert rt.get("/v1/models").status == 200
     assert rt.get("/health").status == 200  # health only needs one token
-    chat = rt.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hello."}],
-                                            "max_tokens": 24, "temperature": 0}).json()
+    chat = rt.post(
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 24, "temperature": 0},
+    ).json()
     assert chat["choices"][0]["message"]["content"] == "!" * 24
     assert rt.generate(PROMPTS[0], max_new_tokens=16)["text"] == "!" * 16
     info = rt.get("/server_info").json()
@@ -323,8 +341,9 @@ def test_incident_broken_plugin_gives_bangs_while_models_and_health_answer(fleet
 def _assert_sglang_fatal(runtime: Runtime) -> str:
     assert runtime.wait_exit() == -signal.SIGKILL  # systemd: status=9/KILL
     log = runtime.log()
-    positions = marker_positions(log, "Scheduler hit an exception", "Traceback (most recent call last)",
-                                 "Received sigquit from a child process")
+    positions = marker_positions(
+        log, "Scheduler hit an exception", "Traceback (most recent call last)", "Received sigquit from a child process"
+    )
     assert all(p >= 0 for p in positions) and positions == sorted(positions), log[-3000:]
     return log
 
@@ -367,11 +386,16 @@ def test_fault_degenerate(fleet):
 def _lab_nvidia_smi_pids(tmp_path) -> set:
     config = tmp_path / "nvidia-smi.json"
     models = json.loads(GPU_MODELS.read_text())
-    config.write_text(json.dumps({"model": models["rtx-a6000"], "count": 4, "driver_version": "580.159.04",
-                                  "cuda_version": "13.0"}))
-    out = subprocess.run([sys.executable, str(LAB_NVIDIA_SMI), "--query-compute-apps=pid,gpu_uuid",
-                          "--format=csv,noheader"], capture_output=True, text=True, check=True,
-                         env={**os.environ, "LAB_NVIDIA_SMI_CONFIG": str(config)})
+    config.write_text(
+        json.dumps({"model": models["rtx-a6000"], "count": 4, "driver_version": "580.159.04", "cuda_version": "13.0"})
+    )
+    out = subprocess.run(
+        [sys.executable, str(LAB_NVIDIA_SMI), "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "LAB_NVIDIA_SMI_CONFIG": str(config)},
+    )
     return {int(line.split(",")[0]) for line in out.stdout.splitlines() if line.strip()}
 
 

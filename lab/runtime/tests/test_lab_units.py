@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
 from ddtree_lab_runtime import decoding
 from ddtree_lab_runtime.decoding import DecodePlan, Decoder, SamplingParams
 from ddtree_lab_runtime.faults import LabConfigError, LabEnv, parse_faults
@@ -30,8 +29,12 @@ def target():
 
 def greedy(decoder, prompt, n=80):
     out = []
-    stats = decoder.generate(TOK.encode(prompt), SamplingParams(max_new_tokens=n, temperature=0.0),
-                             lambda chunk: out.extend(chunk) or True, stop_ids=TOK.stop_token_ids)
+    stats = decoder.generate(
+        TOK.encode(prompt),
+        SamplingParams(max_new_tokens=n, temperature=0.0),
+        lambda chunk: out.extend(chunk) or True,
+        stop_ids=TOK.stop_token_ids,
+    )
     return out, stats
 
 
@@ -130,7 +133,9 @@ def test_the_server_average_counts_only_whole_decode_log_intervals():
 
 def test_ddtree_tree_accepts_more_than_its_first_rank_chain(target):
     tree = Decoder(target, PLANS["ddtree-15x8"])
-    chain = Decoder(target, DecodePlan("ddtree", draft_len=15, budget=15, top_k=1, num_draft_tokens=16, draft_path="/d"))
+    chain = Decoder(
+        target, DecodePlan("ddtree", draft_len=15, budget=15, top_k=1, num_draft_tokens=16, draft_path="/d")
+    )
     steps_tree = sum(greedy(tree, p, 120)[1].spec_verify_ct for p in PROMPTS)
     steps_chain = sum(greedy(chain, p, 120)[1].spec_verify_ct for p in PROMPTS)
     assert steps_tree < steps_chain
@@ -138,8 +143,11 @@ def test_ddtree_tree_accepts_more_than_its_first_rank_chain(target):
 
 def test_a_broken_verify_mask_is_caught(target, monkeypatch):
     """Control: with a causal (not ancestor-only) mask the verify rows are wrong."""
-    monkeypatch.setattr(decoding._overlay_core(), "ancestor_mask", lambda tree: torch.tril(torch.ones(
-        tree.batch_size, tree.num_slots, tree.num_slots, dtype=torch.bool)))
+    monkeypatch.setattr(
+        decoding._overlay_core(),
+        "ancestor_mask",
+        lambda tree: torch.tril(torch.ones(tree.batch_size, tree.num_slots, tree.num_slots, dtype=torch.bool)),
+    )
     spec = Decoder(target, PLANS["ddtree-15x8"])
     with pytest.raises(RuntimeError, match="tree verify inputs disagree"):
         greedy(spec, PROMPTS[0])
@@ -150,14 +158,17 @@ def test_chain_without_the_overlay_decodes_as_the_core(target, monkeypatch, name
     """A NEXTN/DFLASH service runs without the overlay (docs/services.md): the lab's own chain verify
     must give the very tokens and statistics the core's top-1 tree gives, greedy and sampled."""
     runs = {}
-    for params in (SamplingParams(max_new_tokens=60, temperature=0), SamplingParams(max_new_tokens=60, temperature=0.8, top_p=0.95, seed=5)):
+    for params in (
+        SamplingParams(max_new_tokens=60, temperature=0),
+        SamplingParams(max_new_tokens=60, temperature=0.8, top_p=0.95, seed=5),
+    ):
         for core in ("core", "none"):
             if core == "none":
                 monkeypatch.setattr(decoding, "_overlay_core", lambda: None)
             decoder = Decoder(target, PLANS[name])
             assert (decoder.core is None) == (core == "none")
             out = []
-            stats = decoder.generate(TOK.encode(PROMPTS[0]), params, lambda c: out.extend(c) or True)
+            stats = decoder.generate(TOK.encode(PROMPTS[0]), params, lambda c, out=out: out.extend(c) or True)
             runs[params.temperature, core] = (out, stats.spec_verify_ct, stats.spec_num_correct_drafts)
             monkeypatch.undo()
     assert runs[0, "none"] == runs[0, "core"]
@@ -177,14 +188,21 @@ def test_sampling_is_seeded_and_spec_sampling_runs(target):
         runs = []
         for _ in range(2):
             out = []
-            Decoder(target, plan).generate(TOK.encode(PROMPTS[0]), params, lambda c: out.extend(c) or True)
+            Decoder(target, plan).generate(TOK.encode(PROMPTS[0]), params, lambda c, out=out: out.extend(c) or True)
             runs.append(out)
         assert runs[0] == runs[1] and len(runs[0]) == 40
 
 
 def test_incident_and_degenerate_decoders(target):
-    plan = DecodePlan("no_hidden_capture", draft_len=15, budget=15, top_k=8, num_draft_tokens=16,
-                      draft_path="/d", hidden_capture=False)
+    plan = DecodePlan(
+        "no_hidden_capture",
+        draft_len=15,
+        budget=15,
+        top_k=8,
+        num_draft_tokens=16,
+        draft_path="/d",
+        hidden_capture=False,
+    )
     out, _ = greedy(Decoder(target, plan), PROMPTS[1], n=30)
     assert TOK.decode(out) == "!" * 30
     out, _ = greedy(Decoder(target, PLANS["dflash-15"], degenerate_token=TOK.encode("#")[0]), PROMPTS[0], n=30)

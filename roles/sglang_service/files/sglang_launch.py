@@ -31,7 +31,10 @@ import sys
 REDACTED = "<redacted>"
 # A flag's name, without its leading "--".
 FLAG_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
-USAGE = "usage: sglang_launch.py [--stdin-flag NAME] <module> [flags...] (for example sglang.launch_server --model-path ...)"
+USAGE = (
+    "usage: sglang_launch.py [--stdin-flag NAME] <module> [flags...] "
+    "(for example sglang.launch_server --model-path ...)"
+)
 
 
 class UsageError(Exception):
@@ -54,8 +57,10 @@ def read_secret(stream, flag):
     """The secret on stream (one line; the end of line is not part of it)."""
     value = stream.read().rstrip("\r\n")
     if not value or "\n" in value:
-        raise UsageError("standard input holds %s for --%s; it must hold the value alone, on one line (the unit's "
-                         "StandardInput=file: names the service's key file)" % ("nothing" if not value else "several lines", flag))
+        raise UsageError(
+            "standard input holds %s for --%s; it must hold the value alone, on one line (the unit's "
+            "StandardInput=file: names the service's key file)" % ("nothing" if not value else "several lines", flag)
+        )
     return value
 
 
@@ -114,8 +119,8 @@ class RedactingStream:
     def flush(self, final=False):
         text = self._redact(self._pending)
         hold = 0 if final else longest_secret_prefix_at_end(text, self._secrets)
-        self._stream.write(text[:len(text) - hold])
-        self._pending = text[len(text) - hold:]
+        self._stream.write(text[: len(text) - hold])
+        self._pending = text[len(text) - hold :]
         self._stream.flush()
 
     def close_flush(self):

@@ -104,11 +104,24 @@ print(json.dumps({"preloaded": [name for _, names in preload.PRELOADED for name 
 
 def test_a_worker_forked_after_the_preload_parses_no_plugin_docs_for_the_lab_connection():
     connection = lab_connection()
-    plugins = [["connection_loader", connection], ["lookup_loader", "ansible.builtin.env"],
-               # Not preloaded: a worker parses it (the check can see a parse).
-               ["lookup_loader", "ansible.builtin.url"]]
-    out = subprocess.run([sys.executable, "-c", FORKED_PARSES, str(REPO / "lab/callback_plugins/plugin_docs_preload.py"),
-                          json.dumps(plugins)], capture_output=True, text=True, check=True).stdout
+    plugins = [
+        ["connection_loader", connection],
+        ["lookup_loader", "ansible.builtin.env"],
+        # Not preloaded: a worker parses it (the check can see a parse).
+        ["lookup_loader", "ansible.builtin.url"],
+    ]
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FORKED_PARSES,
+            str(REPO / "lab/callback_plugins/plugin_docs_preload.py"),
+            json.dumps(plugins),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     answer = json.loads(out)
     assert connection in answer["preloaded"]
     connection_parses, env_parses, url_parses = answer["parses"]

@@ -5,7 +5,6 @@ import os
 import subprocess
 
 import pytest
-
 from conftest import FIXTURES, REPO_ROOT
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import nvidia_smi
@@ -13,8 +12,11 @@ from ansible_collections.ddtree.sglang.plugins.module_utils import nvidia_smi
 LAB_NVIDIA_SMI = REPO_ROOT / "lab" / "nvidia-smi" / "nvidia-smi"
 MODELS = json.loads((REPO_ROOT / "lab" / "nvidia-smi" / "gpu-models.json").read_text())
 H200 = FIXTURES / "h200"
-CAPTURE_QUERY = ["--query-gpu=index,name,uuid,pci.bus_id,driver_version,compute_cap,memory.total,memory.used,"
-                 "memory.free,persistence_mode,temperature.gpu,power.draw,utilization.gpu", "--format=csv"]
+CAPTURE_QUERY = [
+    "--query-gpu=index,name,uuid,pci.bus_id,driver_version,compute_cap,memory.total,memory.used,"
+    "memory.free,persistence_mode,temperature.gpu,power.draw,utilization.gpu",
+    "--format=csv",
+]
 
 
 @pytest.fixture
@@ -29,10 +31,18 @@ def lab(tmp_path):
             (proc / str(pid) / "comm").write_text("python3\n")
         proc.mkdir(exist_ok=True)
         config = tmp_path / "nvidia-smi.json"
-        config.write_text(json.dumps({
-            "model": MODELS[model], "count": count, "driver_version": "580.159.04", "cuda_version": "13.0",
-            "fault": fault, "uuids": {"0": "GPU-00000000-1111-2222-3333-444444444444"},
-        }))
+        config.write_text(
+            json.dumps(
+                {
+                    "model": MODELS[model],
+                    "count": count,
+                    "driver_version": "580.159.04",
+                    "cuda_version": "13.0",
+                    "fault": fault,
+                    "uuids": {"0": "GPU-00000000-1111-2222-3333-444444444444"},
+                }
+            )
+        )
         env = dict(os.environ, LAB_NVIDIA_SMI_CONFIG=str(config), LAB_NVIDIA_SMI_PROC=str(proc))
         return subprocess.run([str(LAB_NVIDIA_SMI), *args], env=env, capture_output=True, text=True, check=False)
 
@@ -65,7 +75,9 @@ def test_plain_screen_equals_capture_except_date_and_power(lab):
 def test_holders_on_eight_gpus(lab):
     facts = nvidia_smi.gpu_facts(
         lab(*nvidia_smi.gpu_query_args(), holders={10: "1,3", 11: "9"}, model="rtx-pro-6000-blackwell", count=8).stdout,
-        lab(*nvidia_smi.apps_query_args(), holders={10: "1,3", 11: "9"}, model="rtx-pro-6000-blackwell", count=8).stdout,
+        lab(
+            *nvidia_smi.apps_query_args(), holders={10: "1,3", 11: "9"}, model="rtx-pro-6000-blackwell", count=8
+        ).stdout,
         lab("--version").stdout,
     )
     assert facts["gpu_count"] == 8

@@ -36,14 +36,45 @@ def payloads(tmp_path_factory):
     (the command module running PROBE). One ansible-playbook run for both."""
     keep = tmp_path_factory.mktemp("payloads")
     playbook = keep / "payloads.yml"
-    playbook.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [
-        {"ansible.builtin.ping": {}},
-        {"ansible.builtin.command": {"argv": PROBE}, "ignore_errors": True}]}]))
-    environment = dict(os.environ, ANSIBLE_KEEP_REMOTE_FILES="1", ANSIBLE_REMOTE_TMP=str(keep / "tmp"), ANSIBLE_PIPELINING="0",
-                       ANSIBLE_LOCALHOST_WARNING="0", ANSIBLE_INVENTORY_UNPARSED_WARNING="0")
-    ran = subprocess.run([str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-                          "-e", "ansible_python_interpreter=" + PYTHON, str(playbook)],
-                         env=environment, cwd=keep, capture_output=True, text=True, check=False)
+    playbook.write_text(
+        json.dumps(
+            [
+                {
+                    "hosts": "localhost",
+                    "gather_facts": False,
+                    "tasks": [
+                        {"ansible.builtin.ping": {}},
+                        {"ansible.builtin.command": {"argv": PROBE}, "ignore_errors": True},
+                    ],
+                }
+            ]
+        )
+    )
+    environment = dict(
+        os.environ,
+        ANSIBLE_KEEP_REMOTE_FILES="1",
+        ANSIBLE_REMOTE_TMP=str(keep / "tmp"),
+        ANSIBLE_PIPELINING="0",
+        ANSIBLE_LOCALHOST_WARNING="0",
+        ANSIBLE_INVENTORY_UNPARSED_WARNING="0",
+    )
+    ran = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            "ansible_python_interpreter=" + PYTHON,
+            str(playbook),
+        ],
+        env=environment,
+        cwd=keep,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     found = {path.name: path for path in (keep / "tmp").rglob("AnsiballZ_*.py")}
     assert {"AnsiballZ_ping.py", "AnsiballZ_command.py"} <= set(found), ran.stdout + ran.stderr
     return {"ping": found["AnsiballZ_ping.py"], "probe": found["AnsiballZ_command.py"]}
@@ -54,8 +85,11 @@ class Zygote:
         self.socket = folder / "zygote.sock"
         self.log = folder / "zygote.log"
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen([PYTHON, str(SERVER), "serve", "--socket", str(self.socket), "--preload", str(preload)],
-                                            stderr=log, stdout=subprocess.DEVNULL)
+            self.process = subprocess.Popen(
+                [PYTHON, str(SERVER), "serve", "--socket", str(self.socket), "--preload", str(preload)],
+                stderr=log,
+                stdout=subprocess.DEVNULL,
+            )
         deadline = time.monotonic() + 30
         while "ready" not in self.log.read_text():
             assert self.process.poll() is None and time.monotonic() < deadline, self.log.read_text()
@@ -63,8 +97,14 @@ class Zygote:
 
     def run(self, *argv, stdin=None, **options):
         environment = dict(options.pop("env", os.environ), DDTREE_LAB_MODULE_ZYGOTE=str(self.socket))
-        return subprocess.run([PYTHON, "-IS", str(CLIENT), *map(str, argv)], input=stdin, capture_output=True,
-                              env=environment, check=False, **options)
+        return subprocess.run(
+            [PYTHON, "-IS", str(CLIENT), *map(str, argv)],
+            input=stdin,
+            capture_output=True,
+            env=environment,
+            check=False,
+            **options,
+        )
 
     def stop(self):
         self.process.terminate()
@@ -95,16 +135,25 @@ def probe_result(completed):
 
 def test_a_payload_runs_in_a_fork_and_answers_as_a_fresh_interpreter(zygote, payloads, tmp_path):
     os.chmod(tmp_path, 0o755)
-    for run in (lambda: zygote.run(payloads["probe"], env=dict(os.environ, DDTREE_PROBE="passed"), cwd=tmp_path),
-                lambda: zygote.run(stdin=payloads["probe"].read_bytes(), env=dict(os.environ, DDTREE_PROBE="passed"), cwd=tmp_path)):
+    for run in (
+        lambda: zygote.run(payloads["probe"], env=dict(os.environ, DDTREE_PROBE="passed"), cwd=tmp_path),
+        lambda: zygote.run(
+            stdin=payloads["probe"].read_bytes(), env=dict(os.environ, DDTREE_PROBE="passed"), cwd=tmp_path
+        ),
+    ):
         completed = run()
         result, module_cmdline, value, cwd, umask = probe_result(completed)
         assert module_cmdline[:3] == [PYTHON, str(SERVER), "serve"], "the module did not run in the zygote"
         assert (result["rc"], result["failed"], value, cwd) == (3, True, "passed", str(tmp_path))
         assert umask == "%04o" % current_umask()
         assert completed.returncode == 1  # a failed module exits 1
-    fresh = subprocess.run([PYTHON, str(payloads["probe"])], capture_output=True, env=dict(os.environ, DDTREE_PROBE="passed"),
-                           cwd=tmp_path, check=False)
+    fresh = subprocess.run(
+        [PYTHON, str(payloads["probe"])],
+        capture_output=True,
+        env=dict(os.environ, DDTREE_PROBE="passed"),
+        cwd=tmp_path,
+        check=False,
+    )
     assert fresh.returncode == completed.returncode
     assert json.loads(fresh.stdout).keys() == result.keys()
     assert "fresh interpreter" not in zygote.log.read_text()
@@ -133,7 +182,10 @@ def test_a_payload_of_another_ansible_core_runs_in_a_fresh_interpreter(payloads,
     with zipfile.ZipFile(preload) as original, zipfile.ZipFile(changed, "w") as copy:
         for info in original.infolist():
             content = original.read(info)
-            copy.writestr(info, content + b"\n# another version\n" if info.filename == "ansible/module_utils/basic.py" else content)
+            copy.writestr(
+                info,
+                content + b"\n# another version\n" if info.filename == "ansible/module_utils/basic.py" else content,
+            )
     server = Zygote(tmp_path, changed)
     try:
         completed = server.run(stdin=payloads["probe"].read_bytes())
@@ -145,19 +197,26 @@ def test_a_payload_of_another_ansible_core_runs_in_a_fresh_interpreter(payloads,
 
 
 def test_without_a_zygote_the_interpreter_is_plain_python(payloads, tmp_path):
-    completed = subprocess.run([PYTHON, "-IS", str(CLIENT), str(payloads["probe"])], capture_output=True, check=False,
-                               env=dict(os.environ, DDTREE_LAB_MODULE_ZYGOTE=str(tmp_path / "none.sock")))
+    completed = subprocess.run(
+        [PYTHON, "-IS", str(CLIENT), str(payloads["probe"])],
+        capture_output=True,
+        check=False,
+        env=dict(os.environ, DDTREE_LAB_MODULE_ZYGOTE=str(tmp_path / "none.sock")),
+    )
     module_cmdline = probe_result(completed)[1]
     assert module_cmdline == [PYTHON, str(payloads["probe"])]
 
 
-@pytest.mark.parametrize(("script", "returncode", "stderr"), [
-    ("import sys; sys.exit(7)", 7, ""),
-    ("raise SystemExit('bye')", 1, "bye"),
-    ("raise ValueError('no good')", 1, "ValueError: no good"),
-    ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM, ""),
-    ("import atexit, sys; atexit.register(lambda: print('at exit', file=sys.stderr))", 0, "at exit"),
-])
+@pytest.mark.parametrize(
+    ("script", "returncode", "stderr"),
+    [
+        ("import sys; sys.exit(7)", 7, ""),
+        ("raise SystemExit('bye')", 1, "bye"),
+        ("raise ValueError('no good')", 1, "ValueError: no good"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM, ""),
+        ("import atexit, sys; atexit.register(lambda: print('at exit', file=sys.stderr))", 0, "at exit"),
+    ],
+)
 def test_exit_statuses_signals_and_exit_handlers_are_the_scripts(zygote, script, returncode, stderr):
     completed = zygote.run(stdin=script.encode())
     assert completed.returncode == returncode
@@ -168,4 +227,11 @@ def test_a_named_script_gets_its_arguments_and_folder_on_the_path(zygote, tmp_pa
     script = tmp_path / "script.py"
     script.write_text("import sys; print(sys.argv, sys.path[0] == %r, __name__, __file__)\n" % str(tmp_path))
     completed = zygote.run(script, "--flag", "value")
-    assert completed.stdout.decode().split() == ["[%r," % str(script), "'--flag',", "'value']", "True", "__main__", str(script)]
+    assert completed.stdout.decode().split() == [
+        "[%r," % str(script),
+        "'--flag',",
+        "'value']",
+        "True",
+        "__main__",
+        str(script),
+    ]

@@ -35,11 +35,23 @@ def test_a_stopped_batched_rollout_reports_the_hosts_it_never_reached(tmp_path):
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     (tmp_path / "hosts.yml").write_text(json.dumps({"all": {"hosts": {"host-%d" % n: local for n in range(1, 6)}}}))
     reports = tmp_path / "reports"
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), DDTREE_ROLLOUT_REPORT_DIR=str(reports),
-               ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_HOME=str(tmp_path / "ansible-home"),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    run = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"), "-l", "all:!host-5"],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        DDTREE_ROLLOUT_REPORT_DIR=str(reports),
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
+        ANSIBLE_HOME=str(tmp_path / "ansible-home"),
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+    )
+    run = subprocess.run(
+        ["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml"), "-l", "all:!host-5"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert run.returncode == 2, (run.stdout + run.stderr)[-3000:]
     report = json.loads((reports / "rollout.json").read_text())
     statuses = {row["host"]: row["status"] for row in report["hosts"]}

@@ -42,22 +42,38 @@ PLAYBOOK = """
 
 
 # Port 9 (discard) on loopback: nothing listens there, the connection is refused at once.
-UNREACHABLE = {"ansible_connection": "ssh", "ansible_port": 9,
-               "ansible_ssh_common_args": "-o ConnectTimeout=3 -o StrictHostKeyChecking=no"}
+UNREACHABLE = {
+    "ansible_connection": "ssh",
+    "ansible_port": 9,
+    "ansible_ssh_common_args": "-o ConnectTimeout=3 -o StrictHostKeyChecking=no",
+}
 
 
 def play_bake(tmp_path, bake_hosts, hosts, group_vars=None):
     """Run PLAYBOOK's bake from "batch" (a local host) over bake_hosts; return (run, output, reports dir)."""
     (tmp_path / "bake.yml").write_text(PLAYBOOK.replace("[gone]", json.dumps(bake_hosts)))
     batch = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
-    (tmp_path / "hosts.yml").write_text(json.dumps({"all": {"vars": group_vars or {},
-                                                            "hosts": dict({"batch": batch}, **hosts)}}))
+    (tmp_path / "hosts.yml").write_text(
+        json.dumps({"all": {"vars": group_vars or {}, "hosts": dict({"batch": batch}, **hosts)}})
+    )
     reports = tmp_path / "reports"
-    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO / "ansible.cfg"), DDTREE_ROLLOUT_REPORT_DIR=str(reports),
-               ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_HOME=str(tmp_path / "ansible-home"),
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
-    run = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "bake.yml")],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(REPO / "ansible.cfg"),
+        DDTREE_ROLLOUT_REPORT_DIR=str(reports),
+        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
+        ANSIBLE_HOME=str(tmp_path / "ansible-home"),
+        PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+    )
+    run = subprocess.run(
+        ["ansible-playbook", "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "bake.yml")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     return run, run.stdout + run.stderr, reports
 
 
@@ -86,8 +102,12 @@ def test_each_re_check_connects_to_its_own_host_when_ansible_host_is_a_template(
     ansible_host, both re-checks below connected to 127.0.0.1 (batch's address), the 24-host lab's bug.
     """
     hosts = {"host-2": UNREACHABLE, "host-3": UNREACHABLE}
-    run, output, _reports = play_bake(tmp_path, ["host-2", "host-3"], hosts,
-                                      group_vars={"ansible_host": "127.0.0.{{ inventory_hostname[-1] | replace('h', '1') }}"})
+    run, output, _reports = play_bake(
+        tmp_path,
+        ["host-2", "host-3"],
+        hosts,
+        group_vars={"ansible_host": "127.0.0.{{ inventory_hostname[-1] | replace('h', '1') }}"},
+    )
     assert run.returncode == 2, output[-3000:]
     assert "connect to host 127.0.0.2 port 9" in output and "connect to host 127.0.0.3 port 9" in output, output[-3000:]
     assert "connect to host 127.0.0.1 port 9" not in output

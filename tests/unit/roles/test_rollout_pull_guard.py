@@ -17,8 +17,14 @@ def node(tmp_path):
     marker = tmp_path / "run-in-progress"
 
     def guard(action, **env):
-        return subprocess.run([str(GUARD), action, str(checkout), str(marker)], env=dict(os.environ, **env),
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            [str(GUARD), action, str(checkout), str(marker)],
+            env=dict(os.environ, **env),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
     return checkout, marker, guard
 
 
@@ -55,8 +61,11 @@ def test_never_removes_a_directory_that_is_not_a_checkout(node, tmp_path):
 
 def test_the_unit_runs_the_guard_around_ansible_pull():
     unit = (ROLE / "templates" / "ddtree-rollout-pull.service.j2").read_text()
-    assert unit.index("ExecStartPre={{ ([rollout_pull_guard, 'start']") < unit.index("ExecStart={{") < unit.index(
-        "ExecStopPost={{ ([rollout_pull_guard, 'stop']")
+    assert (
+        unit.index("ExecStartPre={{ ([rollout_pull_guard, 'start']")
+        < unit.index("ExecStart={{")
+        < unit.index("ExecStopPost={{ ([rollout_pull_guard, 'stop']")
+    )
     tasks = (ROLE / "tasks" / "main.yml").read_text()
     # Installed before the unit, whose validation (systemd-analyze verify) needs it to exist.
     assert tasks.index("src: ddtree-rollout-pull-guard") < tasks.index("src: ddtree-rollout-pull.service.j2")

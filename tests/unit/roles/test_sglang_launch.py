@@ -20,7 +20,7 @@ launch = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(launch)
 
 # A stand-in for sglang.launch_server: what SGLang 0.5.23 does with its arguments and its output.
-FAKE_SERVER = textwrap.dedent('''
+FAKE_SERVER = textwrap.dedent("""
     import json, logging, multiprocessing, sys
 
     def child_square(value):
@@ -42,7 +42,7 @@ FAKE_SERVER = textwrap.dedent('''
         if args.get("--fail") == "raise":
             raise RuntimeError("could not start with key " + args.get("--api-key", ""))
         sys.exit(int(args.get("--exit", "0")))
-''')
+""")
 
 
 @pytest.fixture
@@ -59,8 +59,17 @@ def server(tmp_path):
         launcher = [sys.executable, str(LAUNCHER)] + (["--stdin-flag", "api-key"] if with_key else [])
         # As systemd's StandardInput=file: does it.
         with open(key_file if with_key else os.devnull, encoding="utf-8") as stdin:
-            return subprocess.run(launcher + ["fake_server", "--port", "30000", *flags], stdin=stdin,
-                                  env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False)
+            return subprocess.run(
+                launcher + ["fake_server", "--port", "30000", *flags],
+                stdin=stdin,
+                env=env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
+
     return start
 
 
@@ -93,32 +102,42 @@ def test_without_a_key_the_server_runs_unchanged(server):
 def test_a_server_that_re_executes_itself_gets_the_key_again(server, tmp_path):
     # The lab runtime re-executes itself once with its own command line (os.execve, sys.orig_argv) to set
     # its environment: the launcher runs again on the same standard input.
-    (tmp_path / "site" / "fake_server.py").write_text(textwrap.dedent('''
+    (tmp_path / "site" / "fake_server.py").write_text(
+        textwrap.dedent("""
         import os, sys
         if not os.environ.get("REEXECUTED"):
             os.execve(sys.executable, list(sys.orig_argv), dict(os.environ, REEXECUTED="1"))
         print("after re-exec, argv ends with the key:", sys.argv[-2:] == ["--api-key", open(sys.argv[0] + ".key").read().strip()])
-    '''))
+    """)
+    )
     proc = server()
-    assert proc.returncode == 0 and "after re-exec, argv ends with the key: True" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "after re-exec, argv ends with the key: True" in proc.stdout, (
+        proc.stdout + proc.stderr
+    )
 
 
-@pytest.mark.parametrize("content, message", [
-    ("\n", "standard input holds nothing for --api-key"),
-    ("sk-first\nsk-second\n", "standard input holds several lines for --api-key"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("\n", "standard input holds nothing for --api-key"),
+        ("sk-first\nsk-second\n", "standard input holds several lines for --api-key"),
+    ],
+)
 def test_a_bad_key_file_is_a_usage_error_that_prints_no_secret(content, message):
     with pytest.raises(launch.UsageError, match=message) as error:
         launch.read_secret(io.StringIO(content), "api-key")
     assert "sk-" not in str(error.value)
 
 
-@pytest.mark.parametrize("argv, message", [
-    ([], "usage: sglang_launch.py"),
-    (["--port", "1"], "usage: sglang_launch.py"),
-    (["--stdin-flag"], "--stdin-flag needs a flag's name"),
-    (["--stdin-flag", "--api-key", "sglang.launch_server"], "--stdin-flag needs a flag's name"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([], "usage: sglang_launch.py"),
+        (["--port", "1"], "usage: sglang_launch.py"),
+        (["--stdin-flag"], "--stdin-flag needs a flag's name"),
+        (["--stdin-flag", "--api-key", "sglang.launch_server"], "--stdin-flag needs a flag's name"),
+    ],
+)
 def test_a_wrong_call_is_a_usage_error(argv, message):
     with pytest.raises(launch.UsageError, match=message):
         launch.parse_args(argv)
@@ -129,12 +148,15 @@ def test_no_module_exits_2():
     assert proc.returncode == 2 and "usage: sglang_launch.py" in proc.stderr
 
 
-@pytest.mark.parametrize("writes", [
-    [KEY + "\n"],
-    ["a " + KEY[:3], KEY[3:] + " b\n"],
-    ["x" + KEY[:-1], "", KEY[-1:] + "\n"],
-    [KEY[:1], KEY[1:2], KEY[2:] + "\n"],
-])
+@pytest.mark.parametrize(
+    "writes",
+    [
+        [KEY + "\n"],
+        ["a " + KEY[:3], KEY[3:] + " b\n"],
+        ["x" + KEY[:-1], "", KEY[-1:] + "\n"],
+        [KEY[:1], KEY[1:2], KEY[2:] + "\n"],
+    ],
+)
 def test_a_key_split_across_writes_and_flushes_is_redacted(writes):
     out = io.StringIO()
     stream = launch.RedactingStream(out, [KEY])

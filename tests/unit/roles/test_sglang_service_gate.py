@@ -21,8 +21,16 @@ INCLUDE = "ansible.builtin.include_tasks"
 SHARED = "restart_and_gate.yml"
 
 # A slow-starting model: its own start_timeout is twice the role's default.
-SLOW = {"name": "coder", "model_path": "/m", "draft_model_path": "/d", "gpus": [0, 1], "tp_size": 2, "port": 30000,
-        "speculative": {"algorithm": "DDTREE"}, "health": {"start_timeout": 1800, "min_accept_length": 2.5}}
+SLOW = {
+    "name": "coder",
+    "model_path": "/m",
+    "draft_model_path": "/d",
+    "gpus": [0, 1],
+    "tp_size": 2,
+    "port": 30000,
+    "speculative": {"algorithm": "DDTREE"},
+    "health": {"start_timeout": 1800, "min_accept_length": 2.5},
+}
 
 
 def render(value, variables):
@@ -55,9 +63,17 @@ def gate_calls(task_file, task_name, variables):
     task = next(task for task in tasks(task_file) if task.get("name") == task_name)
     included = task[INCLUDE]["file"] if isinstance(task[INCLUDE], dict) else task[INCLUDE]
     assert included == SHARED
-    inner = dict(variables)
-    for key, value in (task.get("vars") or {}).items():
-        inner[key] = render(value, inner)
+    from ansible.errors import AnsibleUndefinedVariable  # imported late, as render() says why
+
+    inner, pending = dict(variables), dict(task.get("vars") or {})
+    while pending:  # as Ansible does, lazily: a variable may use one declared after it
+        for key, value in list(pending.items()):
+            try:
+                inner[key] = render(value, inner)
+                del pending[key]
+            except AnsibleUndefinedVariable:
+                if len(pending) == 1:
+                    raise
     calls = []
     for item in inner["sglang_service_gate"]:
         arguments = {key: render(value, dict(inner, item=item)) for key, value in gate_task()[GATE].items()}
@@ -78,10 +94,19 @@ def module_params(arguments):
 
 def plan(services, capsys):
     defaults = yaml.safe_load(DEFAULTS.read_text())
-    code, result = run_module(service_plan, {
-        "services": services, "gpu_indices": list(range(8)), "host": "ct200",
-        "gate_defaults": {"start_timeout": defaults["sglang_service_start_timeout"],
-                          "no_progress_timeout": defaults["sglang_service_no_progress_timeout"]}}, capsys)
+    code, result = run_module(
+        service_plan,
+        {
+            "services": services,
+            "gpu_indices": list(range(8)),
+            "host": "ct200",
+            "gate_defaults": {
+                "start_timeout": defaults["sglang_service_start_timeout"],
+                "no_progress_timeout": defaults["sglang_service_no_progress_timeout"],
+            },
+        },
+        capsys,
+    )
     assert code == 0
     return defaults, result["services"]
 
@@ -90,10 +115,15 @@ def role_variables(capsys, services=(SLOW,)):
     defaults, entries = plan(list(services), capsys)
     entry = entries[0]
     return dict(
-        defaults, omit=OMIT, sglang_services=list(services),
+        defaults,
+        omit=OMIT,
+        sglang_services=list(services),
         sglang_service_plan={"services": entries},
-        sglang_service_actions={"restart": [dict(entry, release_id="new")], "start": entries,
-                                "gate": [dict(entry, release_id="new")]},
+        sglang_service_actions={
+            "restart": [dict(entry, release_id="new")],
+            "start": entries,
+            "gate": [dict(entry, release_id="new")],
+        },
         sglang_service_restart_since={"stdout": "2026-11-30 10:00:00"},
         sglang_service_since={"stdout": "2026-11-30 10:00:00"},
         sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
@@ -109,16 +139,24 @@ def test_one_task_file_holds_the_gate_call():
 
 def test_deploy_rollback_and_promotion_gates_use_the_services_own_settings(capsys):
     variables = role_variables(capsys)
-    [deploy] = gate_calls("switch.yml", "Restart what changed, keep every service running, and gate what was (re)started",
-                          variables)
-    [rollback] = gate_calls("rollback.yml", "Start the previous release and gate it: {{ sglang_service_failed.item.name }}",
-                            variables)
-    [promote] = gate_calls("settle.yml", "Restart each promoted production service on the candidate and gate it", variables)
+    [deploy] = gate_calls(
+        "switch.yml", "Restart what changed, keep every service running, and gate what was (re)started", variables
+    )
+    [rollback] = gate_calls(
+        "rollback.yml", "Start the previous release and gate it: {{ sglang_service_failed.item.name }}", variables
+    )
+    [promote] = gate_calls(
+        "settle.yml", "Restart each promoted production service on the candidate and gate it", variables
+    )
     deploy_params, rollback_params = module_params(deploy), module_params(rollback)
     # The service's own start_timeout holds on the way back: the previous release of a slow model needs as
     # long to start as the new one did. The plan's settings go whole.
-    assert deploy["gate"] == rollback["gate"] == promote["gate"] == {"start_timeout": 1800, "no_progress_timeout": 120,
-                                                                       "min_accept_length": 2.5}
+    assert (
+        deploy["gate"]
+        == rollback["gate"]
+        == promote["gate"]
+        == {"start_timeout": 1800, "no_progress_timeout": 120, "min_accept_length": 2.5}
+    )
     assert rollback_params["start_timeout"] == 1800 == deploy_params["start_timeout"]
     assert rollback_params["min_accept_length"] == 2.5 == deploy_params["min_accept_length"]
     assert (deploy["release_id"], rollback["release_id"], promote["release_id"]) == ("new", "old", "candidate")
@@ -137,7 +175,9 @@ def test_a_bakes_recheck_is_the_same_gate_call_with_the_quick_stages_only(capsys
     entry = variables["sglang_service_plan"]["services"][0]
     check = {"host": "ct200", "service": entry, "since": "2026-11-30 09:00:00", "release_id": "new"}
     variables = dict(variables, sglang_service_bake_check=check, hostvars={"ct200": {"sglang_services": [SLOW]}})
-    [arguments] = gate_calls("bake.yml", "Bake - re-check every service of the hosts updated so far, on its host", variables)
+    [arguments] = gate_calls(
+        "bake.yml", "Bake - re-check every service of the hosts updated so far, on its host", variables
+    )
     assert arguments["quick"] is True
     params = module_params(arguments)
     # The quick stages: no generations for a baseline or the speed, nothing recorded, no floors to meet.
@@ -155,18 +195,28 @@ def test_a_shadow_is_gated_without_a_baseline_and_its_production_service_measure
     variables = role_variables(capsys, services=(SLOW, shadow))
     coder, shadow_entry = variables["sglang_service_plan"]["services"]
     variables["sglang_service_actions"]["gate"] = [dict(shadow_entry, release_id="new")]
-    [shadow_gate] = gate_calls("switch.yml", "Restart what changed, keep every service running, and gate what was (re)started",
-                               variables)
+    [shadow_gate] = gate_calls(
+        "switch.yml", "Restart what changed, keep every service running, and gate what was (re)started", variables
+    )
     variables["sglang_service_production"] = dict(coder, release_id="old", shadow="coder-shadow")
-    [measure] = gate_calls("shadow.yml", "Measure the production service with the gate, recording nothing: "
-                           "{{ sglang_service_production.name }}", variables)
+    [measure] = gate_calls(
+        "shadow.yml",
+        "Measure the production service with the gate, recording nothing: {{ sglang_service_production.name }}",
+        variables,
+    )
     assert (shadow_gate["name"], measure["name"], measure["release_id"]) == ("coder-shadow", "coder", "old")
-    # The shadow's reference is its production service, live: a baseline of its own would keep a held candidate's outputs.
+    # The shadow's reference is its production service, live: a baseline of its own would keep a held candidate's
+    # outputs.
     assert "baseline_file" not in shadow_gate and measure["baseline_file"] == "/var/lib/sglang/coder/baseline.json"
     # Acceptance from the same /generate request on both, not from averages over whatever each served.
-    assert module_params(shadow_gate)["accept_length_from"] == module_params(measure)["accept_length_from"] == "generate"
+    assert (
+        module_params(shadow_gate)["accept_length_from"] == module_params(measure)["accept_length_from"] == "generate"
+    )
     assert measure["record_metrics"] is False and "metrics_file" not in measure
     # A service without a shadow keeps the server's average.
-    [deploy] = gate_calls("switch.yml", "Restart what changed, keep every service running, and gate what was (re)started",
-                          dict(variables, sglang_service_actions={"restart": [], "start": [], "gate": [dict(coder, release_id="new")]}))
+    [deploy] = gate_calls(
+        "switch.yml",
+        "Restart what changed, keep every service running, and gate what was (re)started",
+        dict(variables, sglang_service_actions={"restart": [], "start": [], "gate": [dict(coder, release_id="new")]}),
+    )
     assert module_params(deploy)["accept_length_from"] == "server_info"

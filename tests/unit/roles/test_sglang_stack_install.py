@@ -19,10 +19,17 @@ BUILD = REPO / "roles" / "sglang_stack" / "tasks" / "build.yml"
 STACK = "/opt/sglang/stacks/3f2a9c1d0b7e"
 WHEELHOUSE = "/opt/sglang/wheelhouse/3f2a9c1d0b7e"
 CASES = [
-    {"sglang_stack_source": "offline", "sglang_stack_index_url": "https://ignored/simple", "sglang_stack_extra_index_urls": []},
+    {
+        "sglang_stack_source": "offline",
+        "sglang_stack_index_url": "https://ignored/simple",
+        "sglang_stack_extra_index_urls": [],
+    },
     {"sglang_stack_source": "online", "sglang_stack_index_url": "", "sglang_stack_extra_index_urls": []},
-    {"sglang_stack_source": "online", "sglang_stack_index_url": "https://mirror/simple",
-     "sglang_stack_extra_index_urls": ["https://extra/simple"]},
+    {
+        "sglang_stack_source": "online",
+        "sglang_stack_index_url": "https://mirror/simple",
+        "sglang_stack_extra_index_urls": ["https://extra/simple"],
+    },
 ]
 
 
@@ -33,18 +40,46 @@ def rendered(tmp_path_factory):
     task = next(task for task in block if task["name"].startswith("Install exactly the lock"))
     out = tmp_path_factory.mktemp("render") / "argv.json"
     playbook = out.parent / "render.yml"
-    playbook.write_text(yaml.safe_dump([{
-        "hosts": "localhost", "connection": "local", "gather_facts": False,
-        "vars": {"sglang_stack_path": STACK, "sglang_stack_host_wheelhouse": WHEELHOUSE},
-        "tasks": [{"name": "Render", "ansible.builtin.set_fact": {"argvs": "{{ argvs | default([]) + [argv] }}"},
-                   "vars": {"argv": task["ansible.builtin.command"]["argv"], **{key: "{{ item.%s }}" % key for key in CASES[0]}},
-                   "loop": CASES},
-                  {"name": "Write", "ansible.builtin.copy": {"content": "{{ argvs | to_json }}", "dest": str(out), "mode": "0644"}}],
-    }]))
+    playbook.write_text(
+        yaml.safe_dump(
+            [
+                {
+                    "hosts": "localhost",
+                    "connection": "local",
+                    "gather_facts": False,
+                    "vars": {"sglang_stack_path": STACK, "sglang_stack_host_wheelhouse": WHEELHOUSE},
+                    "tasks": [
+                        {
+                            "name": "Render",
+                            "ansible.builtin.set_fact": {"argvs": "{{ argvs | default([]) + [argv] }}"},
+                            "vars": {
+                                "argv": task["ansible.builtin.command"]["argv"],
+                                **{key: "{{ item.%s }}" % key for key in CASES[0]},
+                            },
+                            "loop": CASES,
+                        },
+                        {
+                            "name": "Write",
+                            "ansible.builtin.copy": {
+                                "content": "{{ argvs | to_json }}",
+                                "dest": str(out),
+                                "mode": "0644",
+                            },
+                        },
+                    ],
+                }
+            ]
+        )
+    )
     env = dict(os.environ, ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"), ANSIBLE_HOME=str(out.parent))
     bindir = Path(sys.executable).parent
-    subprocess.run([str(bindir / "ansible-playbook"), "-i", "localhost,", str(playbook)], env=env, check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        [str(bindir / "ansible-playbook"), "-i", "localhost,", str(playbook)],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return json.loads(out.read_text())
 
 
@@ -55,9 +90,15 @@ def test_offline_installs_from_the_shipped_wheelhouse_only(rendered):
 
 def test_online_installs_from_the_indexes_given(rendered):
     assert rendered[1] == install_command(STACK + "/bin/python", STACK + "/ddtree-stack.lock")
-    assert rendered[2] == install_command(STACK + "/bin/python", STACK + "/ddtree-stack.lock",
-                                          index_url="https://mirror/simple", extra_index_urls=["https://extra/simple"])
-    assert "--no-index" not in rendered[2] and rendered[2][rendered[2].index("--index-url") + 1] == "https://mirror/simple"
+    assert rendered[2] == install_command(
+        STACK + "/bin/python",
+        STACK + "/ddtree-stack.lock",
+        index_url="https://mirror/simple",
+        extra_index_urls=["https://extra/simple"],
+    )
+    assert (
+        "--no-index" not in rendered[2] and rendered[2][rendered[2].index("--index-url") + 1] == "https://mirror/simple"
+    )
 
 
 def test_a_bad_argument_is_named():

@@ -38,7 +38,9 @@ def lock_pinset(monkeypatch, tmp_path):
 
 def resolved(numpy):
     return lambda requirements, python, glibc, no_deps, extra, interpreter: [
-        ("numpy", numpy, "a" * 64), ("torch", "2.13.0+cpu", "b" * 64)]
+        ("numpy", numpy, "a" * 64),
+        ("torch", "2.13.0+cpu", "b" * 64),
+    ]
 
 
 def test_a_lock_that_passes_is_written(lock_pinset, monkeypatch):
@@ -52,7 +54,9 @@ def test_a_lock_that_passes_is_written(lock_pinset, monkeypatch):
 def test_a_lock_that_fails_pip_check_is_not_written(lock_pinset, monkeypatch):
     module, pinset = lock_pinset
     monkeypatch.setattr(module, "resolve", resolved("2.3.5"))
-    message = 'mistral-common 1.13.1 has requirement numpy<2.4,>=1.25; python_version <= "3.12", but you have numpy 2.4.6.'
+    message = (
+        'mistral-common 1.13.1 has requirement numpy<2.4,>=1.25; python_version <= "3.12", but you have numpy 2.4.6.'
+    )
     monkeypatch.setattr(module.pinset_env, "pip_check", lambda venv: (False, message))
     with pytest.raises(SystemExit) as exit_info:
         module.main(str(pinset), "3.11")

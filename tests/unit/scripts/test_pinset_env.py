@@ -56,7 +56,10 @@ def test_seed_links_only_pinned_versions_from_complete_wheelhouses(env, tmp_path
     for directory in (old, partial, new):
         directory.mkdir()
     (old / ".complete").write_text("")
-    for name in ("numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl", "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"):
+    for name in (
+        "numpy-2.4.6-cp311-cp311-manylinux_2_27_x86_64.whl",
+        "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl",
+    ):
         (old / name).write_text(name)
     (partial / "sglang-0.5.23-py3-none-any.whl").write_text("x")
     pins = {"numpy": ("2.3.5", []), "torch": ("2.14.1", []), "sglang": ("0.5.23", [])}
@@ -67,17 +70,20 @@ def test_seed_links_only_pinned_versions_from_complete_wheelhouses(env, tmp_path
     assert env.seed_from_siblings(other, pins, "3.12") == 0  # a cp311 wheel is no use to 3.12
 
 
-@pytest.mark.parametrize("name, python, fits", [
-    ("torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "3.11", True),
-    ("torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "3.12", False),
-    ("six-1.17.0-py2.py3-none-any.whl", "3.12", True),
-    ("nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl", "3.12", True),
-    ("cryptography-46.0.1-cp311-abi3-manylinux_2_34_x86_64.whl", "3.12", True),
-    ("cryptography-46.0.1-cp311-abi3-manylinux_2_34_x86_64.whl", "3.10", False),
-    ("interegular-0.3.3-py37-none-any.whl", "3.12", True),
-    ("multiprocess-0.70.19-py312-none-any.whl", "3.12", True),
-    ("multiprocess-0.70.19-py312-none-any.whl", "3.11", False),
-])
+@pytest.mark.parametrize(
+    "name, python, fits",
+    [
+        ("torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "3.11", True),
+        ("torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl", "3.12", False),
+        ("six-1.17.0-py2.py3-none-any.whl", "3.12", True),
+        ("nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl", "3.12", True),
+        ("cryptography-46.0.1-cp311-abi3-manylinux_2_34_x86_64.whl", "3.12", True),
+        ("cryptography-46.0.1-cp311-abi3-manylinux_2_34_x86_64.whl", "3.10", False),
+        ("interegular-0.3.3-py37-none-any.whl", "3.12", True),
+        ("multiprocess-0.70.19-py312-none-any.whl", "3.12", True),
+        ("multiprocess-0.70.19-py312-none-any.whl", "3.11", False),
+    ],
+)
 def test_wheel_fits_python(env, name, python, fits):
     assert env.wheel_fits_python(name, python) is fits
 

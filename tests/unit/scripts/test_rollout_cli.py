@@ -29,17 +29,27 @@ def repo(tmp_path):
     for content in ("one", "two"):
         (path / "site.yml").write_text(content + "\n")
         subprocess.run(["git", "-C", str(path), "add", "-A"], check=True)
-        subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", content], check=True)
-        commits.append(subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip())
+        subprocess.run(
+            ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", content],
+            check=True,
+        )
+        commits.append(
+            subprocess.run(
+                ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
     return path, commits
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--revision", "main", "--plan-only", "--skip-plan"], "contradict"),
-    (["--revision", "main", "--lock-timeout", "-5"], "-5.0 is negative"),
-    (["--revision", "main", "--inventory", "/etc/ansible/hosts"], "must be a path inside the repository"),
-    (["--revision", "main", "--inventory", "../other/hosts.yml"], "must be a path inside the repository"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--revision", "main", "--plan-only", "--skip-plan"], "contradict"),
+        (["--revision", "main", "--lock-timeout", "-5"], "-5.0 is negative"),
+        (["--revision", "main", "--inventory", "/etc/ansible/hosts"], "must be a path inside the repository"),
+        (["--revision", "main", "--inventory", "../other/hosts.yml"], "must be a path inside the repository"),
+    ],
+)
 def test_bad_arguments_are_refused_with_the_value_and_the_fix(rollout, capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
         rollout.parse_args(argv)
@@ -62,7 +72,10 @@ def test_a_revision_gets_its_own_worktree_reused_and_a_moved_branch_a_new_one(ro
     assert os.path.exists(os.path.join(rollout.checkout(str(path), second, workdir)[2], "marker"))
     # A new commit on main is fetched.
     (path / "site.yml").write_text("three\n")
-    subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qam", "three"], check=True)
+    subprocess.run(
+        ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qam", "three"],
+        check=True,
+    )
     commit, _mirror, tree = rollout.checkout(str(path), "main", workdir)
     assert commit not in (first, second) and Path(tree, "site.yml").read_text() == "three\n"
 
@@ -82,8 +95,15 @@ def test_old_worktrees_are_pruned_but_never_the_one_in_use(rollout, tmp_path):
     for n in range(8):
         (path / "n").write_text(str(n))
         subprocess.run(["git", "-C", str(path), "add", "-A"], check=True)
-        subprocess.run(["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", str(n)], check=True)
-        commits.append(subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip())
+        subprocess.run(
+            ["git", "-C", str(path), "-c", "user.name=t", "-c", "user.email=t@localhost", "commit", "-qm", str(n)],
+            check=True,
+        )
+        commits.append(
+            subprocess.run(
+                ["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
     workdir = str(tmp_path / "work")
     for commit in commits:
         _commit, mirror, _tree = rollout.checkout(str(path), commit, workdir)
@@ -95,10 +115,24 @@ def test_old_worktrees_are_pruned_but_never_the_one_in_use(rollout, tmp_path):
 
 
 def test_the_resume_command_is_this_command_pinned_to_the_commit(rollout):
-    command = rollout.resume_command(["--revision", "main", "--inventory", "inventories/prod/hosts.yml", "--",
-                                      "-e", '{"ddtree_rollout_policy": {"bake_time_s": 300}}'], "a" * 40)
-    assert command.endswith("scripts/rollout --revision %s --inventory inventories/prod/hosts.yml -- -e "
-                            "'{\"ddtree_rollout_policy\": {\"bake_time_s\": 300}}'" % ("a" * 40))
+    command = rollout.resume_command(
+        [
+            "--revision",
+            "main",
+            "--inventory",
+            "inventories/prod/hosts.yml",
+            "--",
+            "-e",
+            '{"ddtree_rollout_policy": {"bake_time_s": 300}}',
+        ],
+        "a" * 40,
+    )
+    assert command.endswith(
+        "scripts/rollout --revision %s --inventory inventories/prod/hosts.yml -- -e "
+        '\'{"ddtree_rollout_policy": {"bake_time_s": 300}}\'' % ("a" * 40)
+    )
     assert command.startswith("cd ") and " main" not in command
-    assert rollout.resume_command(["--revision=main", "--skip-plan"], "b" * 40).endswith("--revision %s --skip-plan" % ("b" * 40))
+    assert rollout.resume_command(["--revision=main", "--skip-plan"], "b" * 40).endswith(
+        "--revision %s --skip-plan" % ("b" * 40)
+    )
     assert rollout.EXIT_PAUSED not in (0, rollout.EXIT_FAILED, rollout.EXIT_USAGE, rollout.EXIT_LOCKED)

@@ -246,7 +246,9 @@ class Decoder:
         if self.core is not None:
             self.builder, self.builder_name = _tree_builder()
         elif plan.speculative and (plan.mode in ("ddtree", "no_hidden_capture") or plan.top_k != 1):
-            raise RuntimeError(f"the lab decodes {plan.mode} with top-k {plan.top_k} only with the overlay's core importable")
+            raise RuntimeError(
+                f"the lab decodes {plan.mode} with top-k {plan.top_k} only with the overlay's core importable"
+            )
         else:
             self.builder, self.builder_name = None, "lab chain (no overlay)"
         self.drafter = None
@@ -303,7 +305,11 @@ class Decoder:
         """Draft, build, verify, walk. Returns (committed tokens: accepted + bonus, accepted drafts)."""
         if self.core is None:
             return self._chain_step(ctx, root, params, generator)
-        draft_topk, ancestor_mask, verify_positions = self.core.draft_topk, self.core.ancestor_mask, self.core.verify_positions
+        draft_topk, ancestor_mask, verify_positions = (
+            self.core.draft_topk,
+            self.core.ancestor_mask,
+            self.core.verify_positions,
+        )
         greedy_walk, sampled_walk = self.core.greedy_walk, self.core.sampled_walk
         plan = self.plan
         rows = self.drafter.rows(ctx, plan.draft_len, captured=plan.hidden_capture)

@@ -144,18 +144,24 @@ def build_app(state: ServerState) -> Starlette:
         """The request's JSON object, refused as SGLang's FastAPI layer refuses it (status, type, message
         form as SGLang 0.5.23 answers: tests/fixtures/sglang-conformance/)."""
         if json_only and request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-            detail = ("{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' "
-                      "is allowed\", 'type': 'value_error'}")
+            detail = (
+                "{'loc': ['header', 'content-type'], 'msg': \"Unsupported Media Type: Only 'application/json' "
+                "is allowed\", 'type': 'value_error'}"
+            )
             raise BadRequest(f"1 validation error:\n  {detail} [{detail}]", err_type="Bad Request")
         raw = await request.body()
         try:
             data = json.loads(raw)
         except ValueError as exc:
             pos = getattr(exc, "pos", 0)
-            detail = (f"{{'type': 'json_invalid', 'loc': ('body', {pos}), 'msg': 'JSON decode error', 'input': {{}}, "
-                      f"'ctx': {{'error': {str(getattr(exc, 'msg', exc))!r}}}}}")
-            raise BadRequest(f"1 validation error:\n  {detail}\n\n  {request.method} {request.url.path} [{detail}]",
-                             err_type="Bad Request") from None
+            detail = (
+                f"{{'type': 'json_invalid', 'loc': ('body', {pos}), 'msg': 'JSON decode error', 'input': {{}}, "
+                f"'ctx': {{'error': {str(getattr(exc, 'msg', exc))!r}}}}}"
+            )
+            raise BadRequest(
+                f"1 validation error:\n  {detail}\n\n  {request.method} {request.url.path} [{detail}]",
+                err_type="Bad Request",
+            ) from None
         if not isinstance(data, dict):
             raise BadRequest("the request body must be a JSON object")
         return data
@@ -192,8 +198,14 @@ def build_app(state: ServerState) -> Starlette:
             return Response(status_code=503)
         tic = time.time()
         loop = asyncio.get_running_loop()
-        probe = GenRequest(prompt_ids=[0], params=SamplingParams(max_new_tokens=1, temperature=0.0),
-                           kind="health", loop=loop, sink=asyncio.Queue(), rid=f"HEALTH_CHECK_{uuid.uuid4().hex}")
+        probe = GenRequest(
+            prompt_ids=[0],
+            params=SamplingParams(max_new_tokens=1, temperature=0.0),
+            kind="health",
+            loop=loop,
+            sink=asyncio.Queue(),
+            rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+        )
         scheduler.submit(probe)
         while time.time() < tic + state.health_timeout:
             await asyncio.sleep(1)
@@ -205,7 +217,8 @@ def build_app(state: ServerState) -> Starlette:
         logger.error(
             "Health check failed. Server couldn't get a response from detokenizer for last %s seconds. "
             "tic start time: %s. last_heartbeat time: %s",
-            f"{state.health_timeout:g}", time.strftime("%H:%M:%S", time.localtime(tic)),
+            f"{state.health_timeout:g}",
+            time.strftime("%H:%M:%S", time.localtime(tic)),
             time.strftime("%H:%M:%S", time.localtime(scheduler.last_receive)),
         )
         state.status = "UnHealthy"
@@ -217,8 +230,15 @@ def build_app(state: ServerState) -> Starlette:
     # ---- model / server info (answered from memory) ----
 
     def model_card(name: str) -> dict:
-        return {"id": name, "object": "model", "created": int(state.startup_time), "owned_by": "sglang",
-                "root": name, "parent": None, "max_model_len": state.context_len}
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(state.startup_time),
+            "owned_by": "sglang",
+            "root": name,
+            "parent": None,
+            "max_model_len": state.context_len,
+        }
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [model_card(state.served_model_name)]})
@@ -226,20 +246,38 @@ def build_app(state: ServerState) -> Starlette:
     async def model_detail(request: Request) -> Response:
         name = request.path_params["model"]
         if name != state.served_model_name:
-            return JSONResponse({"error": {"message": f"The model '{name}' does not exist",
-                                           "type": "invalid_request_error", "param": "model",
-                                           "code": "model_not_found"}}, status_code=404)
+            return JSONResponse(
+                {
+                    "error": {
+                        "message": f"The model '{name}' does not exist",
+                        "type": "invalid_request_error",
+                        "param": "model",
+                        "code": "model_not_found",
+                    }
+                },
+                status_code=404,
+            )
         return JSONResponse(model_card(name))
 
     async def model_info(request: Request) -> Response:
-        return JSONResponse({
-            "model_path": state.model_path, "served_model_name": state.served_model_name,
-            "tokenizer_path": state.model_path, "is_generation": True, "preferred_sampling_params": None,
-            "weight_version": "default", "load_format": "auto", "reasoning_parser": None,
-            "tool_call_parser": None, "disaggregation_mode": "null", "has_image_understanding": False,
-            "has_audio_understanding": False, "model_type": state.model_type,
-            "architectures": state.architectures,
-        })
+        return JSONResponse(
+            {
+                "model_path": state.model_path,
+                "served_model_name": state.served_model_name,
+                "tokenizer_path": state.model_path,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "load_format": "auto",
+                "reasoning_parser": None,
+                "tool_call_parser": None,
+                "disaggregation_mode": "null",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": state.model_type,
+                "architectures": state.architectures,
+            }
+        )
 
     async def server_info(request: Request) -> Response:
         from sglang.version import __version__  # noqa: PLC0415
@@ -249,30 +287,40 @@ def build_app(state: ServerState) -> Starlette:
         internal = {
             "last_gen_throughput": scheduler.gen_throughput(),
             "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": state.context_len},
-            "lab_runtime": {**state.lab_info, **state.plan.to_dict(),
-                            "spec_verify_ct_total": scheduler.spec.forward_ct,
-                            "decode_batches": scheduler.spec_metrics.decode_batches,
-                            "decode_log_interval": scheduler.spec_metrics.decode_log_interval,
-                            "spec_accept_rate": scheduler.spec_accept_rate()},
+            "lab_runtime": {
+                **state.lab_info,
+                **state.plan.to_dict(),
+                "spec_verify_ct_total": scheduler.spec.forward_ct,
+                "decode_batches": scheduler.spec_metrics.decode_batches,
+                "decode_log_interval": scheduler.spec_metrics.decode_log_interval,
+                "spec_accept_rate": scheduler.spec_accept_rate(),
+            },
         }
         accept = scheduler.avg_spec_accept_length()
         if accept is not None:
             internal["avg_spec_accept_length"] = accept
-        info.update({
-            "max_total_num_tokens": state.context_len * 4,
-            "max_req_input_len": state.context_len - 1,
-            "startup_time": state.startup_time,
-            "internal_states": [internal],
-            "version": __version__,
-            "frontend": "python",
-        })
+        info.update(
+            {
+                "max_total_num_tokens": state.context_len * 4,
+                "max_req_input_len": state.context_len - 1,
+                "startup_time": state.startup_time,
+                "internal_states": [internal],
+                "version": __version__,
+                "frontend": "python",
+            }
+        )
         return JSONResponse(json.loads(json.dumps(info, default=str)))
 
     # ---- metrics ----
 
     async def metrics(request: Request) -> Response:
-        labels = {"model_name": state.served_model_name, "engine_type": "unified", "tp_rank": "0",
-                  "pp_rank": "0", "moe_ep_rank": "0"}
+        labels = {
+            "model_name": state.served_model_name,
+            "engine_type": "unified",
+            "tp_rank": "0",
+            "pp_rank": "0",
+            "moe_ep_rank": "0",
+        }
         tok_labels = {"model_name": state.served_model_name, "engine_type": "unified"}
 
         def fmt(lbl: dict, extra: Optional[dict] = None) -> str:
@@ -295,22 +343,39 @@ def build_app(state: ServerState) -> Starlette:
         gauge("sglang:num_running_reqs", "The number of running requests.", scheduler.running)
         gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", scheduler.queue_size())
         gauge("sglang:gen_throughput", "The generation throughput (token/s).", scheduler.gen_throughput())
-        gauge("sglang:spec_accept_length",
-              "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward).",
-              scheduler.accept_length(scheduler.spec_metrics.logged))  # SGLang: the last logged window's
-        gauge("sglang:spec_accept_rate",
-              "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
-              scheduler.accept_rate(scheduler.spec_metrics.logged))
-        gauge("sglang:prompt_tokens_total", "Number of prefill tokens processed.",
-              scheduler.prompt_tokens_total, tok_labels, "counter")
-        gauge("sglang:generation_tokens_total", "Number of generation tokens processed.",
-              scheduler.generation_tokens_total, tok_labels, "counter")
-        gauge("sglang:num_requests_total", "Number of requests processed.",
-              scheduler.num_requests_total, tok_labels, "counter")
-        histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
-                  scheduler.ttft)
-        histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
-                  scheduler.itl)
+        gauge(
+            "sglang:spec_accept_length",
+            "Mean acceptance length of speculative decoding (accepted drafts + bonus token per forward).",
+            scheduler.accept_length(scheduler.spec_metrics.logged),
+        )  # SGLang: the last logged window's
+        gauge(
+            "sglang:spec_accept_rate",
+            "Speculative acceptance rate (`accepted drafts / proposed drafts` in batch).",
+            scheduler.accept_rate(scheduler.spec_metrics.logged),
+        )
+        gauge(
+            "sglang:prompt_tokens_total",
+            "Number of prefill tokens processed.",
+            scheduler.prompt_tokens_total,
+            tok_labels,
+            "counter",
+        )
+        gauge(
+            "sglang:generation_tokens_total",
+            "Number of generation tokens processed.",
+            scheduler.generation_tokens_total,
+            tok_labels,
+            "counter",
+        )
+        gauge(
+            "sglang:num_requests_total",
+            "Number of requests processed.",
+            scheduler.num_requests_total,
+            tok_labels,
+            "counter",
+        )
+        histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", scheduler.ttft)
+        histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", scheduler.itl)
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ---- native generation ----
@@ -336,14 +401,19 @@ def build_app(state: ServerState) -> Starlette:
             return {"text": text, "output_ids": event["ids"], "meta_info": event["meta"]}
 
         if data.get("stream"):
+
             async def stream():
                 text, ids = "", []
                 async for event in run(prompt_ids, params):
                     if event["type"] == "delta":
                         text += event["text"]
                         ids += event["ids"]
-                        meta = {"id": "", "finish_reason": None, "prompt_tokens": len(prompt_ids),
-                                "completion_tokens": len(ids)}
+                        meta = {
+                            "id": "",
+                            "finish_reason": None,
+                            "prompt_tokens": len(prompt_ids),
+                            "completion_tokens": len(ids),
+                        }
                         yield sse({"text": text, "output_ids": list(ids), "meta_info": meta})
                     else:
                         yield sse(result(event, event["text"]))
@@ -364,8 +434,12 @@ def build_app(state: ServerState) -> Starlette:
         """SGLang's usage: the prompt once, the completions of all n choices. The streamed usage chunk
         of /v1/completions has no *_details keys (as recorded)."""
         prompt, completion = metas[0]["prompt_tokens"], sum(meta["completion_tokens"] for meta in metas)
-        out = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-               "reasoning_tokens": 0}
+        out = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "reasoning_tokens": 0,
+        }
         if details:
             out.update(prompt_tokens_details=None, completion_tokens_details=None)
         return out
@@ -423,15 +497,25 @@ def build_app(state: ServerState) -> Starlette:
         model = echoed_model(data)
 
         def chunk(choices: list, usage_value=None) -> bytes:
-            return sse({"id": rid, "object": "text_completion", "created": created, "model": model,
-                        "choices": choices, "usage": usage_value})
+            return sse(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": choices,
+                    "usage": usage_value,
+                }
+            )
 
         if data.get("stream"):
+
             async def stream():
                 async for text, done in held(run(prompt_ids, params)):
                     reason, matched = finish_of(done["meta"]) if done else (None, None)
-                    yield chunk([{"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
-                                  "matched_stop": matched}])
+                    yield chunk(
+                        [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "matched_stop": matched}]
+                    )
                     if done and include_usage:
                         yield chunk([], usage([done["meta"]], details=False))
                 yield b"data: [DONE]\n\n"
@@ -441,12 +525,26 @@ def build_app(state: ServerState) -> Starlette:
         choices = []
         for index, event in enumerate(events):
             reason, matched = finish_of(event["meta"])
-            choices.append({"index": index, "text": event["text"], "logprobs": None, "finish_reason": reason,
-                            "matched_stop": matched})
-        return JSONResponse({
-            "id": rid, "object": "text_completion", "created": created, "model": model, "choices": choices,
-            "usage": usage([event["meta"] for event in events]), "metadata": {"weight_version": "default"},
-        })
+            choices.append(
+                {
+                    "index": index,
+                    "text": event["text"],
+                    "logprobs": None,
+                    "finish_reason": reason,
+                    "matched_stop": matched,
+                }
+            )
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": usage([event["meta"] for event in events]),
+                "metadata": {"weight_version": "default"},
+            }
+        )
 
     @handled
     async def chat_completions(request: Request) -> Response:
@@ -464,24 +562,60 @@ def build_app(state: ServerState) -> Starlette:
         model = echoed_model(data)
 
         def chunk(choices: list, **extra) -> bytes:
-            return sse({"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-                        "choices": choices, **extra})
+            return sse(
+                {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": choices,
+                    **extra,
+                }
+            )
 
         if data.get("stream"):
+
             async def stream():
                 # SGLang: a role-only chunk first, the text, a finish chunk without text, then the usage
                 # as a chunk of its own (choices []) only when stream_options.include_usage is set.
-                yield chunk([{"index": 0, "delta": {"role": "assistant", "content": "", "reasoning_content": None},
-                              "logprobs": None, "finish_reason": None, "matched_stop": None}])
+                yield chunk(
+                    [
+                        {
+                            "index": 0,
+                            "delta": {"role": "assistant", "content": "", "reasoning_content": None},
+                            "logprobs": None,
+                            "finish_reason": None,
+                            "matched_stop": None,
+                        }
+                    ]
+                )
                 async for event in run(prompt_ids, params):
                     if event["type"] == "delta":
                         if event["text"]:
-                            yield chunk([{"index": 0, "delta": {"content": event["text"], "reasoning_content": None},
-                                          "logprobs": None, "finish_reason": None, "matched_stop": None}])
+                            yield chunk(
+                                [
+                                    {
+                                        "index": 0,
+                                        "delta": {"content": event["text"], "reasoning_content": None},
+                                        "logprobs": None,
+                                        "finish_reason": None,
+                                        "matched_stop": None,
+                                    }
+                                ]
+                            )
                         continue
                     reason, matched = finish_of(event["meta"])
-                    yield chunk([{"index": 0, "delta": {"reasoning_content": None}, "logprobs": None,
-                                  "finish_reason": reason, "matched_stop": matched}])
+                    yield chunk(
+                        [
+                            {
+                                "index": 0,
+                                "delta": {"reasoning_content": None},
+                                "logprobs": None,
+                                "finish_reason": reason,
+                                "matched_stop": matched,
+                            }
+                        ]
+                    )
                     if include_usage:
                         yield chunk([], usage=usage([event["meta"]]))
                 yield b"data: [DONE]\n\n"
@@ -491,13 +625,26 @@ def build_app(state: ServerState) -> Starlette:
         choices = []
         for index, event in enumerate(events):
             reason, matched = finish_of(event["meta"])
-            choices.append({"index": index, "message": {"role": "assistant", "content": event["text"],
-                                                        "reasoning_content": None},
-                            "logprobs": None, "finish_reason": reason, "matched_stop": matched})
-        return JSONResponse({
-            "id": rid, "object": "chat.completion", "created": created, "model": model, "choices": choices,
-            "usage": usage([event["meta"] for event in events]), "metadata": {"weight_version": "default"},
-        })
+            choices.append(
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": event["text"], "reasoning_content": None},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                    "matched_stop": matched,
+                }
+            )
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "choices": choices,
+                "usage": usage([event["meta"] for event in events]),
+                "metadata": {"weight_version": "default"},
+            }
+        )
 
     async def noop(request: Request) -> Response:
         return Response(status_code=200)
@@ -520,6 +667,7 @@ def build_app(state: ServerState) -> Starlette:
     ]
     if state.enable_metrics:
         routes.append(Route("/metrics", metrics, methods=["GET"]))
+
     async def http_error(request: Request, exc: HTTPException) -> Response:
         # FastAPI's answer for an unknown route (404) or method (405): JSON {"detail": ...}.
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
@@ -546,9 +694,12 @@ class ApiKeyMiddleware:
 
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         decision = decide_request_auth(
-            method=scope.get("method", "GET"), path=scope.get("path", "/"),
-            authorization_header=headers.get("authorization"), api_key=self.state.api_key,
-            admin_api_key=self.state.admin_api_key, auth_level=AuthLevel.NORMAL,
+            method=scope.get("method", "GET"),
+            path=scope.get("path", "/"),
+            authorization_header=headers.get("authorization"),
+            api_key=self.state.api_key,
+            admin_api_key=self.state.admin_api_key,
+            auth_level=AuthLevel.NORMAL,
         )
         if not decision.allowed:
             response = JSONResponse(

@@ -99,7 +99,9 @@ def parse_faults(raw: Optional[str]) -> Faults:
         name = name.strip().lower()
         try:
             if name == "crash_at_start":
-                values["crash_at_start"] = arg or "lab fault crash_at_start: the scheduler failed while loading the model"
+                values["crash_at_start"] = (
+                    arg or "lab fault crash_at_start: the scheduler failed while loading the model"
+                )
             elif name == "crash_after":
                 values["crash_after"] = int(arg)
                 if values["crash_after"] < 0:

@@ -25,7 +25,9 @@ CHAT_TEMPLATE = (
 
 def byte_to_unicode(byte: int) -> str:
     """GPT-2's printable stand-in for a byte (its bytes_to_unicode table)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     if byte in printable:
         return chr(byte)
     others = [b for b in range(256) if b not in printable]
@@ -34,22 +36,54 @@ def byte_to_unicode(byte: int) -> str:
 
 def tokenizer_json() -> dict:
     vocab = {byte_to_unicode(BYTE_OF_ID[token_id]): token_id for token_id in range(NUM_BYTE_TOKENS)}
-    added = [{"id": token_id, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
-              "normalized": False, "special": True} for text, token_id in sorted(SPECIALS.items(), key=lambda kv: kv[1])]
+    added = [
+        {
+            "id": token_id,
+            "content": text,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for text, token_id in sorted(SPECIALS.items(), key=lambda kv: kv[1])
+    ]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     return {
-        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
-        "pre_tokenizer": byte_level, "post_processor": None, "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
-                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": []},
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": {
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": None,
+            "end_of_word_suffix": None,
+            "fuse_unk": False,
+            "byte_fallback": False,
+            "ignore_merges": False,
+            "vocab": vocab,
+            "merges": [],
+        },
     }
 
 
 def tokenizer_config() -> dict:
     eos = next(text for text, token_id in SPECIALS.items() if token_id == EOS_ID)
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos, "bos_token": None,
-            "model_max_length": 8192, "clean_up_tokenization_spaces": False, "chat_template": CHAT_TEMPLATE}
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": eos,
+        "pad_token": eos,
+        "bos_token": None,
+        "model_max_length": 8192,
+        "clean_up_tokenization_spaces": False,
+        "chat_template": CHAT_TEMPLATE,
+    }
 
 
 def write(directory: str) -> list:

@@ -74,7 +74,9 @@ def _load(what: str, path: str, seconds: float, build):
     after = _avail_mem_gb()
     logger.info(
         "Load weight end. type=%s, dtype=torch.float64, avail mem=%.2f GB, mem usage=%.2f GB.",
-        what, after, max(before - after, 0.0),
+        what,
+        after,
+        max(before - after, 0.0),
     )
     return obj
 
@@ -99,8 +101,9 @@ def _warmup(state, host: str, port: int, skip: bool, on_ready) -> None:
                     raise
                 time.sleep(0.1)
         if not skip:
-            payload = json.dumps({"text": "The capital city of France is",
-                                  "sampling_params": {"temperature": 0, "max_new_tokens": 8}}).encode()
+            payload = json.dumps(
+                {"text": "The capital city of France is", "sampling_params": {"temperature": 0, "max_new_tokens": 8}}
+            ).encode()
             timeout = float(os.environ.get("SGLANG_WARMUP_TIMEOUT", "600"))
             with urllib.request.urlopen(
                 urllib.request.Request(base + "/generate", data=payload, headers=headers, method="POST"),
@@ -149,7 +152,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logger.info(
         "lab runtime (ddtree_lab_runtime, not SGLang's scheduler): decoder=%s algorithm=%s "
         "budget=%s top_k=%s draft_len=%s faults=%s%s",
-        plan.mode, plan.algorithm, plan.budget, plan.top_k, plan.draft_len, faults.describe(),
+        plan.mode,
+        plan.algorithm,
+        plan.budget,
+        plan.top_k,
+        plan.draft_len,
+        faults.describe(),
         f" ({plan.note})" if plan.note else "",
     )
     signal.signal(signal.SIGQUIT, _sigquit_handler)
@@ -165,12 +173,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     draft_config = None
     if plan.speculative:
         draft_path = plan.draft_path or cfg.model_path
-        draft_config = _load("LabDrafter", draft_path, lab_env.load_seconds * (1 - share),
-                             lambda: LabDraftConfig.from_path(draft_path))
+        draft_config = _load(
+            "LabDrafter", draft_path, lab_env.load_seconds * (1 - share), lambda: LabDraftConfig.from_path(draft_path)
+        )
     tokenizer = ByteTokenizer()
     degenerate_token = tokenizer.encode(faults.degenerate)[0] if faults.degenerate is not None else None
-    decoder = Decoder(target, plan, draft_config, degenerate_token=degenerate_token,
-                      per_token_delay=faults.slow_ms / 1000.0)
+    decoder = Decoder(
+        target, plan, draft_config, degenerate_token=degenerate_token, per_token_delay=faults.slow_ms / 1000.0
+    )
 
     from .endpoints import ServerState, build_app
     from .scheduler import Scheduler
@@ -181,21 +191,42 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     logger.info(
         "max_total_num_tokens=%d, chunked_prefill_size=%s, max_prefill_tokens=%s, max_running_requests=%s, "
         "context_len=%d, available_gpu_mem=%.2f GB",
-        context_len * 4, cfg.chunked_prefill_size, cfg.max_prefill_tokens, cfg.max_running_requests, context_len,
+        context_len * 4,
+        cfg.chunked_prefill_size,
+        cfg.max_prefill_tokens,
+        cfg.max_running_requests,
+        context_len,
         _avail_mem_gb(),
     )
     if plan.mode == "ddtree":
-        logger.info("DDTREE worker ready (lab): budget=%d, top_k=%d, draft positions=%d, tree builder=%s",
-                    plan.budget, plan.top_k, plan.draft_len, decoder.builder_name)
+        logger.info(
+            "DDTREE worker ready (lab): budget=%d, top_k=%d, draft positions=%d, tree builder=%s",
+            plan.budget,
+            plan.top_k,
+            plan.draft_len,
+            decoder.builder_name,
+        )
     state = ServerState(
-        server_args=server_args, plan=plan, tokenizer=tokenizer, scheduler=scheduler,
-        model_path=cfg.model_path, served_model_name=cfg.served_model_name or cfg.model_path,
-        context_len=context_len, model_type=target.model_type, architectures=target.architectures,
-        health_timeout=lab_env.health_timeout, api_key=cfg.api_key, admin_api_key=cfg.admin_api_key,
+        server_args=server_args,
+        plan=plan,
+        tokenizer=tokenizer,
+        scheduler=scheduler,
+        model_path=cfg.model_path,
+        served_model_name=cfg.served_model_name or cfg.model_path,
+        context_len=context_len,
+        model_type=target.model_type,
+        architectures=target.architectures,
+        health_timeout=lab_env.health_timeout,
+        api_key=cfg.api_key,
+        admin_api_key=cfg.admin_api_key,
         enable_metrics=bool(cfg.enable_metrics),
-        lab_info={"model_seed": model_config.seed, "model_config_source": model_config.source,
-                  "tree_builder": decoder.builder_name, "faults": faults.describe(),
-                  "lab_nvidia_gpus": os.environ.get("LAB_NVIDIA_GPUS")},
+        lab_info={
+            "model_seed": model_config.seed,
+            "model_config_source": model_config.source,
+            "tree_builder": decoder.builder_name,
+            "faults": faults.describe(),
+            "lab_nvidia_gpus": os.environ.get("LAB_NVIDIA_GPUS"),
+        },
     )
     app = build_app(state)
 
@@ -212,9 +243,14 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             super().handle_exit(sig, frame)
 
     config = uvicorn.Config(
-        app, host=cfg.host, port=int(cfg.port), log_level=(cfg.log_level_http or cfg.log_level or "info").lower(),
-        timeout_keep_alive=5, timeout_graceful_shutdown=max(lab_env.drain_seconds, 0.1) or None,
-        lifespan="off", ws="none",
+        app,
+        host=cfg.host,
+        port=int(cfg.port),
+        log_level=(cfg.log_level_http or cfg.log_level or "info").lower(),
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=max(lab_env.drain_seconds, 0.1) or None,
+        lifespan="off",
+        ws="none",
     )
     server = _Server(config)
 
@@ -224,8 +260,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         logger.info("The server is fired up and ready to roll!")
 
     threading.Thread(
-        target=_warmup, args=(state, cfg.host, int(cfg.port), bool(cfg.skip_server_warmup), on_ready),
-        name="lab-warmup", daemon=True,
+        target=_warmup,
+        args=(state, cfg.host, int(cfg.port), bool(cfg.skip_server_warmup), on_ready),
+        name="lab-warmup",
+        daemon=True,
     ).start()
     # uvicorn re-raises the signal that stopped it once the handlers are restored: make that a no-op,
     # so a SIGTERM ends in a clean exit 0 after the drain (as SGLang's launcher does).

@@ -167,7 +167,7 @@ class LabLM:
         for order in range(k + 1):
             counts: dict[bytes, dict[int, int]] = {}
             for i in range(order, len(data)):
-                ctx = data[i - order:i]
+                ctx = data[i - order : i]
                 nxt = ID_OF_BYTE[data[i]]
                 row = counts.setdefault(ctx, {})
                 row[nxt] = row.get(nxt, 0) + 1
@@ -186,9 +186,7 @@ class LabLM:
         byte_ids = arr[(arr >= 0) & (arr < NUM_BYTE_TOKENS)]
         hw = self.W[byte_ids].sum(axis=0) if byte_ids.size else self._zero.copy()
         window = self._window
-        recent = bytes(
-            BYTE_OF_ID[i] if 0 <= i < NUM_BYTE_TOKENS else _NEWLINE for i in arr[-window:].tolist()
-        )
+        recent = bytes(BYTE_OF_ID[i] if 0 <= i < NUM_BYTE_TOKENS else _NEWLINE for i in arr[-window:].tolist())
         specials = np.flatnonzero((arr < 0) | (arr >= NUM_BYTE_TOKENS))
         turn = int(arr.size - 1 - specials[-1]) if specials.size else int(arr.size)
         chat = bool((arr == IM_START_ID).any())
@@ -197,9 +195,9 @@ class LabLM:
     def push(self, ctx: Context, token: int) -> Context:
         token = int(token)
         if 0 <= token < NUM_BYTE_TOKENS:
-            recent = (ctx.recent + bytes((BYTE_OF_ID[token],)))[-self._window:]
+            recent = (ctx.recent + bytes((BYTE_OF_ID[token],)))[-self._window :]
             return Context(recent, ctx.hw + self.W[token], ctx.n + 1, ctx.length + 1, ctx.turn + 1, ctx.chat)
-        recent = (ctx.recent + b"\n")[-self._window:]
+        recent = (ctx.recent + b"\n")[-self._window :]
         return Context(recent, ctx.hw, ctx.n, ctx.length + 1, 0, ctx.chat or token == IM_START_ID)
 
     # ---- scoring -------------------------------------------------------------------------------
@@ -210,7 +208,7 @@ class LabLM:
             return cached
         probs = np.full(NUM_BYTE_TOKENS, 1.0 / NUM_BYTE_TOKENS, dtype=np.float64)
         for order in range(0, len(tail) + 1):
-            entry = self._tables[order].get(tail[len(tail) - order:])
+            entry = self._tables[order].get(tail[len(tail) - order :])
             if entry is None:
                 break
             ids, cnt, total = entry
@@ -244,7 +242,7 @@ class LabLM:
 
     def logits(self, ctx: Context) -> np.ndarray:
         """Next-token logits ``[V]`` (float64) after ``ctx``."""
-        tail = ctx.recent[-self.k:] if self.k else b""
+        tail = ctx.recent[-self.k :] if self.k else b""
         out = self._ngram_logits(tail).copy()
         if ctx.n and self.config.topic_scale:
             out += self.config.topic_scale * (ctx.hw / ctx.n)

@@ -69,7 +69,9 @@ def handle_speculative_decoding(server_args: Any) -> None:
         from sglang.srt.arg_groups.overrides import record_foreign_defaults
 
         if algo.validate_server_args is not None:
-            record_foreign_defaults(server_args, "handle_speculative_decoding.custom_validate", algo.validate_server_args)
+            record_foreign_defaults(
+                server_args, "handle_speculative_decoding.custom_validate", algo.validate_server_args
+            )
         record_foreign_defaults(server_args, "handle_speculative_decoding.custom_algo", algo.handle_server_args)
     elif algo.is_dflash():
         _handle_dflash(server_args)
@@ -146,7 +148,9 @@ def _handle_eagle_family(server_args: Any) -> None:
                 "speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 when speculative_eagle_topk == 1"
             )
         tokens = steps + 1 if topk == 1 else max(steps * topk, 2)
-    _declare(server_args, speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=int(tokens))
+    _declare(
+        server_args, speculative_num_steps=steps, speculative_eagle_topk=topk, speculative_num_draft_tokens=int(tokens)
+    )
     _max_running_48(server_args)
 
 
@@ -196,13 +200,25 @@ def plan_from_args(server_args: Any) -> DecodePlan:
             except dd_settings.DDTreeConfigError:
                 budget, top_k = window - 1, dd_settings.default_top_k(window - 1)
             return DecodePlan(
-                "no_hidden_capture", draft_len=window - 1, budget=budget, top_k=top_k, num_draft_tokens=window,
+                "no_hidden_capture",
+                draft_len=window - 1,
+                budget=budget,
+                top_k=top_k,
+                num_draft_tokens=window,
                 hidden_capture=False,
-                note=f"{algo!r}: is_dflash_family() is False, so target hidden states are not captured", **common,
+                note=f"{algo!r}: is_dflash_family() is False, so target hidden states are not captured",
+                **common,
             )
         if draft is not None and algo.is_dflash_family():
-            return DecodePlan("dflash", draft_len=window - 1, budget=window - 1, top_k=1, num_draft_tokens=window,
-                              note=f"plugin algorithm {algo!r} decoded as a DFlash chain", **common)
+            return DecodePlan(
+                "dflash",
+                draft_len=window - 1,
+                budget=window - 1,
+                top_k=1,
+                num_draft_tokens=window,
+                note=f"plugin algorithm {algo!r} decoded as a DFlash chain",
+                **common,
+            )
         return DecodePlan("none", note=f"plugin algorithm {algo!r} has no lab decoder: plain decoding", **common)
 
     if algo.is_dflash():
@@ -216,12 +232,28 @@ def plan_from_args(server_args: Any) -> DecodePlan:
         if tree is not None:
             # The lab serves one request at a time: the schedule's budget for one request.
             single = tree.for_batch(1)
-            return DecodePlan("ddtree", draft_len=tree.block - 1, budget=single.budget, top_k=single.effective_top_k,
-                              num_draft_tokens=single.window, note="DDTREE (adapter-resolved) on the DFlash drafter",
-                              **common)
+            return DecodePlan(
+                "ddtree",
+                draft_len=tree.block - 1,
+                budget=single.budget,
+                top_k=single.effective_top_k,
+                num_draft_tokens=single.window,
+                note="DDTREE (adapter-resolved) on the DFlash drafter",
+                **common,
+            )
         return DecodePlan("dflash", draft_len=window - 1, budget=window - 1, top_k=1, num_draft_tokens=window, **common)
     if algo.is_eagle() or algo.is_standalone() or algo.is_frozen_kv_mtp():
-        steps, topk, tokens = int(cfg.speculative_num_steps), int(cfg.speculative_eagle_topk), int(cfg.speculative_num_draft_tokens)
-        return DecodePlan("eagle", draft_len=steps, budget=max(1, min(tokens - 1, steps * topk)), top_k=topk,
-                          num_draft_tokens=tokens, **common)
+        steps, topk, tokens = (
+            int(cfg.speculative_num_steps),
+            int(cfg.speculative_eagle_topk),
+            int(cfg.speculative_num_draft_tokens),
+        )
+        return DecodePlan(
+            "eagle",
+            draft_len=steps,
+            budget=max(1, min(tokens - 1, steps * topk)),
+            top_k=topk,
+            num_draft_tokens=tokens,
+            **common,
+        )
     return DecodePlan("none", note=f"{name} is not modelled by the lab runtime: plain decoding", **common)

@@ -28,8 +28,31 @@ from .tokenizer import STOP_TOKEN_IDS, ByteTokenizer, IncrementalDecoder
 logger = logging.getLogger("ddtree_lab_runtime")
 
 TTFT_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0)
-ITL_BUCKETS = (0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060, 0.080,
-               0.100, 0.200, 0.400, 0.600, 0.800, 1.0, 2.0, 4.0, 6.0, 8.0)
+ITL_BUCKETS = (
+    0.002,
+    0.004,
+    0.006,
+    0.008,
+    0.010,
+    0.015,
+    0.020,
+    0.025,
+    0.030,
+    0.035,
+    0.040,
+    0.060,
+    0.080,
+    0.100,
+    0.200,
+    0.400,
+    0.600,
+    0.800,
+    1.0,
+    2.0,
+    4.0,
+    6.0,
+    8.0,
+)
 _rid = itertools.count(1)
 
 
@@ -184,7 +207,8 @@ class Scheduler:
         msg = f"Decode batch, #running-req: 1, #token: {tokens}, token usage: 0.00, "
         if self.decoder.plan.speculative:
             msg += f"accept len: {self.accept_length(window):.2f}, accept rate: {self.accept_rate(window):.2f}, "
-        msg += f"cuda graph: False, gen throughput (token/s): {self.last_gen_throughput:.2f}, #queue-req: {self.queue_size()}"
+        msg += f"cuda graph: False, gen throughput (token/s): {self.last_gen_throughput:.2f}, "
+        msg += f"#queue-req: {self.queue_size()}"
         logger.info(msg)
 
     def spec_accept_rate(self) -> float:
@@ -266,7 +290,7 @@ class Scheduler:
                     break
             # Stream only what cannot become a stop string: hold back a tail that is a stop string's prefix.
             held = 0 if state["stop"] is not None else stop_prefix_tail(state["text"], params.stop or [])
-            delta = state["text"][state["sent"]:len(state["text"]) - held]
+            delta = state["text"][state["sent"] : len(state["text"]) - held]
             state["sent"] += len(delta)
             request.push({"type": "delta", "text": delta, "ids": taken})
             return state["stop"] is None and not request.cancelled
@@ -279,7 +303,7 @@ class Scheduler:
             self.running = 0
         if state["stop"] is None:
             state["text"] += text_decoder.flush()
-            tail = state["text"][state["sent"]:]  # what was held back as a possible stop string, too
+            tail = state["text"][state["sent"] :]  # what was held back as a possible stop string, too
             if tail:
                 state["sent"] = len(state["text"])
                 request.push({"type": "delta", "text": tail, "ids": []})

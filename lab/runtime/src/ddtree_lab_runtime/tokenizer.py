@@ -16,8 +16,8 @@ from typing import Iterable, Sequence
 
 
 def _byte_order() -> list[int]:
-    order = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1)
+    order = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     )
     order += [b for b in range(256) if b not in order]
     return order
@@ -76,7 +76,9 @@ class ByteTokenizer:
         """ChatML: ``<|im_start|>role\\ncontent<|im_end|>\\n`` per message, then the assistant turn."""
         parts = []
         for message in messages:
-            parts.append(f"<|im_start|>{message.get('role', 'user')}\n{_content_text(message.get('content'))}<|im_end|>\n")
+            parts.append(
+                f"<|im_start|>{message.get('role', 'user')}\n{_content_text(message.get('content'))}<|im_end|>\n"
+            )
         if add_generation_prompt:
             parts.append("<|im_start|>assistant\n")
         return "".join(parts)

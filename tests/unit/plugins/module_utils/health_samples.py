@@ -6,14 +6,14 @@ SITE = "/opt/sglang/services/coder/current/stack/lib/python3.11/site-packages"
 # Journal lines longer than the line limit, spliced into the excerpts below.
 LONG_LINES = {
     "server_args": "[2026-11-30 10:00:01] server_args=ServerArgs(model_path='/models/Qwen3-8B', served_model_name='coder', "
-                   "speculative_algorithm='DDTREE', speculative_draft_model_path='/models/Qwen3-8B-DFlash-b16', "
-                   "speculative_ddtree_budget=64, port=30000, ...)",
+    "speculative_algorithm='DDTREE', speculative_draft_model_path='/models/Qwen3-8B-DFlash-b16', "
+    "speculative_ddtree_budget=64, port=30000, ...)",
     "capacity": "[2026-11-30 10:00:23 TP0] max_total_num_tokens=412160, chunked_prefill_size=8192, max_prefill_tokens=16384, "
-                "max_running_requests=48, context_len=40960, available_gpu_mem=11.53 GB",
+    "max_running_requests=48, context_len=40960, available_gpu_mem=11.53 GB",
     "oom_kill": "Nov 30 10:00:09.101302 ct200 kernel: oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0-1,"
-                "oom_memcg=/system.slice/sglang-coder.service,task_memcg=/system.slice/sglang-coder.service,task=python,pid=4182,uid=999",
+    "oom_memcg=/system.slice/sglang-coder.service,task_memcg=/system.slice/sglang-coder.service,task=python,pid=4182,uid=999",
     "memcg": "Nov 30 10:00:09.101311 ct200 kernel: Memory cgroup out of memory: Killed process 4182 (python) total-vm:95034112kB, "
-             "anon-rss:64201728kB, file-rss:524288kB, shmem-rss:0kB, UID:999 pgtables:128000kB oom_score_adj:0",
+    "anon-rss:64201728kB, file-rss:524288kB, shmem-rss:0kB, UID:999 pgtables:128000kB oom_score_adj:0",
 }
 
 
@@ -130,16 +130,41 @@ HANG = GOOD_START + [
 
 def props(**overrides):
     """`systemctl show` properties of sglang-coder.service, running unless overridden."""
-    base = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "Result": "success",
-            "NRestarts": "0", "ExecMainStatus": "0", "ExecMainCode": "0", "ExecMainPID": "4182", "MainPID": "4182",
-            "ActiveEnterTimestampMonotonic": "123456789", "InactiveExitTimestamp": "Mon 2026-11-30 10:00:00 UTC"}
+    base = {
+        "LoadState": "loaded",
+        "ActiveState": "active",
+        "SubState": "running",
+        "Result": "success",
+        "NRestarts": "0",
+        "ExecMainStatus": "0",
+        "ExecMainCode": "0",
+        "ExecMainPID": "4182",
+        "MainPID": "4182",
+        "ActiveEnterTimestampMonotonic": "123456789",
+        "InactiveExitTimestamp": "Mon 2026-11-30 10:00:00 UTC",
+    }
     base.update(overrides)
     return base
 
 
-FAILED_EXIT_2 = props(ActiveState="failed", SubState="failed", Result="exit-code", ExecMainCode="1", ExecMainStatus="2", MainPID="0")
-FAILED_EXIT_1 = props(ActiveState="failed", SubState="failed", Result="exit-code", ExecMainCode="1", ExecMainStatus="1", MainPID="0")
-FAILED_KILL = props(ActiveState="failed", SubState="failed", Result="signal", ExecMainCode="2", ExecMainStatus="9", MainPID="0")
-FAILED_OOM = props(ActiveState="failed", SubState="failed", Result="oom-kill", ExecMainCode="2", ExecMainStatus="9", MainPID="0")
-AUTO_RESTART = props(ActiveState="activating", SubState="auto-restart", Result="signal", ExecMainCode="2",
-                     ExecMainStatus="9", MainPID="0", NRestarts="0")
+FAILED_EXIT_2 = props(
+    ActiveState="failed", SubState="failed", Result="exit-code", ExecMainCode="1", ExecMainStatus="2", MainPID="0"
+)
+FAILED_EXIT_1 = props(
+    ActiveState="failed", SubState="failed", Result="exit-code", ExecMainCode="1", ExecMainStatus="1", MainPID="0"
+)
+FAILED_KILL = props(
+    ActiveState="failed", SubState="failed", Result="signal", ExecMainCode="2", ExecMainStatus="9", MainPID="0"
+)
+FAILED_OOM = props(
+    ActiveState="failed", SubState="failed", Result="oom-kill", ExecMainCode="2", ExecMainStatus="9", MainPID="0"
+)
+AUTO_RESTART = props(
+    ActiveState="activating",
+    SubState="auto-restart",
+    Result="signal",
+    ExecMainCode="2",
+    ExecMainStatus="9",
+    MainPID="0",
+    NRestarts="0",
+)

@@ -7,8 +7,15 @@ import pytest
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import services
 
-CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/models/coder-dflash", "gpus": [0, 1], "tp_size": 2,
-         "port": 30000, "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8}}
+CODER = {
+    "name": "coder",
+    "model_path": "/models/coder",
+    "draft_model_path": "/models/coder-dflash",
+    "gpus": [0, 1],
+    "tp_size": 2,
+    "port": 30000,
+    "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8},
+}
 EIGHT = list(range(8))
 
 
@@ -29,10 +36,12 @@ def test_ddtree_gets_the_triton_backend_when_it_says_none():
     assert backend_flags(services.service_flags(coder())) == [("--attention-backend", "triton")]
 
 
-@pytest.mark.parametrize("extra_args", [["--attention-backend", "triton"], ["--attention-backend=triton"], ["--attention-b", "triton"]])
+@pytest.mark.parametrize(
+    "extra_args", [["--attention-backend", "triton"], ["--attention-backend=triton"], ["--attention-b", "triton"]]
+)
 def test_ddtree_that_says_triton_keeps_its_own_flag_once(extra_args):
     flags = services.service_flags(coder(extra_args=extra_args))
-    assert flags[-len(extra_args):] == extra_args
+    assert flags[-len(extra_args) :] == extra_args
     assert sum(1 for flag in flags if flag.startswith("--attention-b")) == 1
     assert services.service_problems([coder(extra_args=extra_args)], EIGHT, "ct200") == []
 
@@ -48,21 +57,33 @@ def test_other_algorithms_render_as_before_and_may_use_any_backend(algorithm):
     assert services.service_problems([service], EIGHT, "ct200") == []
 
 
-@pytest.mark.parametrize("extra_args, flag, value", [
-    (["--attention-backend", "flashinfer"], "--attention-backend", "flashinfer"),
-    (["--attention-backend=fa3"], "--attention-backend", "fa3"),
-    (["--attention-backe", "flashinfer"], "--attention-backend", "flashinfer"),
-    (["--prefill-attention-backend", "flashinfer"], "--prefill-attention-backend", "flashinfer"),
-    (["--attention-backend", "triton", "--decode-attention-backend=fa3"], "--decode-attention-backend", "fa3"),
-])
+@pytest.mark.parametrize(
+    "extra_args, flag, value",
+    [
+        (["--attention-backend", "flashinfer"], "--attention-backend", "flashinfer"),
+        (["--attention-backend=fa3"], "--attention-backend", "fa3"),
+        (["--attention-backe", "flashinfer"], "--attention-backend", "flashinfer"),
+        (["--prefill-attention-backend", "flashinfer"], "--prefill-attention-backend", "flashinfer"),
+        (["--attention-backend", "triton", "--decode-attention-backend=fa3"], "--decode-attention-backend", "fa3"),
+    ],
+)
 def test_ddtree_on_another_backend_is_refused_naming_the_flag_the_value_and_the_fix(extra_args, flag, value):
     problems = services.service_problems([coder(extra_args=extra_args)], EIGHT, "ct200")
-    assert problems == ["ct200: sglang_services[0] (coder): %s %s is not proven with DDTREE's tree mask; use triton (or drop "
-                        "the flag: the collection sets --attention-backend triton for DDTREE) or run the service with DFLASH"
-                        % (flag, value)]
+    assert problems == [
+        "ct200: sglang_services[0] (coder): %s %s is not proven with DDTREE's tree mask; use triton (or drop "
+        "the flag: the collection sets --attention-backend triton for DDTREE) or run the service with DFLASH"
+        % (flag, value)
+    ]
 
 
 def test_flags_that_only_look_alike_are_not_backends():
-    extra = ["--attention-context-parallel-size", "2", "--mm-attention-backend", "sdpa", "--speculative-draft-attention-backend", "fa3"]
+    extra = [
+        "--attention-context-parallel-size",
+        "2",
+        "--mm-attention-backend",
+        "sdpa",
+        "--speculative-draft-attention-backend",
+        "fa3",
+    ]
     assert services.attention_backends(extra) == {}
     assert services.service_problems([coder(extra_args=extra)], EIGHT, "ct200") == []

@@ -6,10 +6,25 @@ import pytest
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import autotune, services
 
-CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/models/coder-dflash", "gpus": [0, 1], "tp_size": 2,
-         "port": 30000, "speculative": {"algorithm": "DDTREE",
-                                        "autotune": {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1, 16], "min_gain": 0.03,
-                                                     "gpus": [2, 3], "port": 30100}}}
+CODER = {
+    "name": "coder",
+    "model_path": "/models/coder",
+    "draft_model_path": "/models/coder-dflash",
+    "gpus": [0, 1],
+    "tp_size": 2,
+    "port": 30000,
+    "speculative": {
+        "algorithm": "DDTREE",
+        "autotune": {
+            "budgets": [4, 8, 15],
+            "top_k": [4, 8],
+            "concurrency": [1, 16],
+            "min_gain": 0.03,
+            "gpus": [2, 3],
+            "port": 30100,
+        },
+    },
+}
 EIGHT = list(range(8))
 
 
@@ -25,39 +40,75 @@ def problems_of(service):
 
 # ---- the declaration -------------------------------------------------------------------------------
 
+
 def test_a_good_declaration_and_the_defaults_have_no_problems():
     assert problems_of(CODER) == []
     defaults = copy.deepcopy(CODER)
     defaults["speculative"]["autotune"] = {"gpus": [2, 3], "port": 30100}
     assert problems_of(defaults) == []
-    assert autotune.declaration(defaults["speculative"]) == {"budgets": [4, 8, 15], "top_k": [4, 8], "concurrency": [1], "min_gain": 0.03}
+    assert autotune.declaration(defaults["speculative"]) == {
+        "budgets": [4, 8, 15],
+        "top_k": [4, 8],
+        "concurrency": [1],
+        "min_gain": 0.03,
+    }
 
 
-@pytest.mark.parametrize("service, message", [
-    (dict(CODER, speculative={"algorithm": "DFLASH", "autotune": {}}),
-     "ct200: sglang_services[0] (coder): speculative.autotune is set, but algorithm is DFLASH; autotune chooses DDTREE's budget "
-     "and top_k (falling back to DFLASH by itself): set algorithm DDTREE or remove autotune"),
-    (dict(CODER, speculative={"algorithm": "DDTREE", "autotune": True}),
-     "speculative.autotune is True; it must be a mapping of budgets, top_k, concurrency, min_gain, gpus, port, own_gpus "
-     "(e.g. autotune: {gpus: [2, 3], port: 30100} for the default grid)"),
-    (with_autotune(budget=[4]),
-     "speculative.autotune has unknown field(s) 'budget'; its fields are budgets, top_k, concurrency, min_gain, gpus, port, own_gpus"),
-    (with_autotune(budgets=[4, 0]), "speculative.autotune.budgets is [4, 0]; it must be a non-empty list of distinct integers >= 1"),
-    (with_autotune(budgets=[]), "speculative.autotune.budgets is []; it must be a non-empty list"),
-    (with_autotune(budgets=8), "speculative.autotune.budgets is 8; it must be a non-empty list"),
-    (with_autotune(top_k=[4, True]), "speculative.autotune.top_k is [4, True]; it must be a non-empty list of distinct integers >= 1"),
-    (with_autotune(top_k=[4, 8, 4]), "speculative.autotune.top_k is [4, 8, 4] and lists 4 more than once; list each value once"),
-    (with_autotune(concurrency=[0, 16]), "speculative.autotune.concurrency is [0, 16]; it must be a non-empty list of distinct integers >= 1"),
-    (with_autotune(min_gain=1), "speculative.autotune.min_gain is 1; it must be a number from 0 up to, not including, 1"),
-    (with_autotune(min_gain=-0.01), "speculative.autotune.min_gain is -0.01"),
-    (with_autotune(min_gain="3%"), "speculative.autotune.min_gain is '3%'"),
-    (dict(CODER, speculative=dict(CODER["speculative"], budget=15)),
-     "speculative.budget 15 is fixed, but autotune chooses it: remove speculative.budget, or pin it in the grid with autotune.budgets: [15]"),
-    (dict(CODER, speculative=dict(CODER["speculative"], top_k=8)),
-     "speculative.top_k 8 is fixed, but autotune chooses it: remove speculative.top_k, or pin it in the grid with autotune.top_k: [8]"),
-    (with_autotune(budgets=list(range(1, 6)), top_k=[1, 2, 3, 4]),
-     "speculative.autotune spans 20 DDTREE settings (5 budgets x 4 top_k), each a server start and a measurement; list at most 16"),
-])
+@pytest.mark.parametrize(
+    "service, message",
+    [
+        (
+            dict(CODER, speculative={"algorithm": "DFLASH", "autotune": {}}),
+            "ct200: sglang_services[0] (coder): speculative.autotune is set, but algorithm is DFLASH; autotune chooses DDTREE's budget "
+            "and top_k (falling back to DFLASH by itself): set algorithm DDTREE or remove autotune",
+        ),
+        (
+            dict(CODER, speculative={"algorithm": "DDTREE", "autotune": True}),
+            "speculative.autotune is True; it must be a mapping of budgets, top_k, concurrency, min_gain, gpus, port, own_gpus "
+            "(e.g. autotune: {gpus: [2, 3], port: 30100} for the default grid)",
+        ),
+        (
+            with_autotune(budget=[4]),
+            "speculative.autotune has unknown field(s) 'budget'; its fields are budgets, top_k, concurrency, min_gain, gpus, port, own_gpus",
+        ),
+        (
+            with_autotune(budgets=[4, 0]),
+            "speculative.autotune.budgets is [4, 0]; it must be a non-empty list of distinct integers >= 1",
+        ),
+        (with_autotune(budgets=[]), "speculative.autotune.budgets is []; it must be a non-empty list"),
+        (with_autotune(budgets=8), "speculative.autotune.budgets is 8; it must be a non-empty list"),
+        (
+            with_autotune(top_k=[4, True]),
+            "speculative.autotune.top_k is [4, True]; it must be a non-empty list of distinct integers >= 1",
+        ),
+        (
+            with_autotune(top_k=[4, 8, 4]),
+            "speculative.autotune.top_k is [4, 8, 4] and lists 4 more than once; list each value once",
+        ),
+        (
+            with_autotune(concurrency=[0, 16]),
+            "speculative.autotune.concurrency is [0, 16]; it must be a non-empty list of distinct integers >= 1",
+        ),
+        (
+            with_autotune(min_gain=1),
+            "speculative.autotune.min_gain is 1; it must be a number from 0 up to, not including, 1",
+        ),
+        (with_autotune(min_gain=-0.01), "speculative.autotune.min_gain is -0.01"),
+        (with_autotune(min_gain="3%"), "speculative.autotune.min_gain is '3%'"),
+        (
+            dict(CODER, speculative=dict(CODER["speculative"], budget=15)),
+            "speculative.budget 15 is fixed, but autotune chooses it: remove speculative.budget, or pin it in the grid with autotune.budgets: [15]",
+        ),
+        (
+            dict(CODER, speculative=dict(CODER["speculative"], top_k=8)),
+            "speculative.top_k 8 is fixed, but autotune chooses it: remove speculative.top_k, or pin it in the grid with autotune.top_k: [8]",
+        ),
+        (
+            with_autotune(budgets=list(range(1, 6)), top_k=[1, 2, 3, 4]),
+            "speculative.autotune spans 20 DDTREE settings (5 budgets x 4 top_k), each a server start and a measurement; list at most 16",
+        ),
+    ],
+)
 def test_each_autotune_rule_names_the_service_field_value_and_fix(service, message):
     problems = problems_of(service)
     assert any(message in problem for problem in problems), problems
@@ -70,11 +121,17 @@ def test_flags_of_a_service_that_declares_autotune_come_only_from_its_tuned_choi
 
 # ---- the grid and the key --------------------------------------------------------------------------
 
+
 def test_the_grid_is_dflash_then_every_ddtree_setting_at_every_concurrency():
     tuning = autotune.declaration(with_autotune(budgets=[15, 4], top_k=[4], concurrency=[16, 1])["speculative"])
     assert [(m["algorithm"], m["budget"], m["top_k"], m["concurrency"]) for m in autotune.measurement_plan(tuning)] == [
-        ("DFLASH", None, None, 1), ("DFLASH", None, None, 16),
-        ("DDTREE", 4, 4, 1), ("DDTREE", 4, 4, 16), ("DDTREE", 15, 4, 1), ("DDTREE", 15, 4, 16)]
+        ("DFLASH", None, None, 1),
+        ("DFLASH", None, None, 16),
+        ("DDTREE", 4, 4, 1),
+        ("DDTREE", 4, 4, 16),
+        ("DDTREE", 15, 4, 1),
+        ("DDTREE", 15, 4, 16),
+    ]
 
 
 def test_the_key_is_stable_and_changes_with_each_part():
@@ -116,29 +173,63 @@ def measured(speeds, **failures):
             if what in ("DFLASH", "NONE"):
                 result.append({"algorithm": what, "concurrency": concurrency, "tokens_per_second": value})
             else:
-                result.append({"algorithm": "DDTREE", "budget": what[0], "top_k": what[1], "concurrency": concurrency,
-                               "tokens_per_second": value, "accept_length": 6.0})
+                result.append(
+                    {
+                        "algorithm": "DDTREE",
+                        "budget": what[0],
+                        "top_k": what[1],
+                        "concurrency": concurrency,
+                        "tokens_per_second": value,
+                        "accept_length": 6.0,
+                    }
+                )
     return result
 
 
-ALL_SLOWER = {"DFLASH": (100.0, 1000.0), (4, 4): (101.0, 990.0), (4, 8): (99.0, 1001.0), (8, 4): (102.0, 1020.0),
-              (8, 8): (95.0, 900.0), (15, 4): (90.0, 800.0), (15, 8): (88.0, 700.0)}
+ALL_SLOWER = {
+    "DFLASH": (100.0, 1000.0),
+    (4, 4): (101.0, 990.0),
+    (4, 8): (99.0, 1001.0),
+    (8, 4): (102.0, 1020.0),
+    (8, 8): (95.0, 900.0),
+    (15, 4): (90.0, 800.0),
+    (15, 8): (88.0, 700.0),
+}
 
 
 def test_the_fastest_setting_that_beats_dflash_by_min_gain_at_every_concurrency_is_chosen():
-    speeds = {**ALL_SLOWER, (8, 4): (120.0, 1100.0), (15, 8): (140.0, 1040.0), (4, 8): (125.0, 1150.0), "NONE": (50.0, 600.0)}
+    speeds = {
+        **ALL_SLOWER,
+        (8, 4): (120.0, 1100.0),
+        (15, 8): (140.0, 1040.0),
+        (4, 8): (125.0, 1150.0),
+        "NONE": (50.0, 600.0),
+    }
     choice = autotune.choose(TUNING, measured(speeds))
     # (15, 8) is the fastest at one request (+40%) but only +4% at 16; (4, 8) is +25% and +15%: the best
     # worst case of one budget. A budget per load does better: 15 nodes for one request, 4 at 16.
-    assert (choice["algorithm"], choice["budget"], choice["top_k"], choice["status"]) == ("DDTREE", "1:15,16:4", 8, "ddtree")
+    assert (choice["algorithm"], choice["budget"], choice["top_k"], choice["status"]) == (
+        "DDTREE",
+        "1:15,16:4",
+        8,
+        "ddtree",
+    )
     assert choice["tokens_per_second"] == {"1": 140.0, "16": 1150.0}
     assert choice["gain_over_dflash"] == {"1": 0.4, "16": 0.15}
     assert choice["gain_over_none"] == {"1": 1.8, "16": 0.9167}
-    assert "DDTREE budget 1:15,16:4 top_k 8 is the fastest setting that beats DFLASH by min_gain +3.0%" in choice["reason"]
+    assert (
+        "DDTREE budget 1:15,16:4 top_k 8 is the fastest setting that beats DFLASH by min_gain +3.0%" in choice["reason"]
+    )
     assert "15 at concurrency up to 1, 4 at concurrency up to 16" in choice["reason"]
     statuses = {(item["budget"], item["top_k"]): item["status"] for item in choice["settings"]}
-    assert statuses == {(4, 4): "too_slow", (4, 8): "qualifies", (8, 4): "qualifies", (8, 8): "too_slow",
-                        (15, 4): "too_slow", (15, 8): "qualifies"}
+    assert statuses == {
+        (4, 4): "too_slow",
+        (4, 8): "qualifies",
+        (8, 4): "qualifies",
+        (8, 8): "too_slow",
+        (15, 4): "too_slow",
+        (15, 8): "qualifies",
+    }
 
 
 def test_one_budget_wins_where_it_is_best_at_every_load_and_a_schedule_needs_every_level_to_beat_dflash():
@@ -163,8 +254,14 @@ def test_a_setting_that_wins_at_one_concurrency_but_not_at_another_is_not_chosen
     speeds = {**ALL_SLOWER, (8, 4): (150.0, 1020.0)}  # +50% at 1 request, +2% at 16
     choice = autotune.choose(TUNING, measured(speeds))
     assert (choice["algorithm"], choice["status"], choice["budget"]) == ("DFLASH", "fallback", None)
-    assert choice["tokens_per_second"] == {"1": 100.0, "16": 1000.0} and choice["gain_over_dflash"] == {"1": 0.0, "16": 0.0}
-    assert "closest: DDTREE budget 8 top_k 4, +2.0% over DFLASH at concurrency 16, less than min_gain +3.0%" in choice["reason"]
+    assert choice["tokens_per_second"] == {"1": 100.0, "16": 1000.0} and choice["gain_over_dflash"] == {
+        "1": 0.0,
+        "16": 0.0,
+    }
+    assert (
+        "closest: DDTREE budget 8 top_k 4, +2.0% over DFLASH at concurrency 16, less than min_gain +3.0%"
+        in choice["reason"]
+    )
 
 
 def test_exactly_min_gain_is_enough_and_ties_go_to_the_smaller_tree():
@@ -185,18 +282,26 @@ def test_a_setting_that_failed_or_was_not_measured_everywhere_is_never_chosen():
     choice = autotune.choose(TUNING, measurements)
     assert choice["algorithm"] == "DFLASH"
     verdicts = {(item["budget"], item["top_k"]): item for item in choice["settings"]}
-    assert verdicts[(15, 8)]["status"] == "unmeasured" and verdicts[(15, 8)]["reasons"] == ["not measured at concurrency 16"]
-    assert verdicts[(8, 8)]["status"] == "failed" and verdicts[(8, 8)]["reasons"] == ["failed at concurrency 16: POST /generate: HTTP 500"]
+    assert verdicts[(15, 8)]["status"] == "unmeasured" and verdicts[(15, 8)]["reasons"] == [
+        "not measured at concurrency 16"
+    ]
+    assert verdicts[(8, 8)]["status"] == "failed" and verdicts[(8, 8)]["reasons"] == [
+        "failed at concurrency 16: POST /generate: HTTP 500"
+    ]
 
 
 def test_without_dflash_at_every_concurrency_nothing_is_chosen():
     speeds = {**ALL_SLOWER, "DFLASH": (100.0, None), (8, 4): (150.0, 1500.0)}
     with pytest.raises(autotune.IncompleteMeasurements) as info:
         autotune.choose(TUNING, measured(speeds))
-    assert info.value.problems == ["DFLASH was not measured at concurrency 16; every DDTREE setting is compared with it"]
+    assert info.value.problems == [
+        "DFLASH was not measured at concurrency 16; every DDTREE setting is compared with it"
+    ]
     measurements = measured(dict(ALL_SLOWER))
     measurements[0]["error"] = "the server did not start"
-    with pytest.raises(autotune.IncompleteMeasurements, match="DFLASH's measurement at concurrency 1 failed .the server did not start."):
+    with pytest.raises(
+        autotune.IncompleteMeasurements, match="DFLASH's measurement at concurrency 1 failed .the server did not start."
+    ):
         autotune.choose(TUNING, measurements)
 
 
@@ -217,12 +322,18 @@ def test_measurements_outside_the_grid_or_given_twice_are_refused():
 
 # ---- what the choice becomes -----------------------------------------------------------------------
 
+
 def test_a_ddtree_choice_becomes_the_flags_and_the_gates_floor():
     choice = dict(autotune.choose(TUNING, measured({**ALL_SLOWER, (8, 4): (125.0, 1100.0)})), speed_floor=100.0)
-    service = autotune.tuned_service(dict(CODER, speculative=dict(CODER["speculative"], allow_hybrid_unsafe=True)), choice)
+    service = autotune.tuned_service(
+        dict(CODER, speculative=dict(CODER["speculative"], allow_hybrid_unsafe=True)), choice
+    )
     flags = services.service_flags(service)
     assert flags[flags.index("--speculative-algorithm") + 1] == "DDTREE"
-    assert flags[flags.index("--speculative-ddtree-budget") + 1] == "8" and flags[flags.index("--speculative-ddtree-top-k") + 1] == "4"
+    assert (
+        flags[flags.index("--speculative-ddtree-budget") + 1] == "8"
+        and flags[flags.index("--speculative-ddtree-top-k") + 1] == "4"
+    )
     assert "--speculative-ddtree-allow-hybrid-unsafe" in flags
     assert services.gate_settings(service, {}) == {"min_tokens_per_second": 100.0}
     assert "autotune" in CODER["speculative"]  # the declaration itself is left as it was
@@ -251,11 +362,19 @@ def test_no_floor_without_a_measurement_at_one_request_and_a_bad_choice_is_refus
 def test_the_state_keeps_the_current_tuning_and_a_short_history():
     key1, key2 = autotune.tuning_key(CODER, "r1"), autotune.tuning_key(CODER, "r2")
     choice = autotune.choose(TUNING, measured(ALL_SLOWER))
-    first = autotune.state_document(None, autotune.tuning_record(key1, "r1", TUNING, measured(ALL_SLOWER), choice, "t1"))
+    first = autotune.state_document(
+        None, autotune.tuning_record(key1, "r1", TUNING, measured(ALL_SLOWER), choice, "t1")
+    )
     assert autotune.recorded_choice(first, key1)["algorithm"] == "DFLASH"
     assert autotune.recorded_choice(first, key2) is None
     assert len(first["current"]["measurements"]) == 14 and first["history"] == []
     second = autotune.state_document(first, autotune.tuning_record(key2, "r2", TUNING, [], choice, "t2"), keep=1)
     assert second["current"]["release_id"] == "r2"
-    assert second["history"] == [{"key": key1["digest"], "release_id": "r1", "tuned_at": "t1",
-                                  "choice": {"algorithm": "DFLASH", "budget": None, "top_k": None, "status": "fallback"}}]
+    assert second["history"] == [
+        {
+            "key": key1["digest"],
+            "release_id": "r1",
+            "tuned_at": "t1",
+            "choice": {"algorithm": "DFLASH", "budget": None, "top_k": None, "status": "fallback"},
+        }
+    ]

@@ -71,7 +71,9 @@ def server():
 
 
 def client(server, api_key="s3cret"):
-    return ServiceIO(None, "systemctl", "journalctl", "sglang-coder.service", "127.0.0.1", server.server_address[1], api_key).request
+    return ServiceIO(
+        None, "systemctl", "journalctl", "sglang-coder.service", "127.0.0.1", server.server_address[1], api_key
+    ).request
 
 
 def test_a_level_keeps_its_concurrency_in_flight_and_counts_every_token(server):
@@ -89,7 +91,9 @@ def test_a_level_keeps_its_concurrency_in_flight_and_counts_every_token(server):
 def test_a_setting_is_measured_at_each_concurrency_lowest_first_after_a_warm_up(server):
     measurements = autotune_measure.measure_setting(client(server), DDTREE_8_4, [2, 1], ["a", "b", "c"], max_tokens=32)
     assert [(m["algorithm"], m["budget"], m["top_k"], m["concurrency"], m["requests"]) for m in measurements] == [
-        ("DDTREE", 8, 4, 1, 3), ("DDTREE", 8, 4, 2, 4)]
+        ("DDTREE", 8, 4, 1, 3),
+        ("DDTREE", 8, 4, 2, 4),
+    ]
     assert server.count == 1 + 3 + 4  # the warm-up, unmeasured, then each level
     assert server.bodies[0] == {"text": "a", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
     assert set(server.authorizations) == {"Bearer s3cret"}  # through the gate's client, with the key
@@ -99,7 +103,10 @@ def test_a_failed_request_fails_its_level_and_its_setting_is_not_chosen(server):
     server.fail = {3}  # the second request of concurrency 1 (after the warm-up)
     measurements = autotune_measure.measure_setting(client(server), DDTREE_8_4, [1], ["a", "b"], max_tokens=8)
     assert measurements[0]["tokens_per_second"] is None
-    assert measurements[0]["error"] == '1 of 2 requests failed, the first: HTTP 500: {"object": "error", "message": "scheduler died"}'
+    assert (
+        measurements[0]["error"]
+        == '1 of 2 requests failed, the first: HTTP 500: {"object": "error", "message": "scheduler died"}'
+    )
     tuning = {"budgets": [8], "top_k": [4], "concurrency": [1], "min_gain": 0.03}
     dflash = {"algorithm": "DFLASH", "budget": None, "top_k": None, "concurrency": 1, "tokens_per_second": 1.0}
     choice = autotune.choose(tuning, [dflash] + measurements)
@@ -115,12 +122,14 @@ def test_a_failed_warm_up_fails_every_level_without_sending_them(server):
 
 def test_no_acceptance_length_without_verify_steps(server):
     server.verify_steps = None  # NONE: no speculative decoding
-    (measurement,) = autotune_measure.measure_setting(client(server), {"algorithm": "NONE", "budget": None, "top_k": None},
-                                                      [1], ["a"], max_tokens=8, warmup=0)
+    (measurement,) = autotune_measure.measure_setting(
+        client(server), {"algorithm": "NONE", "budget": None, "top_k": None}, [1], ["a"], max_tokens=8, warmup=0
+    )
     assert measurement["accept_length"] is None and measurement["tokens_per_second"] > 0
 
 
 # ---- waiting for a fresh server, and the module ---------------------------------------------------------
+
 
 class Clock:
     """A clock that moves only when the code under test sleeps."""
@@ -138,14 +147,21 @@ class Clock:
 def test_it_waits_until_health_answers_200_and_gives_up_on_a_unit_that_exited_or_a_timeout(server):
     clock = Clock()
     server.health = [503, 503, 200]
-    assert autotune_measure.wait_ready(client(server), lambda: "active", 60, poll=2, clock=clock, sleep=clock.sleep) is None
+    assert (
+        autotune_measure.wait_ready(client(server), lambda: "active", 60, poll=2, clock=clock, sleep=clock.sleep)
+        is None
+    )
     assert clock.now == 4  # two polls waited for
     server.health = [503]
     states = iter(["activating", "failed"])
-    problem = autotune_measure.wait_ready(client(server), lambda: next(states), 60, poll=2, clock=clock, sleep=clock.sleep)
+    problem = autotune_measure.wait_ready(
+        client(server), lambda: next(states), 60, poll=2, clock=clock, sleep=clock.sleep
+    )
     assert problem.startswith("the server exited before it was ready (unit failed; last /health: HTTP 503")
     clock = Clock()
-    problem = autotune_measure.wait_ready(client(server), lambda: "activating", 10, poll=2, clock=clock, sleep=clock.sleep)
+    problem = autotune_measure.wait_ready(
+        client(server), lambda: "activating", 10, poll=2, clock=clock, sleep=clock.sleep
+    )
     assert problem.startswith("the server was not ready within 10 s (last /health: HTTP 503") and clock.now == 10
 
 
@@ -159,8 +175,18 @@ def fake_systemctl(tmp_path, monkeypatch, state):
 
 
 def module_args(server, **extra):
-    return dict({"unit": "sglang-coder-autotune.service", "port": server.server_address[1], "api_key": "s3cret",
-                 "setting": DDTREE_8_4, "concurrency": [2, 1], "max_tokens": 16, "start_timeout": 30}, **extra)
+    return dict(
+        {
+            "unit": "sglang-coder-autotune.service",
+            "port": server.server_address[1],
+            "api_key": "s3cret",
+            "setting": DDTREE_8_4,
+            "concurrency": [2, 1],
+            "max_tokens": 16,
+            "start_timeout": 30,
+        },
+        **extra,
+    )
 
 
 def test_the_module_measures_a_ready_server_at_each_concurrency(server, tmp_path, monkeypatch, capsys):
@@ -168,7 +194,9 @@ def test_the_module_measures_a_ready_server_at_each_concurrency(server, tmp_path
     code, result = run_module(service_autotune_measure, module_args(server), capsys)
     assert code == 0 and result["changed"] is False and result["ready_s"] is not None
     assert [(m["concurrency"], m["requests"], m["error"]) for m in result["measurements"]] == [
-        (1, len(autotune_measure.PROMPTS), None), (2, len(autotune_measure.PROMPTS), None)]
+        (1, len(autotune_measure.PROMPTS), None),
+        (2, len(autotune_measure.PROMPTS), None),
+    ]
     assert all(m["tokens_per_second"] > 0 and m["accept_length"] == 4.0 for m in result["measurements"])
     assert result["workload"] == {"prompts": "autotune-v1", "max_tokens": 16, "warmup": 1, "rounds": 2}
     assert server.bodies[1]["text"] == autotune_measure.PROMPTS[0]

@@ -6,11 +6,23 @@ import pytest
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import autotune_trials, services
 
-CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/models/coder-dflash", "gpus": [0, 1], "tp_size": 2,
-         "port": 30000, "api_key": "s3cret", "environment": {"HF_HOME": "/models/hf"}, "extra_args": ["--mem-fraction-static", "0.8"],
-         "health": {"min_accept_length": 2.0},
-         "speculative": {"algorithm": "DDTREE", "allow_hybrid_unsafe": True,
-                         "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1, 16], "gpus": [2, 3], "port": 30100}}}
+CODER = {
+    "name": "coder",
+    "model_path": "/models/coder",
+    "draft_model_path": "/models/coder-dflash",
+    "gpus": [0, 1],
+    "tp_size": 2,
+    "port": 30000,
+    "api_key": "s3cret",
+    "environment": {"HF_HOME": "/models/hf"},
+    "extra_args": ["--mem-fraction-static", "0.8"],
+    "health": {"min_accept_length": 2.0},
+    "speculative": {
+        "algorithm": "DDTREE",
+        "allow_hybrid_unsafe": True,
+        "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1, 16], "gpus": [2, 3], "port": 30100},
+    },
+}
 EIGHT = list(range(8))
 
 
@@ -19,20 +31,53 @@ def test_each_setting_runs_in_turn_dflash_first_as_the_service_would_on_the_spar
     assert [trial["label"] for trial in trials] == ["DFLASH", "DDTREE budget 4 top_k 4", "DDTREE budget 8 top_k 4"]
     assert all(trial["concurrency"] == [1, 16] for trial in trials)
     dflash, budget8 = trials[0]["instance"], trials[2]["instance"]
-    assert (dflash["name"], dflash["unit"], dflash["port"], dflash["gpus"]) == ("coder-autotune", "sglang-coder-autotune.service", 30100, [2, 3])
+    assert (dflash["name"], dflash["unit"], dflash["port"], dflash["gpus"]) == (
+        "coder-autotune",
+        "sglang-coder-autotune.service",
+        30100,
+        [2, 3],
+    )
     # The service's own model, drafter, tp, environment and extra args; the spare GPUs; the service's model name.
     assert dflash["environment"] == {"CUDA_VISIBLE_DEVICES": "2,3", "HF_HOME": "/models/hf"}
-    assert dflash["flags"] == ["--model-path", "/models/coder", "--served-model-name", "coder", "--host", "127.0.0.1", "--port", "30100",
-                               "--tp-size", "2", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", "/models/coder-dflash",
-                               "--mem-fraction-static", "0.8"]
+    assert dflash["flags"] == [
+        "--model-path",
+        "/models/coder",
+        "--served-model-name",
+        "coder",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30100",
+        "--tp-size",
+        "2",
+        "--speculative-algorithm",
+        "DFLASH",
+        "--speculative-draft-model-path",
+        "/models/coder-dflash",
+        "--mem-fraction-static",
+        "0.8",
+    ]
     assert (dflash["algorithm"], dflash["loads_overlay"]) == ("DFLASH", False)
-    assert budget8["flags"][10:] == ["--speculative-algorithm", "DDTREE", "--speculative-draft-model-path", "/models/coder-dflash",
-                                     "--speculative-ddtree-budget", "8", "--speculative-ddtree-top-k", "4",
-                                     "--speculative-ddtree-allow-hybrid-unsafe", "--attention-backend", "triton",
-                                     "--mem-fraction-static", "0.8"]
+    assert budget8["flags"][10:] == [
+        "--speculative-algorithm",
+        "DDTREE",
+        "--speculative-draft-model-path",
+        "/models/coder-dflash",
+        "--speculative-ddtree-budget",
+        "8",
+        "--speculative-ddtree-top-k",
+        "4",
+        "--speculative-ddtree-allow-hybrid-unsafe",
+        "--attention-backend",
+        "triton",
+        "--mem-fraction-static",
+        "0.8",
+    ]
     assert (budget8["algorithm"], budget8["loads_overlay"], budget8["has_api_key"]) == ("DDTREE", True, True)
     assert "s3cret" not in repr(trials)  # the key reaches the instance through its key file, never its entry
-    assert CODER["speculative"]["autotune"]["gpus"] == [2, 3] and CODER["port"] == 30000  # the declaration is not changed
+    assert (
+        CODER["speculative"]["autotune"]["gpus"] == [2, 3] and CODER["port"] == 30000
+    )  # the declaration is not changed
 
 
 def with_autotune(service=None, **fields):
@@ -41,37 +86,84 @@ def with_autotune(service=None, **fields):
     return service
 
 
-@pytest.mark.parametrize("declared, others, message", [
-    (with_autotune(gpus=None, port=None), [],
-     "ct200: sglang_services[0] (coder): speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
-     "before the candidate takes traffic: set autotune.gpus to 2 spare GPU(s) (free on ct200: 2, 3, 4, 5, 6, 7) and autotune.port "
-     "to measure beside the service, or autotune.own_gpus: true to measure on its own GPUs in this host's rollout window (the "
-     "service stops while its grid runs), or remove autotune and set budget and top_k"),
-    (with_autotune(gpus=None, port=None, own_gpus=False), [], "speculative.autotune.gpus is not set"),
-    (with_autotune(own_gpus=True), [],
-     "speculative.autotune.own_gpus is true, but gpus [2, 3] and port 30100 are set; the settings are measured either on spare "
-     "GPUs (gpus and port) or on the service's own (own_gpus: true): remove one"),
-    (with_autotune(port=None, own_gpus=True), [], "speculative.autotune.own_gpus is true, but gpus [2, 3] is set;"),
-    (with_autotune(gpus=None, port=None, own_gpus="yes"), [],
-     "speculative.autotune.own_gpus is 'yes'; it must be true (measure on the service's own GPUs and port, the service stopped "
-     "while its grid runs) or false"),
-    (with_autotune(gpus=[2]), [],
-     "speculative.autotune.gpus [2] has 1 GPU(s), but the service runs on 2; measure on as many as it runs on (free on ct200: 2, 3, 4, 5, 6, 7)"),
-    (with_autotune(gpus=[2, 9]), [], "speculative.autotune.gpus: GPU 9 does not exist on ct200, which has GPUs 0, 1, 2, 3, 4, 5, 6, 7"),
-    (CODER, [{"name": "coder-shadow", "shadow_of": "coder", "model_path": "/m", "gpus": [2, 3], "port": 30001,
-              "speculative": {"algorithm": "DDTREE"}}],
-     "speculative.autotune.gpus: GPU 2 is used by service coder-shadow; the temporary instances need spare GPUs (free on ct200: 4, 5, 6, 7)"),
-    (with_autotune(port=None), [], "speculative.autotune.port is not set; give the temporary instances a port of their own, e.g. 30100"),
-    (CODER, [{"name": "chat", "model_path": "/m", "gpus": [4], "port": 30100}],
-     "speculative.autotune.port 30100 is used by service chat; give the temporary instances a port of their own"),
-    (CODER, [{"name": "coder-autotune", "model_path": "/m", "gpus": [4], "port": 30200}],
-     "a service is named coder-autotune, the name of this service's temporary tuning instance; rename it"),
-    (dict(CODER, release="0123456789ab"), [],
-     "release '0123456789ab' is pinned, but speculative.autotune tunes for the candidate release (and may fall back to DFLASH, which "
-     "runs the base release, not the pin): remove release to tune, or remove autotune and pin the setting tuned before"),
-    (with_autotune(gpus=[2, 2]), [], "speculative.autotune.gpus is [2, 2]; it must be a non-empty list of distinct GPU indices"),
-    (with_autotune(port=0), [], "speculative.autotune.port is 0; it must be a TCP port (1-65535)"),
-])
+@pytest.mark.parametrize(
+    "declared, others, message",
+    [
+        (
+            with_autotune(gpus=None, port=None),
+            [],
+            "ct200: sglang_services[0] (coder): speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
+            "before the candidate takes traffic: set autotune.gpus to 2 spare GPU(s) (free on ct200: 2, 3, 4, 5, 6, 7) and autotune.port "
+            "to measure beside the service, or autotune.own_gpus: true to measure on its own GPUs in this host's rollout window (the "
+            "service stops while its grid runs), or remove autotune and set budget and top_k",
+        ),
+        (with_autotune(gpus=None, port=None, own_gpus=False), [], "speculative.autotune.gpus is not set"),
+        (
+            with_autotune(own_gpus=True),
+            [],
+            "speculative.autotune.own_gpus is true, but gpus [2, 3] and port 30100 are set; the settings are measured either on spare "
+            "GPUs (gpus and port) or on the service's own (own_gpus: true): remove one",
+        ),
+        (with_autotune(port=None, own_gpus=True), [], "speculative.autotune.own_gpus is true, but gpus [2, 3] is set;"),
+        (
+            with_autotune(gpus=None, port=None, own_gpus="yes"),
+            [],
+            "speculative.autotune.own_gpus is 'yes'; it must be true (measure on the service's own GPUs and port, the service stopped "
+            "while its grid runs) or false",
+        ),
+        (
+            with_autotune(gpus=[2]),
+            [],
+            "speculative.autotune.gpus [2] has 1 GPU(s), but the service runs on 2; measure on as many as it runs on (free on ct200: 2, 3, 4, 5, 6, 7)",
+        ),
+        (
+            with_autotune(gpus=[2, 9]),
+            [],
+            "speculative.autotune.gpus: GPU 9 does not exist on ct200, which has GPUs 0, 1, 2, 3, 4, 5, 6, 7",
+        ),
+        (
+            CODER,
+            [
+                {
+                    "name": "coder-shadow",
+                    "shadow_of": "coder",
+                    "model_path": "/m",
+                    "gpus": [2, 3],
+                    "port": 30001,
+                    "speculative": {"algorithm": "DDTREE"},
+                }
+            ],
+            "speculative.autotune.gpus: GPU 2 is used by service coder-shadow; the temporary instances need spare GPUs (free on ct200: 4, 5, 6, 7)",
+        ),
+        (
+            with_autotune(port=None),
+            [],
+            "speculative.autotune.port is not set; give the temporary instances a port of their own, e.g. 30100",
+        ),
+        (
+            CODER,
+            [{"name": "chat", "model_path": "/m", "gpus": [4], "port": 30100}],
+            "speculative.autotune.port 30100 is used by service chat; give the temporary instances a port of their own",
+        ),
+        (
+            CODER,
+            [{"name": "coder-autotune", "model_path": "/m", "gpus": [4], "port": 30200}],
+            "a service is named coder-autotune, the name of this service's temporary tuning instance; rename it",
+        ),
+        (
+            dict(CODER, release="0123456789ab"),
+            [],
+            "release '0123456789ab' is pinned, but speculative.autotune tunes for the candidate release (and may fall back to DFLASH, which "
+            "runs the base release, not the pin): remove release to tune, or remove autotune and pin the setting tuned before",
+        ),
+        (
+            with_autotune(gpus=[2, 2]),
+            [],
+            "speculative.autotune.gpus is [2, 2]; it must be a non-empty list of distinct GPU indices",
+        ),
+        (with_autotune(port=0), [], "speculative.autotune.port is 0; it must be a TCP port (1-65535)"),
+    ],
+)
 def test_where_it_measures_is_checked_with_the_hosts_gpus_and_the_other_services(declared, others, message):
     problems = services.service_problems([declared] + others, EIGHT, "ct200")
     assert any(message in problem for problem in problems), problems
@@ -93,21 +185,29 @@ def test_a_host_without_spare_gpus_measures_on_the_services_own_gpus_and_port_un
     for trial in trials:
         instance = trial["instance"]
         assert (instance["name"], instance["unit"], instance["port"], instance["gpus"]) == (
-            "coder-autotune", "sglang-coder-autotune.service", 30000, [0, 1])
+            "coder-autotune",
+            "sglang-coder-autotune.service",
+            30000,
+            [0, 1],
+        )
         assert instance["environment"]["CUDA_VISIBLE_DEVICES"] == "0,1"
         assert instance["flags"][6:8] == ["--port", "30000"]
 
 
 def test_own_gpus_is_where_not_what_it_measures_so_it_does_not_change_the_tuning_key():
     from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import tuning_key
+
     assert tuning_key(ON_ITS_OWN, "r1")["digest"] == tuning_key(CODER, "r1")["digest"]
 
 
-@pytest.mark.parametrize("trials, start, allowance, seconds", [
-    (3, 900, 900, 7200),       # every trial's start and measuring, and one more of each
-    (1, 60, 30.5, 181),        # rounded up
-    (17, 900, 900, 32400),
-])
+@pytest.mark.parametrize(
+    "trials, start, allowance, seconds",
+    [
+        (3, 900, 900, 7200),  # every trial's start and measuring, and one more of each
+        (1, 60, 30.5, 181),  # rounded up
+        (17, 900, 900, 32400),
+    ],
+)
 def test_the_hosts_own_restore_waits_for_every_trial_and_one_more(trials, start, allowance, seconds):
     assert autotune_trials.window_restore_after(trials, start, allowance) == seconds
 

@@ -31,7 +31,9 @@ def make_release(root, name="release"):
 def test_the_key_covers_every_input_the_code_and_the_check():
     inputs = {"flags": ["--port", "1"], "environment": {"A": "1", "B": "2"}}
     key = check_records.record_key("spec_verify", "code1", inputs)
-    assert key == check_records.record_key("spec_verify", "code1", {"environment": {"B": "2", "A": "1"}, "flags": ["--port", "1"]})
+    assert key == check_records.record_key(
+        "spec_verify", "code1", {"environment": {"B": "2", "A": "1"}, "flags": ["--port", "1"]}
+    )
     assert key != check_records.record_key("spec_verify", "code2", inputs)
     assert key != check_records.record_key("stack_verify", "code1", inputs)
     assert key != check_records.record_key("spec_verify", "code1", dict(inputs, flags=["--port", "2"]))
@@ -110,7 +112,10 @@ def test_old_records_are_pruned(tmp_path):
 def test_find_record_records_nothing_without_a_state_root_or_for_unfinished_things(tmp_path):
     assert check_records.find_record(None, "spec_verify", CODE, {}, complete=True) is None
     assert check_records.find_record(str(tmp_path), "spec_verify", CODE, {}, complete=False) is None
-    assert check_records.find_record(str(tmp_path), "spec_verify", CODE + ("no_such_module_xyz",), {}, complete=True) is None
+    assert (
+        check_records.find_record(str(tmp_path), "spec_verify", CODE + ("no_such_module_xyz",), {}, complete=True)
+        is None
+    )
     slot = check_records.find_record(str(tmp_path), "spec_verify", CODE, {"a": 1}, complete=True)
     assert slot["record"] is None and slot["path"].endswith(slot["key"] + ".json")
     check_records.write_record(slot["path"], "spec_verify", slot["key"], {"matrix": []}, "t")

@@ -11,7 +11,9 @@ import pytest
 from ansible_collections.ddtree.sglang.plugins.module_utils import ddtree_budget
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import service_flags, service_problems
 
-OVERLAY_SETTINGS = Path(__file__).resolve().parents[4] / "sglang_overlay" / "src" / "sglang_overlay" / "adapter" / "settings.py"
+OVERLAY_SETTINGS = (
+    Path(__file__).resolve().parents[4] / "sglang_overlay" / "src" / "sglang_overlay" / "adapter" / "settings.py"
+)
 
 
 def overlay_settings():
@@ -53,8 +55,14 @@ def test_levels_make_a_schedule_only_when_their_budgets_differ():
 
 
 def service(budget):
-    return {"name": "coder", "model_path": "/m", "draft_model_path": "/d", "gpus": [0], "port": 30000,
-            "speculative": {"algorithm": "DDTREE", "budget": budget, "top_k": 8}}
+    return {
+        "name": "coder",
+        "model_path": "/m",
+        "draft_model_path": "/d",
+        "gpus": [0],
+        "port": 30000,
+        "speculative": {"algorithm": "DDTREE", "budget": budget, "top_k": 8},
+    }
 
 
 def test_a_service_declares_a_schedule_wherever_it_declares_a_budget():

@@ -16,26 +16,36 @@ def run(jobs, preload=(), env=None):
 
 def test_each_job_has_its_own_environment_path_and_argv(tmp_path):
     (tmp_path / "only_for_a.py").write_text("WHO = 'a'\n")
-    results = run([
-        dict(name="a", code="import os, sys, only_for_a; print(os.environ['MARK'], only_for_a.WHO, sys.argv[1:])",
-             env={"MARK": "set-for-a"}, path=[str(tmp_path)], argv=["--x", "1"]),
-        # What job a changed is gone: a separate process would not see it either.
-        dict(name="b", code="import os, sys\n"
-                            "print(os.environ.get('MARK'), str(sys.argv[1:]))\n"
-                            "import only_for_a"),
-    ])
+    results = run(
+        [
+            dict(
+                name="a",
+                code="import os, sys, only_for_a; print(os.environ['MARK'], only_for_a.WHO, sys.argv[1:])",
+                env={"MARK": "set-for-a"},
+                path=[str(tmp_path)],
+                argv=["--x", "1"],
+            ),
+            # What job a changed is gone: a separate process would not see it either.
+            dict(name="b", code="import os, sys\nprint(os.environ.get('MARK'), str(sys.argv[1:]))\nimport only_for_a"),
+        ]
+    )
     assert results["a"] == {"name": "a", "rc": 0, "stdout": "set-for-a a ['--x', '1']\n", "stderr": ""}
     assert results["b"]["stdout"] == "None []\n"
-    assert results["b"]["rc"] == 1 and forked_jobs.last_line(results["b"]) == "ModuleNotFoundError: No module named 'only_for_a'"
+    assert (
+        results["b"]["rc"] == 1
+        and forked_jobs.last_line(results["b"]) == "ModuleNotFoundError: No module named 'only_for_a'"
+    )
 
 
 def test_exit_statuses_and_output_are_the_jobs_own():
-    results = run([
-        dict(name="argparse-error", code="import sys; print('usage: x', file=sys.stderr); sys.exit(2)"),
-        dict(name="raises", code="raise RuntimeError('boom')"),
-        dict(name="exit-message", code="raise SystemExit('bad flag --nope')"),
-        dict(name="json-after-logs", code="print('a log line'); print('{\"ok\": true}')"),
-    ])
+    results = run(
+        [
+            dict(name="argparse-error", code="import sys; print('usage: x', file=sys.stderr); sys.exit(2)"),
+            dict(name="raises", code="raise RuntimeError('boom')"),
+            dict(name="exit-message", code="raise SystemExit('bad flag --nope')"),
+            dict(name="json-after-logs", code="print('a log line'); print('{\"ok\": true}')"),
+        ]
+    )
     assert results["argparse-error"]["rc"] == 2 and forked_jobs.last_line(results["argparse-error"]) == "usage: x"
     assert results["raises"]["rc"] == 1 and "Traceback" in results["raises"]["stderr"]
     assert forked_jobs.last_line(results["raises"]) == "RuntimeError: boom"
@@ -48,7 +58,9 @@ def test_preloaded_module_is_imported_once_for_every_job(tmp_path):
     (tmp_path / "slow_import.py").write_text("open(%r, 'a').write('imported\\n')\n" % str(counter))
     jobs = [dict(name=str(n), code="import slow_import") for n in range(3)]
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    assert all(result["rc"] == 0 for result in run(jobs, preload=["slow_import", "not_installed_anywhere"], env=env).values())
+    assert all(
+        result["rc"] == 0 for result in run(jobs, preload=["slow_import", "not_installed_anywhere"], env=env).values()
+    )
     assert counter.read_text() == "imported\n"
     counter.unlink()
     run(jobs, env=env)

@@ -56,8 +56,12 @@ class ScriptedHost:
         self.on_chat = None
         self.requests = []
         self.bodies = []  # (path, body, auth) of each POST
-        self.server_info = {"speculative_algorithm": "DFLASH", "tp_size": 1, "version": "0.5.23",
-                            "internal_states": [{"avg_spec_accept_length": 3.4}]}
+        self.server_info = {
+            "speculative_algorithm": "DFLASH",
+            "tp_size": 1,
+            "version": "0.5.23",
+            "internal_states": [{"avg_spec_accept_length": 3.4}],
+        }
         self.generate_answer = GENERATE_ANSWER
 
     def unit_properties(self):
@@ -84,8 +88,10 @@ class ScriptedHost:
         elif path == "/v1/chat/completions":
             if self.on_chat:
                 return self.on_chat(answer)
-            answer["data"] = {"choices": [{"message": {"content": self.chat_text}, "finish_reason": "length"}],
-                              "usage": {"completion_tokens": 32}}
+            answer["data"] = {
+                "choices": [{"message": {"content": self.chat_text}, "finish_reason": "length"}],
+                "usage": {"completion_tokens": 32},
+            }
         elif path == "/server_info":
             answer["data"] = self.server_info
         elif path == "/generate":
@@ -100,16 +106,28 @@ def clock():
 
 def run(host, clock, check_mode=False, **overrides):
     written, warnings = {}, []
-    gate = HealthGate(gate_params(**overrides), host, check_mode=check_mode, warn=warnings.append,
-                      write=written.__setitem__, clock=clock, sleep=clock.sleep)
+    gate = HealthGate(
+        gate_params(**overrides),
+        host,
+        check_mode=check_mode,
+        warn=warnings.append,
+        write=written.__setitem__,
+        clock=clock,
+        sleep=clock.sleep,
+    )
     passed, message, result = gate.run()
     return passed, message, result, written, warnings
 
 
 def test_a_good_start_passes_every_stage_and_records_baseline_and_metrics(clock):
-    host = ScriptedHost(clock, journal=GOOD_START, units=[
-        props(ActiveState="activating", SubState="start", ActiveEnterTimestampMonotonic="999000000"),
-        props(ActiveEnterTimestampMonotonic="999000000")])
+    host = ScriptedHost(
+        clock,
+        journal=GOOD_START,
+        units=[
+            props(ActiveState="activating", SubState="start", ActiveEnterTimestampMonotonic="999000000"),
+            props(ActiveEnterTimestampMonotonic="999000000"),
+        ],
+    )
     host.port = False
     clock_at_open = []
 
@@ -119,15 +137,21 @@ def test_a_good_start_passes_every_stage_and_records_baseline_and_metrics(clock)
         clock_at_open.append(clock.now)
 
     clock.sleep = open_port_later
-    passed, message, result, written, _warnings = run(host, clock, baseline_file=BASELINE, metrics_file=METRICS, record_metrics=True,
-                                                      release_id="r1")
+    passed, message, result, written, _warnings = run(
+        host, clock, baseline_file=BASELINE, metrics_file=METRICS, record_metrics=True, release_id="r1"
+    )
     assert passed, message
     # The unit started at 999 s (systemd's monotonic clock), the gate at 1000 s, the port opened at 1002 s.
     assert result["startup"]["measured_from"] == "unit start" and clock_at_open == [1002.0]
     assert message.startswith("sglang-coder.service is healthy: port after 3.0 s")
     assert list(result["timings"]) == ["unit_watch", "health", "chat", "degenerate", "baseline", "performance", "total"]
     assert result["baseline"]["status"] == "recorded" and result["recorded"] == {"baseline": True, "metrics": True}
-    assert written[BASELINE]["baselines"][KEY]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
+    assert (
+        written[BASELINE]["baselines"][KEY]["64"]["List the first ten prime numbers, separated by commas."][
+            "release_id"
+        ]
+        == "r1"
+    )
     assert written[METRICS]["records"][-1]["accept_length"] == 3.4
     # /server_info had the average: no extra generation for it.
     assert result["performance"]["accept_length_source"] == "server_info" and ("POST", "/generate") not in host.requests
@@ -135,8 +159,9 @@ def test_a_good_start_passes_every_stage_and_records_baseline_and_metrics(clock)
 
 
 def test_check_mode_writes_nothing_but_says_what_it_would_record(clock):
-    passed, _message, result, written, _warnings = run(ScriptedHost(clock, journal=GOOD_START), clock, check_mode=True,
-                                                       baseline_file=BASELINE)
+    passed, _message, result, written, _warnings = run(
+        ScriptedHost(clock, journal=GOOD_START), clock, check_mode=True, baseline_file=BASELINE
+    )
     assert passed and written == {} and result["recorded"]["baseline"] is True
 
 
@@ -168,8 +193,9 @@ def test_a_hung_scheduler_fails_the_health_stage_after_its_timeout(clock):
 
 
 def test_a_missing_baseline_is_only_a_warning_when_not_recording(clock):
-    passed, _message, result, written, warnings = run(ScriptedHost(clock, journal=GOOD_START), clock, baseline_file=BASELINE,
-                                                      record_baseline=False)
+    passed, _message, result, written, warnings = run(
+        ScriptedHost(clock, journal=GOOD_START), clock, baseline_file=BASELINE, record_baseline=False
+    )
     assert passed and result["baseline"]["status"] == "missing" and written == {}
     assert "record_baseline is false" in warnings[0]
 
@@ -177,7 +203,9 @@ def test_a_missing_baseline_is_only_a_warning_when_not_recording(clock):
 def test_an_unreadable_record_names_the_file(clock, tmp_path):
     broken = tmp_path / "metrics.json"
     broken.write_text("{")
-    passed, message, result, _written, _warnings = run(ScriptedHost(clock, journal=GOOD_START), clock, metrics_file=str(broken))
+    passed, message, result, _written, _warnings = run(
+        ScriptedHost(clock, journal=GOOD_START), clock, metrics_file=str(broken)
+    )
     assert not passed and result["failure_kind"] == "state_file" and str(broken) in message
 
 
@@ -189,20 +217,36 @@ PROMPT = "List the first ten prime numbers, separated by commas."
 def recorded(key, text, accept_length=None, tokens_per_second=None):
     """A baseline document (and a metrics document) as an earlier release under `key` left them."""
     baseline = {"format": 2, "baselines": {key: {"64": {PROMPT: {"text": text, "release_id": "r0"}}}}}
-    metrics = {"format": 2, "records": [{"model": "coder", "key": key, "release_id": "r0",
-                                         "tokens_per_second": tokens_per_second, "accept_length": accept_length}]}
+    metrics = {
+        "format": 2,
+        "records": [
+            {
+                "model": "coder",
+                "key": key,
+                "release_id": "r0",
+                "tokens_per_second": tokens_per_second,
+                "accept_length": accept_length,
+            }
+        ],
+    }
     return baseline, metrics
 
 
 def run_with_records(clock, tmp_path, algorithm, chat_text, baseline, metrics=None, **overrides):
     import json
+
     host = ScriptedHost(clock, journal=GOOD_START)
     host.server_info = dict(host.server_info, speculative_algorithm=algorithm)
     host.chat_text = chat_text
     (tmp_path / "baseline.json").write_text(json.dumps(baseline))
     (tmp_path / "metrics.json").write_text(json.dumps(metrics or {"format": 2, "records": []}))
-    return run(host, clock, baseline_file=str(tmp_path / "baseline.json"), metrics_file=str(tmp_path / "metrics.json"),
-               **overrides)
+    return run(
+        host,
+        clock,
+        baseline_file=str(tmp_path / "baseline.json"),
+        metrics_file=str(tmp_path / "metrics.json"),
+        **overrides,
+    )
 
 
 def test_ddtree_is_checked_against_the_baseline_dflash_recorded(clock, tmp_path):
@@ -226,8 +270,9 @@ def test_switching_from_none_to_a_speculative_algorithm_records_a_new_baseline_i
     # NONE's greedy outputs legitimately differ from DFLASH's (bf16 verify forward vs one-token decode).
     none_key = "coder | NONE | tp 1 | sglang 0.5.23"
     baseline, metrics = recorded(none_key, "Something NONE said.", tokens_per_second=10000.0)
-    passed, message, result, written, _warnings = run_with_records(clock, tmp_path, "DDTREE", GOOD_TEXT, baseline, metrics,
-                                                                   record_metrics=True)
+    passed, message, result, written, _warnings = run_with_records(
+        clock, tmp_path, "DDTREE", GOOD_TEXT, baseline, metrics, record_metrics=True
+    )
     assert passed, message
     assert result["baseline"]["status"] == "recorded" and result["performance"]["previous"] is None
     document = written[str(tmp_path / "baseline.json")]
@@ -240,6 +285,7 @@ def test_a_new_tensor_parallel_size_or_sglang_version_records_anew(clock, tmp_pa
     baseline, _metrics = recorded(KEY, "An older text.")
     host_info_algorithm = "DFLASH"
     import json
+
     host = ScriptedHost(clock, journal=GOOD_START)
     host.server_info = dict(host.server_info, speculative_algorithm=host_info_algorithm, **changed)
     (tmp_path / "baseline.json").write_text(json.dumps(baseline))
@@ -250,7 +296,9 @@ def test_a_new_tensor_parallel_size_or_sglang_version_records_anew(clock, tmp_pa
 
 def test_metrics_are_compared_with_the_previous_release_of_the_same_key(clock, tmp_path):
     baseline, metrics = recorded(KEY, GOOD_TEXT, accept_length=8.0)
-    passed, message, result, _written, _warnings = run_with_records(clock, tmp_path, "DFLASH", GOOD_TEXT, baseline, metrics)
+    passed, message, result, _written, _warnings = run_with_records(
+        clock, tmp_path, "DFLASH", GOOD_TEXT, baseline, metrics
+    )
     assert not passed and result["failed_stage"] == "performance" and "acceptance length 3.4" in message
 
 
@@ -290,6 +338,7 @@ def test_the_acceptance_length_is_read_after_the_baseline_requests(clock):
 
 # ---- the acceptance length on a fresh server (docs/health-gate.md, "6. performance") ----------------
 
+
 def fresh(host):
     """A speculative server whose /server_info has no average yet (SGLang 0.5.23 adds to it only every 40
     decode batches: gate-run3, both calls)."""
@@ -299,17 +348,23 @@ def fresh(host):
 
 def test_a_fresh_speculative_server_gives_its_acceptance_length_through_generate_meta_info(clock):
     host = fresh(ScriptedHost(clock, journal=GOOD_START))
-    passed, message, result, written, _warnings = run(host, clock, api_key="k3y", min_accept_length=2.0,
-                                                      metrics_file=METRICS, record_metrics=True)
+    passed, message, result, written, _warnings = run(
+        host, clock, api_key="k3y", min_accept_length=2.0, metrics_file=METRICS, record_metrics=True
+    )
     assert passed, message
     performance = result["performance"]
     assert performance["accept_length"] == 12.0 and performance["accept_length_source"] == "generate meta_info"
-    assert performance["accept_length_request"] == {"prompt": PROMPT, "completion_tokens": 24, "spec_verify_ct": 2,
-                                                    "latency_s": 0.5}
+    assert performance["accept_length_request"] == {
+        "prompt": PROMPT,
+        "completion_tokens": 24,
+        "spec_verify_ct": 2,
+        "latency_s": 0.5,
+    }
     assert message.endswith("acceptance length 12.0 (generate meta_info)")
     # One greedy native generation of the first baseline prompt, with the API key, after the baseline's.
     assert [b for b in host.bodies if b[0] == "/generate"] == [
-        ("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 64, "temperature": 0}}, True)]
+        ("/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 64, "temperature": 0}}, True)
+    ]
     assert host.requests[-2:] == [("GET", "/server_info"), ("POST", "/generate")]
     assert performance["completion_tokens"] == 32  # tokens/s is still the baseline generations' alone
     assert written[METRICS]["records"][-1]["accept_length"] == 12.0
@@ -323,10 +378,15 @@ def test_accept_length_from_generate_asks_generate_though_the_server_has_an_aver
     assert host.server_info["internal_states"][0]["avg_spec_accept_length"] == 3.4
     passed, message, result, _written, _warnings = run(host, clock, accept_length_from="generate")
     assert passed, message
-    assert result["performance"]["accept_length"] == 12.0 and result["performance"]["accept_length_source"] == "generate meta_info"
+    assert (
+        result["performance"]["accept_length"] == 12.0
+        and result["performance"]["accept_length_source"] == "generate meta_info"
+    )
     assert host.requests[-1] == ("POST", "/generate")
     _passed, _message, result, _written, _warnings = run(ScriptedHost(clock, journal=GOOD_START), clock)
-    assert result["performance"]["accept_length"] == 3.4 and result["performance"]["accept_length_source"] == "server_info"
+    assert (
+        result["performance"]["accept_length"] == 3.4 and result["performance"]["accept_length_source"] == "server_info"
+    )
 
 
 def test_a_server_without_speculative_decoding_is_not_asked_for_an_acceptance_length(clock):
@@ -339,15 +399,21 @@ def test_a_server_without_speculative_decoding_is_not_asked_for_an_acceptance_le
     assert "no acceptance length was measured, but the floor is 2 (is speculative decoding on?)" in message
 
 
-@pytest.mark.parametrize("answer, why", [
-    ({"status": 404, "data": {"detail": "Not Found"}, "text": '{"detail": "Not Found"}'}, "HTTP 404"),
-    ({"data": {"text": "x", "meta_info": {"completion_tokens": 1}}}, "meta_info has no spec_accept_length"),
-])
+@pytest.mark.parametrize(
+    "answer, why",
+    [
+        ({"status": 404, "data": {"detail": "Not Found"}, "text": '{"detail": "Not Found"}'}, "HTTP 404"),
+        ({"data": {"text": "x", "meta_info": {"completion_tokens": 1}}}, "meta_info has no spec_accept_length"),
+    ],
+)
 def test_an_acceptance_length_generate_cannot_give_is_none_and_says_why(clock, answer, why):
     host = fresh(ScriptedHost(clock, journal=GOOD_START))
     original = host.request
     host.request = lambda method, path, body=None, timeout=10.0, auth=False: (
-        dict(original(method, path, body, timeout, auth), **answer) if path == "/generate" else original(method, path, body, timeout, auth))
+        dict(original(method, path, body, timeout, auth), **answer)
+        if path == "/generate"
+        else original(method, path, body, timeout, auth)
+    )
     passed, _message, result, _written, _warnings = run(host, clock)
     assert passed and result["performance"]["accept_length"] is None  # no floor: nothing to fail
     assert result["performance"]["accept_length_source"] is None and why in result["performance"]["accept_length_error"]
@@ -362,7 +428,13 @@ def dies_at(host, died_path):
     def request(method, path, body=None, timeout=10.0, auth=False):
         if path == died_path:
             host.units = [FAILED_KILL]
-            return {"status": None, "data": None, "text": "", "seconds": 0.0, "error": "ConnectionRefusedError: refused"}
+            return {
+                "status": None,
+                "data": None,
+                "text": "",
+                "seconds": 0.0,
+                "error": "ConnectionRefusedError: refused",
+            }
         return original(method, path, body, timeout, auth)
 
     host.request = request
@@ -378,6 +450,7 @@ def test_a_server_that_died_before_the_generate_request_fails_at_unit_watch(cloc
 
 # ---- a server that dies after it became ready (docs/health-gate.md, "A server that dies during the gate")
 
+
 def chat_failing_at(host, number, error, then=None):
     """Make the host's chat request `number` (1: the chat stage, 2: the first baseline prompt) fail with
     `error`; `then(host)` changes the host as the failure happens (the server dying)."""
@@ -389,8 +462,13 @@ def chat_failing_at(host, number, error, then=None):
             if then:
                 then(host)
             return dict(answer, status=None, error=error)
-        return dict(answer, data={"choices": [{"message": {"content": GOOD_TEXT}, "finish_reason": "length"}],
-                                  "usage": {"completion_tokens": 32}})
+        return dict(
+            answer,
+            data={
+                "choices": [{"message": {"content": GOOD_TEXT}, "finish_reason": "length"}],
+                "usage": {"completion_tokens": 32},
+            },
+        )
 
     host.on_chat = on_chat
 
@@ -420,13 +498,19 @@ def test_a_scheduler_killed_during_the_baseline_fails_at_unit_watch_with_the_wat
     chat_failing_at(host, 2, "RemoteDisconnected: Remote end closed connection without response", scheduler_killed)
     passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
     assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "child_crashed"
-    assert message.startswith("sglang-coder.service failed at unit_watch (child_crashed): the server died during the "
-                              "baseline stage (baseline prompt 'List the first ten prime numbers")
+    assert message.startswith(
+        "sglang-coder.service failed at unit_watch (child_crashed): the server died during the "
+        "baseline stage (baseline prompt 'List the first ten prime numbers"
+    )
     assert "Subprocess scheduler_0 (pid=2373) crashed with exit code -9" in message
     assert "status=9/KILL" in message  # the unit's own word, read once it went down
-    assert result["died_during"] == {"stage": "baseline", "request": "baseline prompt 'List the first ten prime numbers, separated by commas.'",
-                                     "error": "RemoteDisconnected: Remote end closed connection without response",
-                                     "main_pid_at_ready": "4182", "main_pid_now": "0"}
+    assert result["died_during"] == {
+        "stage": "baseline",
+        "request": "baseline prompt 'List the first ten prime numbers, separated by commas.'",
+        "error": "RemoteDisconnected: Remote end closed connection without response",
+        "main_pid_at_ready": "4182",
+        "main_pid_now": "0",
+    }
     assert result["stage"] == "baseline" and "baseline" in result["timings"] and len(looks) == 3
     assert result["baseline"]["status"] == "incomplete" and result["baseline"]["results"] == []
     assert result["unit_state"]["state"] == "failed/failed" and "kill_process_tree" in result["journal_excerpt"][-1]
@@ -448,7 +532,9 @@ def test_a_launcher_killed_during_the_baseline_fails_at_unit_watch_as_killed_fro
     assert "status=9/KILL by something outside SGLang" in message
 
 
-@pytest.mark.parametrize("error", ["ConnectionResetError: [Errno 104] Connection reset by peer", "timed out after 60.0 s"])
+@pytest.mark.parametrize(
+    "error", ["ConnectionResetError: [Errno 104] Connection reset by peer", "timed out after 60.0 s"]
+)
 def test_a_failed_request_with_a_healthy_unit_stays_at_its_stage(clock, error):
     host = ScriptedHost(clock, journal=GOOD_START)
     chat_failing_at(host, 2, error)
@@ -460,7 +546,9 @@ def test_a_failed_request_with_a_healthy_unit_stays_at_its_stage(clock, error):
 
 def test_a_server_error_with_a_healthy_unit_stays_at_its_stage(clock):
     host = ScriptedHost(clock, journal=GOOD_START)
-    host.on_chat = lambda answer: dict(answer, status=500, text='{"object": "error", "message": "Internal server error"}')
+    host.on_chat = lambda answer: dict(
+        answer, status=500, text='{"object": "error", "message": "Internal server error"}'
+    )
     passed, message, result, _written, _warnings = run(host, clock)
     assert not passed and result["failed_stage"] == "chat" and result["failure_kind"] == "chat"
     assert "HTTP 500" in message and "died_during" not in result
@@ -470,8 +558,12 @@ def test_a_unit_restarted_behind_the_gates_back_fails_at_unit_watch(clock):
     # `systemctl restart` by someone else: the unit is active again, nothing fatal in the journal, but
     # its main process is not the one that became ready.
     host = ScriptedHost(clock, journal=GOOD_START)
-    chat_failing_at(host, 2, "RemoteDisconnected: Remote end closed connection without response",
-                    lambda host: setattr(host, "units", [props(MainPID="5120", ExecMainPID="5120")]))
+    chat_failing_at(
+        host,
+        2,
+        "RemoteDisconnected: Remote end closed connection without response",
+        lambda host: setattr(host, "units", [props(MainPID="5120", ExecMainPID="5120")]),
+    )
     passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
     assert not passed and result["failed_stage"] == "unit_watch" and result["failure_kind"] == "restarted"
     assert "the unit's main process is PID 5120, not PID 4182 that answered on the port" in message
@@ -481,7 +573,9 @@ def test_a_server_info_that_fails_because_the_server_died_fails_at_unit_watch(cl
     # /server_info is the baseline stage's first request (the baseline key).
     host = dies_at(ScriptedHost(clock, journal=GOOD_START), "/server_info")
     passed, message, result, _written, _warnings = run(host, clock, baseline_file=BASELINE)
-    assert not passed and result["failed_stage"] == "unit_watch" and result["died_during"]["request"] == "GET /server_info"
+    assert (
+        not passed and result["failed_stage"] == "unit_watch" and result["died_during"]["request"] == "GET /server_info"
+    )
 
 
 def test_a_fatal_journal_line_on_a_unit_that_keeps_running_is_reported_at_the_requests_stage(clock):

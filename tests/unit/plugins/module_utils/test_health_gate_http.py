@@ -41,7 +41,10 @@ def test_an_answer_is_parsed_and_the_key_goes_only_where_asked_and_never_back_ou
     assert answer["status"] == 200 and answer["error"] is None and answer["data"]["echo"] == {"q": 1}
     assert "sk-abc" not in answer["text"]  # redacted in what the gate returns
     io(server.server_address[1]).request("POST", "/health", {}, timeout=5)
-    assert [(path, key) for path, key, _body in server.seen] == [("/v1/chat/completions", "Bearer sk-abc"), ("/health", None)]
+    assert [(path, key) for path, key, _body in server.seen] == [
+        ("/v1/chat/completions", "Bearer sk-abc"),
+        ("/health", None),
+    ]
 
 
 def test_an_http_error_is_a_status_with_its_body(server):

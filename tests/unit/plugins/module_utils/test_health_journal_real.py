@@ -15,10 +15,19 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_unit import S
 
 JOURNALS = pathlib.Path(__file__).resolve().parents[3] / "fixtures" / "sglang-journals"
 HEALTHY = ["start-none-graph.log", "start-dflash-graph.log", "start-ddtree-graph.log", "start-ddtree-graph-tp2.log"]
-RUNNING = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "0",
-           "ExecMainCode": "0", "ExecMainStatus": "0", "MainPID": "758"}
-KILLED = dict(RUNNING, ActiveState="failed", SubState="failed", Result="signal", ExecMainCode="2", ExecMainStatus="9",
-              MainPID="0")
+RUNNING = {
+    "LoadState": "loaded",
+    "ActiveState": "active",
+    "SubState": "running",
+    "Result": "success",
+    "NRestarts": "0",
+    "ExecMainCode": "0",
+    "ExecMainStatus": "0",
+    "MainPID": "758",
+}
+KILLED = dict(
+    RUNNING, ActiveState="failed", SubState="failed", Result="signal", ExecMainCode="2", ExecMainStatus="9", MainPID="0"
+)
 
 
 def journal(name):
@@ -59,6 +68,7 @@ def test_a_gap_between_real_markers_is_short_on_a_healthy_start():
     # Seconds between consecutive markers of the real DDTREE start (journal timestamps): the longest is
     # far below the default no_progress_timeout (120 s).
     import datetime
+
     stamps = []
     for line in journal("start-ddtree-graph.log"):
         if match_progress(line) and line.startswith("["):
@@ -67,14 +77,30 @@ def test_a_gap_between_real_markers_is_short_on_a_healthy_start():
     assert len(stamps) >= 10 and max(gaps) < 60
 
 
-@pytest.mark.parametrize("name, props, kind, exception_line", [
-    ("crash-no-cutlass-none.log", KILLED, "scheduler_exception", "ModuleNotFoundError: No module named 'cutlass'"),
-    ("crash-no-flashinfer-dflash.log", KILLED, "scheduler_exception",
-     "RuntimeError: Cannot find flashinfer package. Please install flashinfer to getthe required headers for JIT compilation."),
-    ("crash-radix-cache-none.log", KILLED, "scheduler_exception", "ValueError: insert value must be an int64 tensor, got Double"),
-    ("crash-plain-exception-none.log", KILLED, "scheduler_exception",
-     "Exception: Capture cuda graph failed: CUDA error: out of memory"),
-])
+@pytest.mark.parametrize(
+    "name, props, kind, exception_line",
+    [
+        ("crash-no-cutlass-none.log", KILLED, "scheduler_exception", "ModuleNotFoundError: No module named 'cutlass'"),
+        (
+            "crash-no-flashinfer-dflash.log",
+            KILLED,
+            "scheduler_exception",
+            "RuntimeError: Cannot find flashinfer package. Please install flashinfer to getthe required headers for JIT compilation.",
+        ),
+        (
+            "crash-radix-cache-none.log",
+            KILLED,
+            "scheduler_exception",
+            "ValueError: insert value must be an int64 tensor, got Double",
+        ),
+        (
+            "crash-plain-exception-none.log",
+            KILLED,
+            "scheduler_exception",
+            "Exception: Capture cuda graph failed: CUDA error: out of memory",
+        ),
+    ],
+)
 def test_a_real_crash_is_named_by_its_exception_line(name, props, kind, exception_line):
     failure = diagnose(name, props)
     assert failure["state"] == "failed" and failure["kind"] == kind
@@ -101,24 +127,39 @@ def test_a_launcher_killed_while_starting_is_killed_from_outside():
     assert failure["kind"] == "killed" and "status=9/KILL by something outside SGLang" in failure["reason"]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("Exception: boom", "Exception: boom"),
-    ("torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
-     "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"),
-    ("triton.compiler.errors.CompilationError: at 1:0:", "triton.compiler.errors.CompilationError: at 1:0:"),
-    ("AssertionError", "AssertionError"),
-    ("StopIteration", "StopIteration"),
-    ("KeyError: 'ddtree'", "KeyError: 'ddtree'"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("Exception: boom", "Exception: boom"),
+        (
+            "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+            "torch.AcceleratorError: CUDA error: an illegal memory access was encountered",
+        ),
+        ("triton.compiler.errors.CompilationError: at 1:0:", "triton.compiler.errors.CompilationError: at 1:0:"),
+        ("AssertionError", "AssertionError"),
+        ("StopIteration", "StopIteration"),
+        ("KeyError: 'ddtree'", "KeyError: 'ddtree'"),
+    ],
+)
 def test_any_exception_class_ends_a_traceback(text, expected):
-    lines = ["[2026-11-30 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
-             '  File "/x/scheduler.py", line 1, in run', "    raise X", "    ^^^^^^^", text]
+    lines = [
+        "[2026-11-30 10:00:00 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+        '  File "/x/scheduler.py", line 1, in run',
+        "    raise X",
+        "    ^^^^^^^",
+        text,
+    ]
     assert exception_summary(lines) == expected
 
 
 def test_uvicorn_lines_and_prose_after_a_traceback_are_not_exception_lines():
-    lines = ["Traceback (most recent call last):", '  File "a.py", line 1, in f', "INFO:     Started server process [1]",
-             "During handling of the above exception, another exception occurred:", "OSError: [Errno 98] in use"]
+    lines = [
+        "Traceback (most recent call last):",
+        '  File "a.py", line 1, in f',
+        "INFO:     Started server process [1]",
+        "During handling of the above exception, another exception occurred:",
+        "OSError: [Errno 98] in use",
+    ]
     assert exception_summary(lines) == "OSError: [Errno 98] in use"
     assert exception_summary(lines[:3]) is None
 

@@ -15,7 +15,6 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_records impor
     write_json,
 )
 
-
 KEY = "coder | DFLASH | tp 1 | sglang 0.5.23"
 
 
@@ -37,9 +36,19 @@ def test_a_format_1_document_keyed_by_model_alone_matches_no_key_and_is_kept():
     assert document["baselines"]["coder"] == old["baselines"]["coder"] and document["format"] == 2
 
 
-@pytest.mark.parametrize("algorithm, family", [
-    (None, "NONE"), ("DFLASH", "DFLASH"), ("DDTREE", "DFLASH"), ("ddtree", "DFLASH"), ("EAGLE", "EAGLE"),
-    ("NEXTN", "EAGLE"), ("EAGLE3", "EAGLE3"), ("NGRAM", "NGRAM")])
+@pytest.mark.parametrize(
+    "algorithm, family",
+    [
+        (None, "NONE"),
+        ("DFLASH", "DFLASH"),
+        ("DDTREE", "DFLASH"),
+        ("ddtree", "DFLASH"),
+        ("EAGLE", "EAGLE"),
+        ("NEXTN", "EAGLE"),
+        ("EAGLE3", "EAGLE3"),
+        ("NGRAM", "NGRAM"),
+    ],
+)
 def test_decoding_family(algorithm, family):
     assert decoding_family(algorithm) == family
 
@@ -47,10 +56,16 @@ def test_decoding_family(algorithm, family):
 def test_baseline_key_from_server_info():
     # /server_info of real SGLang 0.5.23 serving DDTREE (H200): it reports the resolved algorithm, DFLASH.
     info = {"speculative_algorithm": "DFLASH", "tp_size": 1, "version": "0.5.23", "model_path": "/m"}
-    assert baseline_key("coder", info) == {"key": KEY, "model": "coder", "family": "DFLASH", "tp_size": 1,
-                                           "version": "0.5.23"}
+    assert baseline_key("coder", info) == {
+        "key": KEY,
+        "model": "coder",
+        "family": "DFLASH",
+        "tp_size": 1,
+        "version": "0.5.23",
+    }
     assert baseline_key("coder", {"speculative_algorithm": None, "tp_size": 2, "version": "0.5.23"})["key"] == (
-        "coder | NONE | tp 2 | sglang 0.5.23")
+        "coder | NONE | tp 2 | sglang 0.5.23"
+    )
     assert baseline_key("coder", None)["key"] == "coder | ? | tp ? | sglang ?"
 
 

@@ -12,10 +12,10 @@ from health_samples import (
     KERNEL_OOM,
     OOM_KILL,
     PLUGIN_FAILURE,
-    props,
     SCHEDULER_CRASH,
     UNIT,
     UNKNOWN_ALGORITHM,
+    props,
 )
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import health_unit
@@ -37,23 +37,42 @@ def test_parse_systemctl_show():
 
 # ---- unit states ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("properties, phase, kind, alive", [
-    (props(), "running", None, True),
-    (props(ActiveState="activating", SubState="start-pre"), "starting", None, True),
-    (FAILED_EXIT_2, "failed", "bad_flag", False),
-    (FAILED_EXIT_1, "failed", "exited", False),
-    (FAILED_KILL, "failed", "killed", False),
-    (FAILED_OOM, "failed", "oom", False),
-    (AUTO_RESTART, "restarting", "restarted", False),
-    (props(NRestarts="2"), "restarting", "restarted", False),
-    (props(ActiveState="failed", SubState="failed", Result="start-limit-hit"), "failed", "crash_loop", False),
-    (props(ActiveState="deactivating", SubState="final-sigterm", Result="signal", ExecMainCode="2", ExecMainStatus="9"),
-     "stopping", "killed", False),
-    (props(ActiveState="deactivating", SubState="stop-sigterm"), "stopping", "stopping", False),
-    (props(ActiveState="inactive", SubState="dead", ExecMainCode="1", ExecMainStatus="0", MainPID="0"), "exited", "exited", False),
-    (props(ActiveState="inactive", SubState="dead", ExecMainCode="0", MainPID="0"), "inactive", "inactive", False),
-    (props(LoadState="not-found", ActiveState="inactive"), "missing", "unit_missing", False),
-])
+
+@pytest.mark.parametrize(
+    "properties, phase, kind, alive",
+    [
+        (props(), "running", None, True),
+        (props(ActiveState="activating", SubState="start-pre"), "starting", None, True),
+        (FAILED_EXIT_2, "failed", "bad_flag", False),
+        (FAILED_EXIT_1, "failed", "exited", False),
+        (FAILED_KILL, "failed", "killed", False),
+        (FAILED_OOM, "failed", "oom", False),
+        (AUTO_RESTART, "restarting", "restarted", False),
+        (props(NRestarts="2"), "restarting", "restarted", False),
+        (props(ActiveState="failed", SubState="failed", Result="start-limit-hit"), "failed", "crash_loop", False),
+        (
+            props(
+                ActiveState="deactivating",
+                SubState="final-sigterm",
+                Result="signal",
+                ExecMainCode="2",
+                ExecMainStatus="9",
+            ),
+            "stopping",
+            "killed",
+            False,
+        ),
+        (props(ActiveState="deactivating", SubState="stop-sigterm"), "stopping", "stopping", False),
+        (
+            props(ActiveState="inactive", SubState="dead", ExecMainCode="1", ExecMainStatus="0", MainPID="0"),
+            "exited",
+            "exited",
+            False,
+        ),
+        (props(ActiveState="inactive", SubState="dead", ExecMainCode="0", MainPID="0"), "inactive", "inactive", False),
+        (props(LoadState="not-found", ActiveState="inactive"), "missing", "unit_missing", False),
+    ],
+)
 def test_classify_unit(properties, phase, kind, alive):
     verdict = classify_unit(properties)
     assert (verdict["phase"], verdict["kind"], verdict["alive"], verdict["fatal"]) == (phase, kind, alive, not alive)
@@ -63,15 +82,19 @@ def test_exit_texts_are_systemds():
     assert classify_unit(FAILED_KILL)["exit"]["text"] == "status=9/KILL"
     assert "status=2" in classify_unit(FAILED_EXIT_2)["reason"]
     assert classify_unit(AUTO_RESTART)["reason"] == (
-        "it died and systemd is about to restart it (activating/auto-restart, NRestarts=0, last exit status=9/KILL)")
+        "it died and systemd is about to restart it (activating/auto-restart, NRestarts=0, last exit status=9/KILL)"
+    )
     assert "systemd restarted it (NRestarts=2" in classify_unit(props(NRestarts="2"))["reason"]
 
 
 # ---- diagnosis -----------------------------------------------------------------------------------
 
+
 def diagnose(lines, properties, kernel=()):
     unit = classify_unit(properties)
-    return diagnose_failure(unit, match_signatures(lines), lines, kernel_oom_lines(kernel, UNIT, [properties["ExecMainPID"]]))
+    return diagnose_failure(
+        unit, match_signatures(lines), lines, kernel_oom_lines(kernel, UNIT, [properties["ExecMainPID"]])
+    )
 
 
 def test_diagnose_bad_flag_quotes_the_parser():
@@ -84,12 +107,16 @@ def test_diagnose_self_kill_is_not_an_oom():
     found = diagnose(SCHEDULER_CRASH, FAILED_KILL, kernel=KERNEL_OOM[3:])  # an OOM of another process
     assert found["kind"] == "scheduler_exception" and found["oom"] is False
     assert "RuntimeError: DDTree verify" in found["reason"]
-    assert "status=9/KILL after 'Received sigquit' is SGLang killing its own process tree, not an OOM" in found["reason"]
+    assert (
+        "status=9/KILL after 'Received sigquit' is SGLang killing its own process tree, not an OOM" in found["reason"]
+    )
 
 
 def test_diagnose_oom_from_result_and_from_the_kernel_log():
     assert diagnose(OOM_KILL, FAILED_OOM)["kind"] == "oom"
-    found = diagnose(["[2026-11-30 10:00:06 TP0] Load weight begin. avail mem=93.12 GB"], FAILED_KILL, kernel=KERNEL_OOM)
+    found = diagnose(
+        ["[2026-11-30 10:00:06 TP0] Load weight begin. avail mem=93.12 GB"], FAILED_KILL, kernel=KERNEL_OOM
+    )
     assert found["kind"] == "oom" and "oom-kill:constraint=CONSTRAINT_MEMCG" in found["reason"]
 
 
@@ -118,6 +145,7 @@ def test_diagnose_auto_restart_without_journal_evidence():
 
 # ---- the start watch (no sleeping: times are fed) ---------------------------------------------------
 
+
 def feed_all(watch, timeline):
     """timeline: [(t, props, lines, port_open)] -> the last state."""
     state = None
@@ -130,13 +158,16 @@ def feed_all(watch, timeline):
 
 def test_watch_good_start_is_ready_when_the_port_answers():
     watch = StartWatch(started_at=100.0, no_progress_timeout=120, start_timeout=900, settle_seconds=2)
-    state = feed_all(watch, [
-        (100.0, props(ActiveState="activating", SubState="start-pre"), [], False),
-        (102.0, props(), GOOD_START[:5], False),  # weights begin loading
-        (200.0, props(), GOOD_START[5:12], False),  # 98 s later: weights loaded (deadline reset at 102)
-        (300.0, props(), GOOD_START[12:20], False),  # graphs captured (reset at 200), uvicorn up
-        (301.0, props(), GOOD_START[20:], True),
-    ])
+    state = feed_all(
+        watch,
+        [
+            (100.0, props(ActiveState="activating", SubState="start-pre"), [], False),
+            (102.0, props(), GOOD_START[:5], False),  # weights begin loading
+            (200.0, props(), GOOD_START[5:12], False),  # 98 s later: weights loaded (deadline reset at 102)
+            (300.0, props(), GOOD_START[12:20], False),  # graphs captured (reset at 200), uvicorn up
+            (301.0, props(), GOOD_START[20:], True),
+        ],
+    )
     assert state == {"state": "ready"}
     assert watch.first_progress_at == 102.0 and watch.port_at == 301.0
     assert watch.progress[-1]["marker"] == "fired_up"
@@ -145,7 +176,10 @@ def test_watch_good_start_is_ready_when_the_port_answers():
 def test_watch_no_progress_deadline():
     watch = StartWatch(started_at=0.0, no_progress_timeout=120, start_timeout=900)
     assert watch.feed(0.0, props(), GOOD_START[:5])["state"] == "starting"  # Load weight begin at 0
-    assert watch.feed(119.0, props(), ["Loading safetensors checkpoint shards:  40% Completed | 2/5"])["state"] == "starting"
+    assert (
+        watch.feed(119.0, props(), ["Loading safetensors checkpoint shards:  40% Completed | 2/5"])["state"]
+        == "starting"
+    )
     state = watch.feed(120.5, props(), [])
     assert state["state"] == "failed" and state["kind"] == "no_progress"
     assert "'load_weight_begin'" in state["reason"] and "active/running" in state["reason"]

@@ -21,8 +21,13 @@ DEBIAN12_FFMPEG = (
 def test_debian12_has_complete_ffmpeg5():
     sonames = host_checks.ffmpeg_sonames(DEBIAN12_FFMPEG)
     assert sonames == {
-        "libavcodec": [59], "libavdevice": [59], "libavfilter": [8], "libavformat": [59],
-        "libavutil": [57], "libswresample": [4], "libswscale": [6],
+        "libavcodec": [59],
+        "libavdevice": [59],
+        "libavfilter": [8],
+        "libavformat": [59],
+        "libavutil": [57],
+        "libswresample": [4],
+        "libswscale": [6],
     }
     releases = host_checks.ffmpeg_releases(sonames)
     assert releases["complete"] == ["5"]

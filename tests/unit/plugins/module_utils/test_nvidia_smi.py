@@ -1,11 +1,10 @@
 """nvidia-smi parsing, fed real H200 captures, derived Blackwell/Ampere output and malformed output."""
 
 import pytest
+from conftest import FIXTURES
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import nvidia_smi
 from ansible_collections.ddtree.sglang.plugins.module_utils.nvidia_smi import NvidiaSmiParseError
-
-from conftest import FIXTURES
 
 
 def read(model, name):
@@ -82,7 +81,9 @@ def test_derived_ampere_two_gpus():
 
 def test_not_available_values_become_none():
     header = read("h200", "query_gpu.csv").splitlines()[0]
-    row = "0, NVIDIA H200, GPU-x, 00000000:00:06.0, 580.159.04, 9.0, 143771 MiB, [N/A], [N/A], [N/A], [N/A], [N/A], [N/A]"
+    row = (
+        "0, NVIDIA H200, GPU-x, 00000000:00:06.0, 580.159.04, 9.0, 143771 MiB, [N/A], [N/A], [N/A], [N/A], [N/A], [N/A]"
+    )
     gpu = nvidia_smi.parse_gpus(header + "\n" + row + "\n")[0]
     assert gpu["memory_used_mib"] is None
     assert gpu["persistence_mode"] is None
@@ -139,7 +140,10 @@ def test_version_capture():
     "cgroup, unit",
     [
         ("0::/system.slice/sglang-coder.service\n", "sglang-coder.service"),
-        ("12:pids:/system.slice/foreign-gpu.service\n1:name=systemd:/system.slice/foreign-gpu.service\n", "foreign-gpu.service"),
+        (
+            "12:pids:/system.slice/foreign-gpu.service\n1:name=systemd:/system.slice/foreign-gpu.service\n",
+            "foreign-gpu.service",
+        ),
         ("0::/user.slice/user-1000.slice/session-3.scope\n", None),
         ("", None),
     ],
@@ -150,7 +154,12 @@ def test_systemd_unit_from_cgroup(cgroup, unit):
 
 @pytest.mark.parametrize(
     "found, required, expected",
-    [("580.159.04", "580.65.06", True), ("570.86.10", "580.65.06", False), ("580.65.06", "580.65.06", True), ("1000.1", "580.65.06", True)],
+    [
+        ("580.159.04", "580.65.06", True),
+        ("570.86.10", "580.65.06", False),
+        ("580.65.06", "580.65.06", True),
+        ("1000.1", "580.65.06", True),
+    ],
 )
 def test_version_at_least(found, required, expected):
     assert nvidia_smi.version_at_least(found, required) is expected

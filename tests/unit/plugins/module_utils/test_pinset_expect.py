@@ -36,12 +36,25 @@ def lock(*pins):
 
 
 CUDA_SPEC = {
-    "name": "x", "python": "3.11", "glibc": "2.35",
-    "expect": {"python": "3.11", "gpu": True, "torch": "2.14.1", "torch_cuda": "13.0", "nvcc": "13.0",
-               "packages": {"sglang": "0.5.23", "flashinfer-python": "0.7.2"}},
+    "name": "x",
+    "python": "3.11",
+    "glibc": "2.35",
+    "expect": {
+        "python": "3.11",
+        "gpu": True,
+        "torch": "2.14.1",
+        "torch_cuda": "13.0",
+        "nvcc": "13.0",
+        "packages": {"sglang": "0.5.23", "flashinfer-python": "0.7.2"},
+    },
 }
-CUDA_LOCK = lock("flashinfer_python==0.7.2", "nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-runtime==13.0.96", "sglang==0.5.23",
-                 "torch==2.14.1")
+CUDA_LOCK = lock(
+    "flashinfer_python==0.7.2",
+    "nvidia-cuda-nvcc==13.0.88",
+    "nvidia-cuda-runtime==13.0.96",
+    "sglang==0.5.23",
+    "torch==2.14.1",
+)
 
 
 def test_lock_pins_reads_names_versions_and_hashes():
@@ -56,15 +69,20 @@ def test_lock_pins_rejects_a_package_pinned_twice():
 
 
 def test_locked_pythons_from_file_names():
-    assert pinset.locked_pythons(["pinset.yml", "requirements-py312.lock", "requirements.in", "requirements-py311.lock"]) == ["3.11", "3.12"]
+    assert pinset.locked_pythons(
+        ["pinset.yml", "requirements-py312.lock", "requirements.in", "requirements-py311.lock"]
+    ) == ["3.11", "3.12"]
 
 
-@pytest.mark.parametrize("pins, cuda", [
-    ({"torch": ("2.13.0+cpu", [])}, None),
-    ({"torch": ("2.7.0+cu128", [])}, "12.8"),
-    ({"torch": ("2.14.1", []), "nvidia-cuda-runtime": ("13.0.96", [])}, "13.0"),
-    ({"torch": ("2.8.0", []), "nvidia-cuda-runtime-cu12": ("12.8.90", [])}, "12.8"),
-])
+@pytest.mark.parametrize(
+    "pins, cuda",
+    [
+        ({"torch": ("2.13.0+cpu", [])}, None),
+        ({"torch": ("2.7.0+cu128", [])}, "12.8"),
+        ({"torch": ("2.14.1", []), "nvidia-cuda-runtime": ("13.0.96", [])}, "13.0"),
+        ({"torch": ("2.8.0", []), "nvidia-cuda-runtime-cu12": ("12.8.90", [])}, "12.8"),
+    ],
+)
 def test_lock_torch_cuda(pins, cuda):
     assert pinset.lock_torch_cuda(pins)[0] == cuda
 
@@ -82,19 +100,26 @@ def test_a_version_that_drifted_is_named_with_both_sides():
     drifted = CUDA_LOCK.replace("sglang==0.5.23", "sglang==0.5.24")
     assert pinset.pinset_problems(CUDA_SPEC, {"3.11": drifted}) == [
         "pin set x: requirements-py311.lock: expect has sglang 0.5.23, the lock has sglang==0.5.24; "
-        "make pinset.yml and requirements.in agree, then re-lock"]
+        "make pinset.yml and requirements.in agree, then re-lock"
+    ]
 
 
 def test_a_missing_package_and_a_wrong_cuda_build_are_named():
-    cu128 = lock("flashinfer_python==0.7.2", "nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-runtime-cu12==12.8.90", "torch==2.14.1")
+    cu128 = lock(
+        "flashinfer_python==0.7.2", "nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-runtime-cu12==12.8.90", "torch==2.14.1"
+    )
     problems = pinset.pinset_problems(CUDA_SPEC, {"3.11": cu128})
     assert "pin set x: requirements-py311.lock: expect has sglang 0.5.23, the lock does not install sglang" in problems
-    assert ("pin set x: requirements-py311.lock: expect has torch_cuda 13.0, the lock's torch is a CUDA 12.8 build "
-            "(nvidia-cuda-runtime-cu12==12.8.90)") in problems
+    assert (
+        "pin set x: requirements-py311.lock: expect has torch_cuda 13.0, the lock's torch is a CUDA 12.8 build "
+        "(nvidia-cuda-runtime-cu12==12.8.90)"
+    ) in problems
 
 
 def test_a_cpu_torch_in_a_gpu_pinset_and_the_wrong_nvcc():
-    cpu = CUDA_LOCK.replace("torch==2.14.1", "torch==2.14.1+cpu").replace("nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-nvcc==13.2.51")
+    cpu = CUDA_LOCK.replace("torch==2.14.1", "torch==2.14.1+cpu").replace(
+        "nvidia-cuda-nvcc==13.0.88", "nvidia-cuda-nvcc==13.2.51"
+    )
     problems = pinset.pinset_problems(CUDA_SPEC, {"3.11": cpu})
     assert problems == [
         "pin set x: requirements-py311.lock: expect has torch_cuda 13.0, the lock's torch is a CPU build (torch==2.14.1+cpu)",
@@ -115,8 +140,11 @@ def test_a_pin_without_hash_and_a_python_without_lock():
 def test_gpu_claim_must_match_the_cuda_build():
     spec = dict(CUDA_SPEC, expect=dict(CUDA_SPEC["expect"], gpu=False))
     assert pinset.pinset_problems(spec, {"3.11": CUDA_LOCK}) == [
-        "pin set x: expect has gpu False with torch_cuda 13.0: a GPU pin set needs a CUDA torch, a CPU one a CPU torch"]
+        "pin set x: expect has gpu False with torch_cuda 13.0: a GPU pin set needs a CUDA torch, a CPU one a CPU torch"
+    ]
 
 
 def test_no_lock_at_all():
-    assert pinset.pinset_problems(CUDA_SPEC, {}) == ["pin set x has no requirements-py3XY.lock; lock it with scripts/lock-pinset"]
+    assert pinset.pinset_problems(CUDA_SPEC, {}) == [
+        "pin set x has no requirements-py3XY.lock; lock it with scripts/lock-pinset"
+    ]

@@ -36,7 +36,9 @@ def test_install_command_offline_and_online():
     assert offline[:4] == ["/s/bin/python", "-m", "pip", "install"]
     assert {"--require-hashes", "--no-deps", "--only-binary=:all:", "--no-index"} <= set(offline)
     assert offline[offline.index("--find-links") + 1] == "/w" and offline[-2:] == ["-r", "/s/lock"]
-    online = pinset.install_command("/s/bin/python", "/s/lock", index_url="https://idx/simple", extra_index_urls=["https://x"])
+    online = pinset.install_command(
+        "/s/bin/python", "/s/lock", index_url="https://idx/simple", extra_index_urls=["https://x"]
+    )
     assert "--no-index" not in online and online[online.index("--index-url") + 1] == "https://idx/simple"
 
 

@@ -47,8 +47,17 @@ def test_verify_release_partial_and_complete(tmp_path):
 def test_release_id_depends_on_source_stack_and_arch():
     base = release.release_id("src", "stack", "sm_120")
     assert len(base) == 12 and base == release.release_id("src", "stack", "sm_120")
-    assert len({base, release.release_id("src2", "stack", "sm_120"), release.release_id("src", "stack2", "sm_120"),
-                release.release_id("src", "stack", "sm_86")}) == 4
+    assert (
+        len(
+            {
+                base,
+                release.release_id("src2", "stack", "sm_120"),
+                release.release_id("src", "stack2", "sm_120"),
+                release.release_id("src", "stack", "sm_86"),
+            }
+        )
+        == 4
+    )
 
 
 def test_extra_wheels_are_part_of_the_release_id_and_production_ids_stay():
@@ -63,15 +72,27 @@ PREDICATES = ["is_dflash", "is_dflash_family", "is_eagle", "is_speculative", "ne
 
 
 def row(kind="builtin", known=True, **true):
-    return {"kind": kind, "known": known, "predicates": {p: true.get(p, False) for p in PREDICATES}, "behaviour": {"x": 1}, "resolves_to": None}
+    return {
+        "kind": kind,
+        "known": known,
+        "predicates": {p: true.get(p, False) for p in PREDICATES},
+        "behaviour": {"x": 1},
+        "resolves_to": None,
+    }
 
 
-PRISTINE = {"algorithms": {
-    "DFLASH": row(is_dflash=True, is_dflash_family=True, is_speculative=True),
-    "EAGLE": row(is_eagle=True, is_speculative=True, need_topk=True),
-    "DDTREE": {"kind": "unknown", "known": False},
-}}
-GOOD = {"algorithms": dict(PRISTINE["algorithms"], DDTREE=row(kind="plugin", is_dflash=True, is_dflash_family=True, is_speculative=True))}
+PRISTINE = {
+    "algorithms": {
+        "DFLASH": row(is_dflash=True, is_dflash_family=True, is_speculative=True),
+        "EAGLE": row(is_eagle=True, is_speculative=True, need_topk=True),
+        "DDTREE": {"kind": "unknown", "known": False},
+    }
+}
+GOOD = {
+    "algorithms": dict(
+        PRISTINE["algorithms"], DDTREE=row(kind="plugin", is_dflash=True, is_dflash_family=True, is_speculative=True)
+    )
+}
 
 
 def test_good_release_has_no_differences():
@@ -85,7 +106,9 @@ def test_good_release_has_no_differences():
 def test_release_that_changes_a_builtin_is_named():
     bad = copy.deepcopy(GOOD)
     bad["algorithms"]["EAGLE"]["predicates"]["need_topk"] = False
-    assert spec_matrix.builtin_differences(PRISTINE, bad) == ["EAGLE.need_topk: True in pristine SGLang, False with the release"]
+    assert spec_matrix.builtin_differences(PRISTINE, bad) == [
+        "EAGLE.need_topk: True in pristine SGLang, False with the release"
+    ]
     assert spec_matrix.matrix_lines(PRISTINE, bad)[3].endswith("DIFFERS")
 
 
@@ -99,4 +122,5 @@ def test_the_incident_plugin_not_dflash_family():
 
 def test_plugin_not_loaded():
     assert spec_matrix.dflash_family_problems(PRISTINE) == [
-        "DDTREE is not a known speculative algorithm with the release (is the plugin loaded?)"]
+        "DDTREE is not a known speculative algorithm with the release (is the plugin loaded?)"
+    ]

@@ -11,7 +11,9 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.service_actions impo
 
 
 def entry(name, **extra):
-    return dict({"name": name, "unit": "sglang-%s.service" % name, "gpus": [0], "gate": {"start_timeout": 900}}, **extra)
+    return dict(
+        {"name": name, "unit": "sglang-%s.service" % name, "gpus": [0], "gate": {"start_timeout": 900}}, **extra
+    )
 
 
 CODER, CHAT = entry("coder"), entry("chat")
@@ -35,11 +37,14 @@ def test_nothing_changed_restarts_nothing_and_only_asks_for_health():
     assert actions["services"]["chat"]["reasons"] == [UNCHANGED]
 
 
-@pytest.mark.parametrize("changed, reason", [
-    ({"units": ["coder"]}, "unit changed"),
-    ({"environments": [{"changed": True, "item": CODER}, {"changed": False, "item": CHAT}]}, "environment changed"),
-    ({"api_keys": [{"changed": True, "item": CODER}]}, "API key changed"),
-])
+@pytest.mark.parametrize(
+    "changed, reason",
+    [
+        ({"units": ["coder"]}, "unit changed"),
+        ({"environments": [{"changed": True, "item": CODER}, {"changed": False, "item": CHAT}]}, "environment changed"),
+        ({"api_keys": [{"changed": True, "item": CODER}]}, "API key changed"),
+    ],
+)
 def test_a_service_whose_unit_environment_or_key_changed_restarts_and_is_gated(changed, reason):
     actions = decide(changed=changed)
     assert names(actions["restart"]) == names(actions["gate"]) == ["coder"]
@@ -67,23 +72,30 @@ def test_a_service_that_is_not_running_is_started_and_gated_not_restarted():
 
 
 def test_a_release_without_a_verdict_is_restarted_or_gated_as_it_runs():
-    recorded = {"coder": {"action": "restart", "reason": "interrupted", "unit_state": {"active": True}},
-                "chat": {"action": "gate", "reason": "interrupted", "unit_state": {"active": True}}}
+    recorded = {
+        "coder": {"action": "restart", "reason": "interrupted", "unit_state": {"active": True}},
+        "chat": {"action": "gate", "reason": "interrupted", "unit_state": {"active": True}},
+    }
     actions = decide(recorded=recorded)
     assert names(actions["restart"]) == ["coder"]
     assert names(actions["gate"]) == ["coder", "chat"] and actions["quick_check"] == []
 
 
 def test_a_recorded_failed_verdict_rolls_back_without_starting_the_failed_release():
-    failed = {"action": "rollback", "reason": "failed_verdict", "release_id": "bad",
-              "verdict": {"stage": "chat", "failure_kind": "chat", "recorded_at": "T", "msg": "no answer"}}
+    failed = {
+        "action": "rollback",
+        "reason": "failed_verdict",
+        "release_id": "bad",
+        "verdict": {"stage": "chat", "failure_kind": "chat", "recorded_at": "T", "msg": "no answer"},
+    }
     actions = decide(recorded={"coder": failed, "chat": PASSED}, changed={"launcher": True})
     assert names(actions["restart"]) == ["chat"] and names(actions["start"]) == ["chat"]
     assert "coder" not in names(actions["gate"]) + names(actions["quick_check"])
     assert actions["services"]["coder"]["rollback"] is True
     after = decide(recorded={"coder": failed, "chat": PASSED}, gate_results=[])
-    assert [(r["item"]["name"], r["release_id"], r["failed_stage"], r["recorded_verdict"]) for r in after["rollback"]] == [
-        ("coder", "bad", "chat", True)]
+    assert [
+        (r["item"]["name"], r["release_id"], r["failed_stage"], r["recorded_verdict"]) for r in after["rollback"]
+    ] == [("coder", "bad", "chat", True)]
     assert "coder (release bad, chat: its gate failed at T" in after["msg"]
 
 
@@ -107,8 +119,10 @@ def test_check_mode_starts_only_installed_units_and_gates_nothing():
 
 
 def test_failed_gates_are_rolled_back_in_order_and_the_host_fails():
-    gates = [{"item": CODER, "passed": False, "failed_stage": "baseline", "msg": "differs"},
-             {"item": CHAT, "passed": True}]
+    gates = [
+        {"item": CODER, "passed": False, "failed_stage": "baseline", "msg": "differs"},
+        {"item": CHAT, "passed": True},
+    ]
     actions = decide(gate_results=gates, host="ct200")
     assert [r["item"]["name"] for r in actions["rollback"]] == ["coder"]
     assert actions["msg"].startswith("ct200: the health gate failed for coder (release new, baseline: differs)")
@@ -116,34 +130,51 @@ def test_failed_gates_are_rolled_back_in_order_and_the_host_fails():
 
 
 SHADOW = entry("coder-shadow", shadow_of="coder")
-SHADOW_RELEASES = {"coder": {"release_id": "old", "follows": "shadow", "shadow": "coder-shadow"},
-                   "coder-shadow": {"release_id": "new", "follows": "candidate"}}
+SHADOW_RELEASES = {
+    "coder": {"release_id": "old", "follows": "shadow", "shadow": "coder-shadow"},
+    "coder-shadow": {"release_id": "new", "follows": "candidate"},
+}
 
 
 def shadow_actions(verdict, shadow_passed=True):
-    return service_actions([CODER, SHADOW], SHADOW_RELEASES, [], {}, {}, gate_results=[
-        {"item": SHADOW, "passed": shadow_passed, "msg": "x"}], shadow_verdicts={"coder": verdict})
+    return service_actions(
+        [CODER, SHADOW],
+        SHADOW_RELEASES,
+        [],
+        {},
+        {},
+        gate_results=[{"item": SHADOW, "passed": shadow_passed, "msg": "x"}],
+        shadow_verdicts={"coder": verdict},
+    )
 
 
 def test_a_production_service_waits_for_its_shadow():
     actions = service_actions([CODER, SHADOW], SHADOW_RELEASES, [], {}, {})
     assert [(item["name"], item["shadow"], item["release_id"]) for item in actions["compare_shadow"]] == [
-        ("coder", "coder-shadow", "old")]
+        ("coder", "coder-shadow", "old")
+    ]
 
 
 def test_a_shadow_that_passed_and_was_not_worse_promotes_its_production_service_to_the_candidate():
-    actions = shadow_actions({"promote": True, "shadow": {"release_id": "new", "passed": True}, "shadow_service": "coder-shadow"})
+    actions = shadow_actions(
+        {"promote": True, "shadow": {"release_id": "new", "passed": True}, "shadow_service": "coder-shadow"}
+    )
     assert [(item["name"], item["release_id"]) for item in actions["promote"]] == [("coder", "new")]
     assert actions["rollback"] == []
 
 
 def test_a_held_candidate_rolls_the_shadow_back_and_production_keeps_its_release():
-    verdict = {"promote": False, "shadow": {"release_id": "new", "passed": True}, "shadow_service": "coder-shadow",
-               "problems": ["slower"]}
+    verdict = {
+        "promote": False,
+        "shadow": {"release_id": "new", "passed": True},
+        "shadow_service": "coder-shadow",
+        "problems": ["slower"],
+    }
     actions = shadow_actions(verdict)
     assert actions["promote"] == []
-    assert [(r["item"]["name"], r["failed_stage"], r["failure_kind"], r["release_id"]) for r in actions["rollback"]] == [
-        ("coder-shadow", "shadow", "shadow_worse", "new")]
+    assert [
+        (r["item"]["name"], r["failed_stage"], r["failure_kind"], r["release_id"]) for r in actions["rollback"]
+    ] == [("coder-shadow", "shadow", "shadow_worse", "new")]
     assert actions["rollback"][0]["msg"] == "worse than coder, which stays on its release: slower"
 
 
@@ -155,15 +186,36 @@ def test_a_shadow_whose_own_gate_failed_is_rolled_back_once():
 
 def test_a_host_that_rolls_back_promotes_nothing():
     verdict = {"promote": True, "shadow": {"release_id": "new", "passed": True}, "shadow_service": "coder-shadow"}
-    actions = service_actions([CODER, SHADOW, CHAT], dict(SHADOW_RELEASES, **RELEASES), [], {}, {}, gate_results=[
-        {"item": SHADOW, "passed": True}, {"item": CHAT, "passed": False, "msg": "x"}], shadow_verdicts={"coder": verdict})
+    actions = service_actions(
+        [CODER, SHADOW, CHAT],
+        dict(SHADOW_RELEASES, **RELEASES),
+        [],
+        {},
+        {},
+        gate_results=[{"item": SHADOW, "passed": True}, {"item": CHAT, "passed": False, "msg": "x"}],
+        shadow_verdicts={"coder": verdict},
+    )
     assert actions["promote"] == [] and names([r["item"] for r in actions["rollback"]]) == ["chat"]
 
 
 def test_the_rollback_record_keeps_the_evidence():
-    failed = {"item": CODER, "failed_stage": "unit_watch", "msg": "crashed", "journal_excerpt": ["l%d" % i for i in range(50)]}
-    record = rollback_record(failed, {"release_id": "old", "before": {"release_id": "new"}}, {"passed": False, "msg": "also"}, "T")
-    assert record == {"time": "T", "event": "rollback", "failed_release_id": "new", "failed_stage": "unit_watch",
-                      "msg": "crashed", "journal": ["l%d" % i for i in range(10, 50)], "rolled_back_to_release_id": "old",
-                      "previous_gate": "failed: also"}
+    failed = {
+        "item": CODER,
+        "failed_stage": "unit_watch",
+        "msg": "crashed",
+        "journal_excerpt": ["l%d" % i for i in range(50)],
+    }
+    record = rollback_record(
+        failed, {"release_id": "old", "before": {"release_id": "new"}}, {"passed": False, "msg": "also"}, "T"
+    )
+    assert record == {
+        "time": "T",
+        "event": "rollback",
+        "failed_release_id": "new",
+        "failed_stage": "unit_watch",
+        "msg": "crashed",
+        "journal": ["l%d" % i for i in range(10, 50)],
+        "rolled_back_to_release_id": "old",
+        "previous_gate": "failed: also",
+    }
     assert rollback_record({}, {}, {"passed": True}, "T")["previous_gate"] == "passed"

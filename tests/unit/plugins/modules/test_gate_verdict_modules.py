@@ -15,7 +15,7 @@ from test_sglang_health import args
 # The fake host (systemctl, journalctl and an SGLang HTTP surface) of the gate's own tests.
 host = test_sglang_health.host
 
-from ansible_collections.ddtree.sglang.plugins.modules import service_gate_status, service_link, sglang_health
+from ansible_collections.ddtree.sglang.plugins.modules import service_gate_status, service_link, sglang_health  # noqa: E402 - after the fake host it reads
 
 PROMPT = "List the first ten prime numbers, separated by commas."
 
@@ -27,23 +27,36 @@ def verdicts(path):
 def test_the_gate_records_its_verdict_pass_or_fail(host, tmp_path, capsys):
     host.server.listen()
     verdict_file = tmp_path / "state" / "verdicts.json"
-    code, result = run_module(sglang_health, args(host, tmp_path, prompts=[PROMPT], release_id="r1", verdict_file=str(verdict_file)), capsys)
+    code, result = run_module(
+        sglang_health, args(host, tmp_path, prompts=[PROMPT], release_id="r1", verdict_file=str(verdict_file)), capsys
+    )
     assert code == 0 and result["recorded"]["verdict"] is True
     record = verdicts(verdict_file)["r1"]
-    assert record["verdict"] == "passed" and record["stage"] == "performance" and record["measurements"]["baseline"] == "recorded"
+    assert (
+        record["verdict"] == "passed"
+        and record["stage"] == "performance"
+        and record["measurements"]["baseline"] == "recorded"
+    )
     # r2 answers differently: its gate fails at the baseline, and says so on the host.
     baseline = json.loads((tmp_path / "state" / "baseline.json").read_text())
     (key,) = baseline["baselines"]  # the one key the gate recorded under (model, family, TP, SGLang version)
     baseline["baselines"][key]["64"][PROMPT]["text"] = "2, 3, 5, 7, 11, 13, 17, 19, 23, 31"
     (tmp_path / "state" / "baseline.json").write_text(json.dumps(baseline))
-    code, result = run_module(sglang_health, args(host, tmp_path, prompts=[PROMPT], release_id="r2", verdict_file=str(verdict_file)), capsys)
+    code, result = run_module(
+        sglang_health, args(host, tmp_path, prompts=[PROMPT], release_id="r2", verdict_file=str(verdict_file)), capsys
+    )
     assert code == 1 and result["recorded"]["verdict"] is True
     record = verdicts(verdict_file)["r2"]
-    assert record["verdict"] == "failed" and record["failure_kind"] == "baseline_mismatch" and "baseline" in record["msg"]
+    assert (
+        record["verdict"] == "failed" and record["failure_kind"] == "baseline_mismatch" and "baseline" in record["msg"]
+    )
     assert verdicts(verdict_file)["r1"]["verdict"] == "passed"
     # Check mode records nothing; a verdict needs the release it is about.
-    code, result = run_module(sglang_health, args(host, tmp_path, prompts=[], release_id="r3", verdict_file=str(verdict_file),
-                                                  _ansible_check_mode=True), capsys)
+    code, result = run_module(
+        sglang_health,
+        args(host, tmp_path, prompts=[], release_id="r3", verdict_file=str(verdict_file), _ansible_check_mode=True),
+        capsys,
+    )
     assert code == 0 and "r3" not in verdicts(verdict_file)
     code, result = run_module(sglang_health, args(host, tmp_path, verdict_file=str(verdict_file)), capsys)
     assert code == 1 and "release_id" in result["msg"]
@@ -64,11 +77,20 @@ def layout(tmp_path, monkeypatch):
 
     def unit(active="active", started=None, restarts=0):
         stamp = "@%d" % started if started is not None else ""
-        (tmp_path / "props").write_text("ActiveState=%s\nNRestarts=%d\nExecMainStartTimestamp=%s\n" % (active, restarts, stamp))
+        (tmp_path / "props").write_text(
+            "ActiveState=%s\nNRestarts=%d\nExecMainStartTimestamp=%s\n" % (active, restarts, stamp)
+        )
 
     def status(capsys):
-        code, result = run_module(service_gate_status, {"services": ["coder"], "services_root": os.path.join(root, "services"),
-                                                        "state_root": os.path.join(root, "state")}, capsys)
+        code, result = run_module(
+            service_gate_status,
+            {
+                "services": ["coder"],
+                "services_root": os.path.join(root, "services"),
+                "state_root": os.path.join(root, "state"),
+            },
+            capsys,
+        )
         assert code == 0, result
         return result["services"]["coder"]
 
@@ -76,7 +98,12 @@ def layout(tmp_path, monkeypatch):
         path = tmp_path / "state" / "coder" / "verdicts.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         document = json.loads(path.read_text()) if path.exists() else {"format": 1, "verdicts": {}}
-        document["verdicts"][release] = {"verdict": verdict, "recorded_at": "2026-11-30T10:00:00Z", "stage": "baseline", "msg": "m"}
+        document["verdicts"][release] = {
+            "verdict": verdict,
+            "recorded_at": "2026-11-30T10:00:00Z",
+            "stage": "baseline",
+            "msg": "m",
+        }
         path.write_text(json.dumps(document))
         return str(path)
 
@@ -93,7 +120,12 @@ def test_status_after_each_interruption(layout, capsys):
     run_module(service_link, link_args(root, release_id="new", verdicts_file=verdict_file), capsys)
     layout["unit"](started=time.time() - 60)
     status = layout["status"](capsys)
-    assert (status["action"], status["reason"], status["release_id"], status["previous_release_id"]) == ("restart", "interrupted", "new", "old")
+    assert (status["action"], status["reason"], status["release_id"], status["previous_release_id"]) == (
+        "restart",
+        "interrupted",
+        "new",
+        "old",
+    )
     assert status["previous_verdict"]["verdict"] == "passed" and status["unit_state"]["started_after_switch"] is False
     # Restarted after the switch, died before the verdict: gate it as it runs.
     layout["unit"](started=time.time() + 5)
@@ -101,7 +133,9 @@ def test_status_after_each_interruption(layout, capsys):
     # Its gate failed and the run died before the rollback: roll back.
     layout["record"]("new", "failed")
     status = layout["status"](capsys)
-    assert (status["action"], status["reason"]) == ("rollback", "failed_verdict") and status["verdict"]["stage"] == "baseline"
+    assert (status["action"], status["reason"]) == ("rollback", "failed_verdict") and status["verdict"][
+        "stage"
+    ] == "baseline"
     # The unit down (died during the rollback, after the stop) and no verdict: restart, then gate.
     os.remove(verdict_file)
     layout["unit"](active="inactive")
@@ -114,8 +148,15 @@ def test_status_refuses_an_unreadable_verdicts_file_and_says_how_to_recover(layo
     with open(path, "w") as handle:
         handle.write("{half")
     layout["unit"]()
-    code, result = run_module(service_gate_status, {"services": ["coder"], "services_root": os.path.join(layout["root"], "services"),
-                                                    "state_root": os.path.join(layout["root"], "state")}, capsys)
+    code, result = run_module(
+        service_gate_status,
+        {
+            "services": ["coder"],
+            "services_root": os.path.join(layout["root"], "services"),
+            "state_root": os.path.join(layout["root"], "state"),
+        },
+        capsys,
+    )
     assert code == 1 and path in result["msg"] and "Move the file aside" in result["msg"]
 
 

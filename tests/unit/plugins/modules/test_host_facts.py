@@ -7,8 +7,14 @@ from ansible_collections.ddtree.sglang.plugins.modules import host_facts
 
 LDCONFIG = "".join(
     "\t%s.so.%d (libc6,x86-64) => /lib/x86_64-linux-gnu/%s.so.%d\n" % (name, major, name, major)
-    for name, major in [("libavutil", 57), ("libavcodec", 59), ("libavformat", 59), ("libavdevice", 59),
-                        ("libavfilter", 8), ("libswscale", 6)]
+    for name, major in [
+        ("libavutil", 57),
+        ("libavcodec", 59),
+        ("libavformat", 59),
+        ("libavdevice", 59),
+        ("libavfilter", 8),
+        ("libswscale", 6),
+    ]
 )
 
 
@@ -20,8 +26,12 @@ def test_reports_incomplete_ffmpeg_and_disk(monkeypatch, capsys, tmp_path):
         return 0, LDCONFIG, ""
 
     monkeypatch.setattr(AnsibleModule, "run_command", run_command)
-    monkeypatch.setattr(AnsibleModule, "get_bin_path", lambda self, name, required=False, opt_dirs=None: "/sbin/ldconfig")
-    code, result = run_module(host_facts, {"disk_paths": [str(tmp_path / "sglang")], "_ansible_check_mode": True}, capsys)
+    monkeypatch.setattr(
+        AnsibleModule, "get_bin_path", lambda self, name, required=False, opt_dirs=None: "/sbin/ldconfig"
+    )
+    code, result = run_module(
+        host_facts, {"disk_paths": [str(tmp_path / "sglang")], "_ansible_check_mode": True}, capsys
+    )
     assert code == 0 and result["changed"] is False
     assert calls == [["/sbin/ldconfig", "-p"]]
     facts = result["ansible_facts"]["ddtree_host"]
@@ -33,7 +43,9 @@ def test_reports_incomplete_ffmpeg_and_disk(monkeypatch, capsys, tmp_path):
 
 def test_ldconfig_failure_is_reported(monkeypatch, capsys):
     monkeypatch.setattr(AnsibleModule, "run_command", lambda self, args, **kw: (1, "", "ldconfig: cache unreadable"))
-    monkeypatch.setattr(AnsibleModule, "get_bin_path", lambda self, name, required=False, opt_dirs=None: "/sbin/ldconfig")
+    monkeypatch.setattr(
+        AnsibleModule, "get_bin_path", lambda self, name, required=False, opt_dirs=None: "/sbin/ldconfig"
+    )
     code, result = run_module(host_facts, {}, capsys)
     assert code == 1
     assert result["msg"] == "/sbin/ldconfig -p exited with 1: ldconfig: cache unreadable"

@@ -21,7 +21,14 @@ def make_release(root, release_id, content="x = 1\n"):
 
 
 def link_args(root, **extra):
-    return dict({"service": "coder", "services_root": os.path.join(root, "services"), "releases_root": os.path.join(root, "releases")}, **extra)
+    return dict(
+        {
+            "service": "coder",
+            "services_root": os.path.join(root, "services"),
+            "releases_root": os.path.join(root, "releases"),
+        },
+        **extra,
+    )
 
 
 def target(root, link):
@@ -55,7 +62,12 @@ def test_check_mode_changes_nothing(tmp_path, capsys):
 def test_check_mode_plans_a_release_not_built_yet_but_never_activates_a_missing_one(tmp_path, capsys):
     root = str(tmp_path)
     code, result = run_module(service_link, link_args(root, release_id="new", _ansible_check_mode=True), capsys)
-    assert code == 0 and result["changed"] and result["release_id"] == "new" and "not built yet" in json.dumps(result["warnings"])
+    assert (
+        code == 0
+        and result["changed"]
+        and result["release_id"] == "new"
+        and "not built yet" in json.dumps(result["warnings"])
+    )
     code, result = run_module(service_link, link_args(root, release_id="new"), capsys)
     assert code == 1 and "will not be activated" in result["msg"]
 
@@ -78,12 +90,22 @@ def test_rollback_without_previous(tmp_path, capsys):
     assert code == 1 and result["msg"] == "service coder has no previous release to go back to"
 
 
-SERVICE = {"name": "coder", "model_path": "/m", "draft_model_path": "/d", "gpus": [0, 1], "tp_size": 2, "port": 30000,
-           "speculative": {"algorithm": "DDTREE", "budget": 15}, "api_key": "s3cret-key"}
+SERVICE = {
+    "name": "coder",
+    "model_path": "/m",
+    "draft_model_path": "/d",
+    "gpus": [0, 1],
+    "tp_size": 2,
+    "port": 30000,
+    "speculative": {"algorithm": "DDTREE", "budget": 15},
+    "api_key": "s3cret-key",
+}
 
 
 def test_plan_renders_units_without_the_secret(capsys):
-    code, result = run_module(service_plan, {"services": [SERVICE], "gpu_indices": list(range(8)), "host": "ct200"}, capsys)
+    code, result = run_module(
+        service_plan, {"services": [SERVICE], "gpu_indices": list(range(8)), "host": "ct200"}, capsys
+    )
     assert code == 0
     plan = result["services"][0]
     assert plan["unit"] == "sglang-coder.service" and plan["environment"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
@@ -92,8 +114,13 @@ def test_plan_renders_units_without_the_secret(capsys):
 
 
 def test_plan_lists_every_problem_before_any_change(capsys):
-    services = [dict(SERVICE, gpus=[9], tp_size=1), dict(SERVICE, name="chat", port=30000, speculative={"algorithm": "DDTREE", "budget": 0})]
-    code, result = run_module(service_plan, {"services": services, "gpu_indices": list(range(8)), "host": "ct200"}, capsys)
+    services = [
+        dict(SERVICE, gpus=[9], tp_size=1),
+        dict(SERVICE, name="chat", port=30000, speculative={"algorithm": "DDTREE", "budget": 0}),
+    ]
+    code, result = run_module(
+        service_plan, {"services": services, "gpu_indices": list(range(8)), "host": "ct200"}, capsys
+    )
     assert code == 1 and result["msg"].startswith("3 problem(s) in sglang_services, nothing was changed")
     assert any("GPU index 9 does not exist on ct200" in p for p in result["problems"])
     assert any("port 30000 is also used by service coder" in p for p in result["problems"])
@@ -119,17 +146,28 @@ def test_release_prune_keeps_current_previous_and_keep(tmp_path, capsys):
 
 def test_plan_resolves_each_services_gate_settings(capsys):
     slow = dict(SERVICE, health={"start_timeout": 1800})
-    code, result = run_module(service_plan, {"services": [slow, dict(SERVICE, name="chat", port=30001, gpus=[2], tp_size=1)],
-                                             "gpu_indices": list(range(8)),
-                                             "gate_defaults": {"start_timeout": 900, "no_progress_timeout": 120}}, capsys)
+    code, result = run_module(
+        service_plan,
+        {
+            "services": [slow, dict(SERVICE, name="chat", port=30001, gpus=[2], tp_size=1)],
+            "gpu_indices": list(range(8)),
+            "gate_defaults": {"start_timeout": 900, "no_progress_timeout": 120},
+        },
+        capsys,
+    )
     assert code == 0
     assert [entry["gate"] for entry in result["services"]] == [
-        {"start_timeout": 1800, "no_progress_timeout": 120}, {"start_timeout": 900, "no_progress_timeout": 120}]
+        {"start_timeout": 1800, "no_progress_timeout": 120},
+        {"start_timeout": 900, "no_progress_timeout": 120},
+    ]
 
 
 def test_plan_refuses_an_unknown_health_setting(capsys):
-    code, result = run_module(service_plan, {"services": [dict(SERVICE, health={"start_timout": 1800})],
-                                             "gpu_indices": list(range(8))}, capsys)
+    code, result = run_module(
+        service_plan,
+        {"services": [dict(SERVICE, health={"start_timout": 1800})], "gpu_indices": list(range(8))},
+        capsys,
+    )
     assert code == 1 and "start_timout" in result["msg"]
 
 
@@ -148,11 +186,18 @@ def test_links_follow_releases_root_wherever_it_is_and_are_read_back_by_one_read
     link = os.path.join(services_root, "coder", "current")
     assert os.readlink(link) == "../../../data/overlay-releases/bbb"  # relative, so the tree moves whole
     assert os.path.realpath(link) == os.path.join(os.path.realpath(releases_root), "bbb")
-    code, result = run_module(service_release_info, {"services": ["coder", "chat"], "services_root": services_root}, capsys)
-    assert result["services"] == {"coder": {"release_id": "bbb", "previous_release_id": "aaa"},
-                                  "chat": {"release_id": None, "previous_release_id": None}}
-    code, result = run_module(release_prune, {"root": releases_root, "services_root": services_root, "keep": [],
-                                              "_ansible_check_mode": True}, capsys)
+    code, result = run_module(
+        service_release_info, {"services": ["coder", "chat"], "services_root": services_root}, capsys
+    )
+    assert result["services"] == {
+        "coder": {"release_id": "bbb", "previous_release_id": "aaa"},
+        "chat": {"release_id": None, "previous_release_id": None},
+    }
+    code, result = run_module(
+        release_prune,
+        {"root": releases_root, "services_root": services_root, "keep": [], "_ansible_check_mode": True},
+        capsys,
+    )
     assert result["in_use"] == {"bbb": ["coder/current"], "aaa": ["coder/previous"]} and result["removed"] == []
 
 
@@ -162,6 +207,14 @@ def test_plan_carries_each_services_release_and_shadow(capsys):
     code, result = run_module(service_plan, {"services": [SERVICE, shadow], "gpu_indices": list(range(8))}, capsys)
     assert code == 0
     assert [(entry["release"], entry["shadow_of"], entry["loads_overlay"]) for entry in result["services"]] == [
-        ("candidate", None, True), ("candidate", "coder", True)]
-    code, result = run_module(service_plan, {"services": [SERVICE, dict(shadow, gpus=[1, 2])], "gpu_indices": [0, 1, 2]}, capsys)
-    assert code == 1 and "a shadow needs spare GPUs of its own, but GPU 1 is used by service coder; give it spare GPUs (free on host: 2)" in result["msg"]
+        ("candidate", None, True),
+        ("candidate", "coder", True),
+    ]
+    code, result = run_module(
+        service_plan, {"services": [SERVICE, dict(shadow, gpus=[1, 2])], "gpu_indices": [0, 1, 2]}, capsys
+    )
+    assert (
+        code == 1
+        and "a shadow needs spare GPUs of its own, but GPU 1 is used by service coder; give it spare GPUs (free on host: 2)"
+        in result["msg"]
+    )

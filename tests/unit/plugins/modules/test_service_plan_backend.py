@@ -7,25 +7,52 @@ from conftest import run_module
 
 from ansible_collections.ddtree.sglang.plugins.modules import service_plan
 
-CODER = {"name": "coder", "model_path": "/models/coder", "draft_model_path": "/models/coder-dflash", "gpus": [0, 1], "tp_size": 2,
-         "port": 30000, "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8}}
-DFLASH = {"name": "chat", "model_path": "/models/chat", "draft_model_path": "/models/chat-dflash", "gpus": [2], "port": 30001,
-          "speculative": {"algorithm": "DFLASH"}, "extra_args": ["--attention-backend", "flashinfer"]}
+CODER = {
+    "name": "coder",
+    "model_path": "/models/coder",
+    "draft_model_path": "/models/coder-dflash",
+    "gpus": [0, 1],
+    "tp_size": 2,
+    "port": 30000,
+    "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8},
+}
+DFLASH = {
+    "name": "chat",
+    "model_path": "/models/chat",
+    "draft_model_path": "/models/chat-dflash",
+    "gpus": [2],
+    "port": 30001,
+    "speculative": {"algorithm": "DFLASH"},
+    "extra_args": ["--attention-backend", "flashinfer"],
+}
 EIGHT = list(range(8))
 
 
 def test_service_plan_refuses_flashinfer_for_ddtree_before_anything_changes(capsys):
-    code, result = run_module(service_plan, {"services": [dict(copy.deepcopy(CODER), extra_args=["--attention-backend", "flashinfer"])],
-                                             "gpu_indices": EIGHT, "host": "ct200"}, capsys)
+    code, result = run_module(
+        service_plan,
+        {
+            "services": [dict(copy.deepcopy(CODER), extra_args=["--attention-backend", "flashinfer"])],
+            "gpu_indices": EIGHT,
+            "host": "ct200",
+        },
+        capsys,
+    )
     assert code == 1 and result["failed"]
-    assert result["msg"] == ("1 problem(s) in sglang_services, nothing was changed: ct200: sglang_services[0] (coder): "
-                             "--attention-backend flashinfer is not proven with DDTREE's tree mask; use triton (or drop the "
-                             "flag: the collection sets --attention-backend triton for DDTREE) or run the service with DFLASH")
+    assert result["msg"] == (
+        "1 problem(s) in sglang_services, nothing was changed: ct200: sglang_services[0] (coder): "
+        "--attention-backend flashinfer is not proven with DDTREE's tree mask; use triton (or drop the "
+        "flag: the collection sets --attention-backend triton for DDTREE) or run the service with DFLASH"
+    )
 
 
 def test_service_plan_renders_triton_for_ddtree_and_leaves_dflash_as_declared(capsys):
-    code, result = run_module(service_plan, {"services": [CODER, DFLASH], "gpu_indices": EIGHT, "host": "ct200"}, capsys)
+    code, result = run_module(
+        service_plan, {"services": [CODER, DFLASH], "gpu_indices": EIGHT, "host": "ct200"}, capsys
+    )
     assert code == 0, result
     ddtree_plan, dflash_plan = result["services"]
     assert ddtree_plan["exec_args"].endswith("--speculative-ddtree-top-k 8 --attention-backend triton")
-    assert dflash_plan["exec_args"].endswith("--speculative-draft-model-path /models/chat-dflash --attention-backend flashinfer")
+    assert dflash_plan["exec_args"].endswith(
+        "--speculative-draft-model-path /models/chat-dflash --attention-backend flashinfer"
+    )

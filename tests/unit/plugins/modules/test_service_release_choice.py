@@ -21,18 +21,32 @@ def test_choice_reads_the_hosts_manifests_and_fails_on_a_missing_pin(tmp_path, c
     write_release(root, "aaaaaaaaaaaa", source_revision="5e1f3a2b9c0d", stack_id="s", overlay=True)
     write_release(root, "cccccccccccc", source_revision="none", stack_id="s", overlay=False)
     os.makedirs(os.path.join(root, "partial00000"))  # no manifest: never chosen
-    services = [{"name": "coder", "algorithm": "DDTREE", "release": "5e1f3a2b9c0d"},
-                {"name": "chat", "algorithm": "NEXTN", "release": "candidate"}]
-    args = {"services": services, "candidate_id": "bbbbbbbbbbbb", "base_id": "cccccccccccc", "stack_id": "s", "releases_root": root}
+    services = [
+        {"name": "coder", "algorithm": "DDTREE", "release": "5e1f3a2b9c0d"},
+        {"name": "chat", "algorithm": "NEXTN", "release": "candidate"},
+    ]
+    args = {
+        "services": services,
+        "candidate_id": "bbbbbbbbbbbb",
+        "base_id": "cccccccccccc",
+        "stack_id": "s",
+        "releases_root": root,
+    }
     code, result = run_module(service_release_choice, args, capsys)
     assert code == 0 and result["changed"] is False
     assert result["services"]["coder"]["release_id"] == "aaaaaaaaaaaa"
     assert result["services"]["chat"]["release_dir"] == os.path.join(root, "cccccccccccc")
     assert result["keep"] == ["aaaaaaaaaaaa", "cccccccccccc"]
-    code, result = run_module(service_release_choice, dict(args, services=[dict(services[0], release="partial00000")]), capsys)
-    assert code == 1 and result["msg"].startswith("1 release pin(s) cannot be met, nothing was changed: host: service coder pins release 'partial00000'")
+    code, result = run_module(
+        service_release_choice, dict(args, services=[dict(services[0], release="partial00000")]), capsys
+    )
+    assert code == 1 and result["msg"].startswith(
+        "1 release pin(s) cannot be met, nothing was changed: host: service coder pins release 'partial00000'"
+    )
     code, result = run_module(service_release_choice, dict(args, base_id=None), capsys)
-    assert code == 1 and result["msg"] == "services chat do not load the overlay and need the base release: give base_id"
+    assert (
+        code == 1 and result["msg"] == "services chat do not load the overlay and need the base release: give base_id"
+    )
 
 
 def test_base_release_holds_the_stack_and_nothing_of_the_overlay(tmp_path, capsys):
@@ -47,6 +61,11 @@ def test_base_release_holds_the_stack_and_nothing_of_the_overlay(tmp_path, capsy
     assert os.listdir(os.path.join(path, "site")) == [] and os.readlink(os.path.join(path, "stack")) == str(stack)
     assert result["manifest"]["overlay"] is False and result["manifest"]["source_revision"] == "none"
     code, again = run_module(release, args, capsys)
-    assert code == 0 and again["changed"] is False and again["release_id"] == result["release_id"] and again["overlay"] is False
+    assert (
+        code == 0
+        and again["changed"] is False
+        and again["release_id"] == result["release_id"]
+        and again["overlay"] is False
+    )
     code, result = run_module(release, dict(args, overlay=True), capsys)
     assert code == 1 and result["msg"].startswith("an overlay release needs wheel")

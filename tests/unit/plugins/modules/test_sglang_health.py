@@ -19,8 +19,7 @@ GOOD_TEXT = "The capital of France is Paris, and the Seine runs through it."
 KEY = "coder | DFLASH | tp 1 | sglang 0.5.23"  # the baseline key of the test server (/server_info)
 ANSWERS = {
     "List the first ten prime numbers, separated by commas.": "2, 3, 5, 7, 11, 13, 17, 19, 23, 29",
-    "Write a Python function that returns the n-th Fibonacci number.":
-        "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+    "Write a Python function that returns the n-th Fibonacci number.": "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
     "Translate into German and Japanese: The weather is nice today.": "Das Wetter ist heute schön.\n今日はいい天気ですね。",
 }
 START_LINES = [
@@ -39,11 +38,22 @@ CRASH_LINES = [
     "sglang-coder.service: Main process exited, code=killed, status=9/KILL",
     "sglang-coder.service: Failed with result 'signal'.",
 ]
-RUNNING = {"LoadState": "loaded", "ActiveState": "active", "SubState": "running", "Result": "success", "NRestarts": "0",
-           "ExecMainStatus": "0", "ExecMainCode": "0", "ExecMainPID": "4182", "MainPID": "4182",
-           "ActiveEnterTimestampMonotonic": "0", "InactiveExitTimestamp": "Mon 2026-11-30 10:00:00 UTC"}
-FAILED_KILL = dict(RUNNING, ActiveState="failed", SubState="failed", Result="signal", ExecMainCode="2",
-                   ExecMainStatus="9", MainPID="0")
+RUNNING = {
+    "LoadState": "loaded",
+    "ActiveState": "active",
+    "SubState": "running",
+    "Result": "success",
+    "NRestarts": "0",
+    "ExecMainStatus": "0",
+    "ExecMainCode": "0",
+    "ExecMainPID": "4182",
+    "MainPID": "4182",
+    "ActiveEnterTimestampMonotonic": "0",
+    "InactiveExitTimestamp": "Mon 2026-11-30 10:00:00 UTC",
+}
+FAILED_KILL = dict(
+    RUNNING, ActiveState="failed", SubState="failed", Result="signal", ExecMainCode="2", ExecMainStatus="9", MainPID="0"
+)
 
 
 class FakeSGLang(ThreadingHTTPServer):
@@ -91,8 +101,15 @@ class Handler(JSONHandler):
                 internal = {"last_gen_throughput": 120.0}
                 if server.accept_length is not None:
                     internal["avg_spec_accept_length"] = server.accept_length
-                self.reply(200, {"version": "0.5.23", "speculative_algorithm": "DFLASH", "tp_size": 1,
-                                 "internal_states": [internal]})
+                self.reply(
+                    200,
+                    {
+                        "version": "0.5.23",
+                        "speculative_algorithm": "DFLASH",
+                        "tp_size": 1,
+                        "internal_states": [internal],
+                    },
+                )
         else:
             self.reply(404, {"detail": "Not Found"})
 
@@ -105,8 +122,13 @@ class Handler(JSONHandler):
                 return None
             server.generate_bodies.append(body)
             tokens = body["sampling_params"]["max_new_tokens"]  # SGLang: completion tokens / verify steps
-            return self.reply(200, {"text": GOOD_TEXT, "meta_info": {"completion_tokens": tokens, "spec_verify_ct": 8,
-                                                                     "spec_accept_length": tokens / 8}})
+            return self.reply(
+                200,
+                {
+                    "text": GOOD_TEXT,
+                    "meta_info": {"completion_tokens": tokens, "spec_verify_ct": 8, "spec_accept_length": tokens / 8},
+                },
+            )
         if self.path != "/v1/chat/completions":
             return self.reply(404, {"detail": "Not Found"})
         if server.chat == "401":  # a key the server does not take; the answer echoes what was sent
@@ -125,10 +147,22 @@ class Handler(JSONHandler):
         prompt = body["messages"][-1]["content"]
         text = server.answers.get(prompt, server.text) if server.text == GOOD_TEXT else server.text
         tokens = max(1, len(text) // 4)
-        self.reply(200, {"id": "x", "object": "chat.completion", "model": body["model"],
-                         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                                      "finish_reason": "length" if tokens >= body["max_tokens"] else "stop"}],
-                         "usage": {"prompt_tokens": 20, "completion_tokens": tokens, "total_tokens": 20 + tokens}})
+        self.reply(
+            200,
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "length" if tokens >= body["max_tokens"] else "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 20, "completion_tokens": tokens, "total_tokens": 20 + tokens},
+            },
+        )
 
 
 class Host:
@@ -144,17 +178,21 @@ class Host:
         (self.dir / "journal").write_text("")
         (self.dir / "kernel").write_text("")
         self.script("systemctl", 'echo "$*" >> "%(d)s/calls"\ncat "%(d)s/props"\n')
-        self.script("journalctl", (
-            'echo "journalctl $*" >> "%(d)s/calls"\n'
-            'after=0\nkernel=0\n'
-            'while [ $# -gt 0 ]; do\n'
-            '  case "$1" in -k) kernel=1 ;; --after-cursor) after="$2"; shift ;; esac\n'
-            '  shift\n'
-            'done\n'
-            'if [ "$kernel" = 1 ]; then cat "%(d)s/kernel"; exit 0; fi\n'
-            'total=$(wc -l < "%(d)s/journal")\n'
-            'tail -n +"$((after + 1))" "%(d)s/journal" | head -n "$((total - after))"\n'
-            'echo "-- cursor: $total"\n'))
+        self.script(
+            "journalctl",
+            (
+                'echo "journalctl $*" >> "%(d)s/calls"\n'
+                "after=0\nkernel=0\n"
+                "while [ $# -gt 0 ]; do\n"
+                '  case "$1" in -k) kernel=1 ;; --after-cursor) after="$2"; shift ;; esac\n'
+                "  shift\n"
+                "done\n"
+                'if [ "$kernel" = 1 ]; then cat "%(d)s/kernel"; exit 0; fi\n'
+                'total=$(wc -l < "%(d)s/journal")\n'
+                'tail -n +"$((after + 1))" "%(d)s/journal" | head -n "$((total - after))"\n'
+                'echo "-- cursor: $total"\n'
+            ),
+        )
         self.server = FakeSGLang()
 
     def script(self, name, body):
@@ -179,6 +217,7 @@ class Host:
         def run():
             for action in actions:
                 action()
+
         timer = threading.Timer(seconds, run)
         timer.daemon = True
         timer.start()
@@ -186,6 +225,7 @@ class Host:
     def after_journal_reads(self, count, seconds, *actions):
         """Run actions once the module has read the unit's journal `count` times and `seconds` have
         passed: a test of the reads' order must not depend on how fast a loaded machine forks."""
+
         def reads():
             path = self.dir / "calls"
             lines = path.read_text().splitlines() if path.exists() else []
@@ -197,6 +237,7 @@ class Host:
                 time.sleep(0.01)
             for action in actions:
                 action()
+
         self.later(seconds, run)
 
 
@@ -210,10 +251,19 @@ def host(tmp_path, monkeypatch):
 
 
 def args(host, tmp_path, **overrides):
-    base = {"name": "coder", "port": host.server.port, "api_key": API_KEY, "since": "2026-11-30 10:00:00",
-            "poll_interval": 0.05, "no_progress_timeout": 5, "start_timeout": 10, "health_timeout": 1,
-            "request_timeout": 2, "baseline_file": str(tmp_path / "state" / "baseline.json"),
-            "metrics_file": str(tmp_path / "state" / "metrics.json")}
+    base = {
+        "name": "coder",
+        "port": host.server.port,
+        "api_key": API_KEY,
+        "since": "2026-11-30 10:00:00",
+        "poll_interval": 0.05,
+        "no_progress_timeout": 5,
+        "start_timeout": 10,
+        "health_timeout": 1,
+        "request_timeout": 2,
+        "baseline_file": str(tmp_path / "state" / "baseline.json"),
+        "metrics_file": str(tmp_path / "state" / "metrics.json"),
+    }
     base.update(overrides)
     return base
 
@@ -226,6 +276,7 @@ def started(host, delay=0.2, journal_reads=0):
 
 # ---- passing --------------------------------------------------------------------------------------
 
+
 def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, tmp_path, capsys):
     started(host, journal_reads=2)
     code, result = run_module(sglang_health, args(host, tmp_path, record_metrics=True, release="r1"), capsys)
@@ -236,7 +287,11 @@ def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, t
     startup = result["startup"]
     assert 0.15 < startup["time_to_port_s"] < 10 and startup["measured_from"] == "gate start"
     assert startup["time_to_first_progress_s"] <= startup["time_to_port_s"]
-    assert [p["marker"] for p in result["startup"]["progress"]][:3] == ["load_weight_begin", "load_weight_end", "uvicorn_running"]
+    assert [p["marker"] for p in result["startup"]["progress"]][:3] == [
+        "load_weight_begin",
+        "load_weight_end",
+        "uvicorn_running",
+    ]
     assert result["health"]["status"] == 200 and result["chat"]["text"] == GOOD_TEXT
     assert result["degenerate"]["degenerate"] is False
     assert result["baseline"]["status"] == "recorded" and result["performance"]["accept_length"] == 3.4
@@ -251,15 +306,18 @@ def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, t
     journal_calls = [call for call in host.calls() if call.startswith("journalctl")]
     assert "--since 2026-11-30 10:00:00" in journal_calls[0] and "--after-cursor" in journal_calls[-1]
     baseline = json.loads((tmp_path / "state" / "baseline.json").read_text())
-    assert baseline["baselines"][KEY]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
+    assert (
+        baseline["baselines"][KEY]["64"]["List the first ten prime numbers, separated by commas."]["release_id"] == "r1"
+    )
     metrics = json.loads((tmp_path / "state" / "metrics.json").read_text())
     assert metrics["records"][0]["accept_length"] == 3.4
 
     # Second run: the baseline matches and the previous numbers are compared.
     # The fake server's tokens/s is wall-clock: on a loaded machine it halves between two runs (CI saw 41.9
     # -> 20.2), so the speed floor is opened here; the rule itself is test_health_output.py's.
-    code, result = run_module(sglang_health, args(host, tmp_path, min_accept_length=2.0, record_baseline=False,
-                                                  max_regression=0.99), capsys)
+    code, result = run_module(
+        sglang_health, args(host, tmp_path, min_accept_length=2.0, record_baseline=False, max_regression=0.99), capsys
+    )
     assert code == 0, result["msg"]
     assert result["changed"] is False and result["baseline"]["status"] == "passed"
     assert {r["status"] for r in result["baseline"]["results"]} == {"match"}
@@ -269,20 +327,34 @@ def test_good_start_records_baseline_and_metrics_then_compares_with_them(host, t
 def test_check_mode_records_nothing(host, tmp_path, capsys):
     host.server.listen()
     host.log(*START_LINES)
-    code, result = run_module(sglang_health, args(host, tmp_path, record_metrics=True, _ansible_check_mode=True), capsys)
+    code, result = run_module(
+        sglang_health, args(host, tmp_path, record_metrics=True, _ansible_check_mode=True), capsys
+    )
     assert code == 0 and result["changed"] is True and result["recorded"] == {"baseline": True, "metrics": True}
     assert not (tmp_path / "state").exists()
 
 
 # ---- unit watch failures ------------------------------------------------------------------------------
 
+
 def test_bad_flag(host, tmp_path, capsys):
-    host.log("usage: sglang serve [-h] --model-path MODEL_PATH [--host HOST] [--port PORT] ...",
-             "sglang serve: error: unrecognized arguments: --foo",
-             "sglang-coder.service: Main process exited, code=exited, status=2/INVALIDARGUMENT",
-             "sglang-coder.service: Failed with result 'exit-code'.")
-    host.set_props(dict(RUNNING, ActiveState="failed", SubState="failed", Result="exit-code", ExecMainCode="1",
-                        ExecMainStatus="2", MainPID="0"))
+    host.log(
+        "usage: sglang serve [-h] --model-path MODEL_PATH [--host HOST] [--port PORT] ...",
+        "sglang serve: error: unrecognized arguments: --foo",
+        "sglang-coder.service: Main process exited, code=exited, status=2/INVALIDARGUMENT",
+        "sglang-coder.service: Failed with result 'exit-code'.",
+    )
+    host.set_props(
+        dict(
+            RUNNING,
+            ActiveState="failed",
+            SubState="failed",
+            Result="exit-code",
+            ExecMainCode="1",
+            ExecMainStatus="2",
+            MainPID="0",
+        )
+    )
     code, result = run_module(sglang_health, args(host, tmp_path), capsys)
     assert code == 1
     assert result["failed_stage"] == "unit_watch" and result["failure_kind"] == "bad_flag"
@@ -304,12 +376,16 @@ def test_scheduler_exception_and_self_kill_is_not_an_oom(host, tmp_path, capsys)
 
 
 def test_oom_kill(host, tmp_path, capsys):
-    host.log(START_LINES[0], "sglang-coder.service: A process of this unit has been killed by the OOM killer.",
-             "sglang-coder.service: Main process exited, code=killed, status=9/KILL",
-             "sglang-coder.service: Failed with result 'oom-kill'.")
+    host.log(
+        START_LINES[0],
+        "sglang-coder.service: A process of this unit has been killed by the OOM killer.",
+        "sglang-coder.service: Main process exited, code=killed, status=9/KILL",
+        "sglang-coder.service: Failed with result 'oom-kill'.",
+    )
     (host.dir / "kernel").write_text(
         "Nov 30 10:00:09.101302 ct200 kernel: oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,mems_allowed=0-1,"
-        "oom_memcg=/system.slice/sglang-coder.service,task_memcg=/system.slice/sglang-coder.service,task=python,pid=4182,uid=999\n")
+        "oom_memcg=/system.slice/sglang-coder.service,task_memcg=/system.slice/sglang-coder.service,task=python,pid=4182,uid=999\n"
+    )
     host.set_props(dict(FAILED_KILL, Result="oom-kill"))
     code, result = run_module(sglang_health, args(host, tmp_path), capsys)
     assert code == 1 and result["failure_kind"] == "oom"
@@ -317,18 +393,23 @@ def test_oom_kill(host, tmp_path, capsys):
 
 
 def test_auto_restart_is_fatal_at_once(host, tmp_path, capsys):
-    host.log(START_LINES[0], "sglang-coder.service: Main process exited, code=killed, status=9/KILL",
-             "sglang-coder.service: Scheduled restart job, restart counter is at 1.")
+    host.log(
+        START_LINES[0],
+        "sglang-coder.service: Main process exited, code=killed, status=9/KILL",
+        "sglang-coder.service: Scheduled restart job, restart counter is at 1.",
+    )
     host.set_props(dict(RUNNING, ActiveState="activating", SubState="start-pre", NRestarts="1"))
     code, result = run_module(sglang_health, args(host, tmp_path), capsys)
     assert code == 1 and result["failure_kind"] == "restarted" and "NRestarts=1" in result["msg"]
 
 
 def test_plugin_failure(host, tmp_path, capsys):
-    host.log("[2026-11-30 10:00:02] Failed to load plugin ddtree from group sglang.srt.plugins",
-             "Traceback (most recent call last):",
-             "ModuleNotFoundError: No module named 'sglang_overlay.adapter'",
-             "ValueError: Unknown speculative algorithm name: DDTREE")
+    host.log(
+        "[2026-11-30 10:00:02] Failed to load plugin ddtree from group sglang.srt.plugins",
+        "Traceback (most recent call last):",
+        "ModuleNotFoundError: No module named 'sglang_overlay.adapter'",
+        "ValueError: Unknown speculative algorithm name: DDTREE",
+    )
     code, result = run_module(sglang_health, args(host, tmp_path), capsys)  # the unit is still up
     assert code == 1 and result["failure_kind"] == "plugin"
     assert "ModuleNotFoundError: No module named 'sglang_overlay.adapter'" in result["msg"]
@@ -342,6 +423,7 @@ def test_no_progress(host, tmp_path, capsys):
 
 
 # ---- after the port opened ------------------------------------------------------------------------------
+
 
 def test_hang_health_503_until_timeout(host, tmp_path, capsys):
     host.server.health = "503"
@@ -391,8 +473,9 @@ def test_baseline_mismatch(host, tmp_path, capsys):
     state = tmp_path / "state"
     state.mkdir()
     prompt = "List the first ten prime numbers, separated by commas."
-    (state / "baseline.json").write_text(json.dumps(
-        {"format": 2, "baselines": {KEY: {"64": {prompt: {"text": "2, 3, 5, 7, 11, 13, 17, 19, 23, 31"}}}}}))
+    (state / "baseline.json").write_text(
+        json.dumps({"format": 2, "baselines": {KEY: {"64": {prompt: {"text": "2, 3, 5, 7, 11, 13, 17, 19, 23, 31"}}}}})
+    )
     host.server.listen()
     code, result = run_module(sglang_health, args(host, tmp_path, prompts=[prompt]), capsys)
     assert code == 1 and result["failed_stage"] == "baseline" and result["failure_kind"] == "baseline_mismatch"
@@ -404,8 +487,11 @@ def test_baseline_mismatch(host, tmp_path, capsys):
 def test_performance_floor_and_regression(host, tmp_path, capsys):
     host.server.accept_length = 1.2
     host.server.listen()
-    code, result = run_module(sglang_health, args(host, tmp_path, prompts=["p"], min_accept_length=2.0,
-                                                  previous={"accept_length": 3.4}), capsys)
+    code, result = run_module(
+        sglang_health,
+        args(host, tmp_path, prompts=["p"], min_accept_length=2.0, previous={"accept_length": 3.4}),
+        capsys,
+    )
     assert code == 1 and result["failed_stage"] == "performance" and result["failure_kind"] == "performance"
     assert "acceptance length 1.2 is below the floor 2" in result["msg"]
     assert "below the previous release's 3.4" in result["msg"]
@@ -418,6 +504,9 @@ def test_a_fresh_server_gives_its_acceptance_length_through_generate(host, tmp_p
     host.server.listen()
     code, result = run_module(sglang_health, args(host, tmp_path, prompts=["p"], min_accept_length=2.0), capsys)
     assert code == 0, result["msg"]
-    assert result["performance"]["accept_length"] == 8.0 and result["performance"]["accept_length_source"] == "generate meta_info"
+    assert (
+        result["performance"]["accept_length"] == 8.0
+        and result["performance"]["accept_length_source"] == "generate meta_info"
+    )
     assert host.server.generate_bodies == [{"text": "p", "sampling_params": {"max_new_tokens": 64, "temperature": 0}}]
     assert ("POST", "/generate", "Bearer %s" % API_KEY) in host.server.requests

@@ -7,13 +7,12 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import run_module
 
 from ansible_collections.ddtree.sglang.plugins.modules import spec_verify
 
 ROW = {"known": True, "kind": "builtin", "behaviour": {}}
-PREDICATES = textwrap.dedent('''
+PREDICATES = textwrap.dedent("""
     import importlib.util, json, sys
     # A release that leaks into the pristine run would show here as a changed built-in.
     release_importable = importlib.util.find_spec("sglang_overlay") is not None
@@ -28,13 +27,13 @@ PREDICATES = textwrap.dedent('''
         algorithms["DDTREE"] = dict(ROW, kind="plugin", resolves_to="DDTREE", predicates=algorithms["DFLASH"]["predicates"])
     print("a log line before the JSON")
     print(json.dumps({"algorithms": algorithms}))
-''').replace("ROW", json.dumps(ROW).replace("true", "True"))
+""").replace("ROW", json.dumps(ROW).replace("true", "True"))
 FAKE_SGLANG = {
     "sglang/__init__.py": "",
     "sglang/srt/__init__.py": "",
     "sglang/srt/plugins.py": "def load_plugins():\n    pass\n",
     "sglang/srt/speculative/__init__.py": "",
-    "sglang/srt/speculative/spec_info.py": textwrap.dedent('''
+    "sglang/srt/speculative/spec_info.py": textwrap.dedent("""
         import os
         class SpeculativeAlgorithm:
             def __init__(self, name):
@@ -47,8 +46,8 @@ FAKE_SGLANG = {
                 if name != "DDTREE" or os.environ.get("FAKE_PLUGIN") != "loaded":
                     raise ValueError("Unknown speculative algorithm name: %s" % name)
                 return cls(name)
-    '''),
-    "sglang/srt/server_args.py": textwrap.dedent('''
+    """),
+    "sglang/srt/server_args.py": textwrap.dedent("""
         import argparse
         def prepare_server_args(argv):
             parser = argparse.ArgumentParser()
@@ -56,7 +55,7 @@ FAKE_SGLANG = {
             parser.add_argument("--port", type=int, default=30000)
             parser.add_argument("--speculative-algorithm")
             return parser.parse_args(argv)
-    '''),
+    """),
 }
 
 
@@ -80,15 +79,23 @@ def test_a_good_release_passes_and_its_flags_resolve(tmp_path, capsys):
     assert code == 0, result.get("msg")
     assert result["builtin_differences"] == [] and result["plugin_problems"] == []
     assert [line.split()[-1] for line in result["matrix"][1:]] == ["plugin", "same", "same"]
-    assert result["parsed"] == {"model_path": "/models/coder", "port": 30000, "algorithm": "DDTREE",
-                                "resolves_to": "DDTREE", "is_dflash_family": True, "plugins": []}
+    assert result["parsed"] == {
+        "model_path": "/models/coder",
+        "port": 30000,
+        "algorithm": "DDTREE",
+        "resolves_to": "DDTREE",
+        "is_dflash_family": True,
+        "plugins": [],
+    }
 
 
 def test_the_service_environment_reaches_only_the_parse(tmp_path, capsys):
     code, result = run_module(spec_verify, dict(stand_ins(tmp_path), flags=FLAGS), capsys)
     assert code == 1
-    assert result["msg"] == ("--speculative-algorithm DDTREE does not resolve with the release: "
-                             "ValueError: Unknown speculative algorithm name: DDTREE")
+    assert result["msg"] == (
+        "--speculative-algorithm DDTREE does not resolve with the release: "
+        "ValueError: Unknown speculative algorithm name: DDTREE"
+    )
 
 
 def test_a_bad_flag_is_named(tmp_path, capsys):
@@ -101,11 +108,15 @@ def test_a_bad_flag_is_named(tmp_path, capsys):
 def test_a_release_that_changes_a_builtin_fails(tmp_path, capsys):
     paths = stand_ins(tmp_path)
     script = tmp_path / "release" / "site" / "sglang_overlay" / "predicates.py"
-    script.write_text(script.read_text().replace('"need_topk": not (release_importable and not plugins)', '"need_topk": not plugins'))
+    script.write_text(
+        script.read_text().replace('"need_topk": not (release_importable and not plugins)', '"need_topk": not plugins')
+    )
     code, result = run_module(spec_verify, paths, capsys)
     assert code == 1
-    assert result["msg"] == ("the release changes SGLang's speculative algorithms: "
-                             "EAGLE.need_topk: True in pristine SGLang, False with the release")
+    assert result["msg"] == (
+        "the release changes SGLang's speculative algorithms: "
+        "EAGLE.need_topk: True in pristine SGLang, False with the release"
+    )
 
 
 def test_a_crashing_check_is_reported_with_its_last_line(tmp_path, capsys):
@@ -113,8 +124,9 @@ def test_a_crashing_check_is_reported_with_its_last_line(tmp_path, capsys):
     (tmp_path / "release" / "site" / "sglang_overlay" / "predicates.py").write_text("import no_such_sglang_module\n")
     code, result = run_module(spec_verify, paths, capsys)
     assert code == 1
-    assert result["msg"] == ("the pristine predicate matrix failed (exit 1): "
-                             "ModuleNotFoundError: No module named 'no_such_sglang_module'")
+    assert result["msg"] == (
+        "the pristine predicate matrix failed (exit 1): ModuleNotFoundError: No module named 'no_such_sglang_module'"
+    )
 
 
 def recordable(tmp_path):

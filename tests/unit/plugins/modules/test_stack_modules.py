@@ -16,13 +16,20 @@ def fake_stack(tmp_path):
 
 
 def test_stack_verify_reports_probe_facts_and_contradictions(tmp_path, capsys):
-    expected = {"python": "%d.%d" % sys.version_info[:2], "gpu": False, "packages": {"sglang": "0.5.23"},
-                "imports": ["json", "no_such_module_xyz"]}
+    expected = {
+        "python": "%d.%d" % sys.version_info[:2],
+        "gpu": False,
+        "packages": {"sglang": "0.5.23"},
+        "imports": ["json", "no_such_module_xyz"],
+    }
     code, result = run_module(stack_verify, {"stack": fake_stack(tmp_path), "expected": expected}, capsys)
     assert code == 1
     assert result["facts"]["imports"]["json"]["ok"] is True
     assert "sglang is not installed; the pin set has 0.5.23" in result["contradictions"]
-    assert any(problem.startswith("no_such_module_xyz cannot load: ModuleNotFoundError") for problem in result["contradictions"])
+    assert any(
+        problem.startswith("no_such_module_xyz cannot load: ModuleNotFoundError")
+        for problem in result["contradictions"]
+    )
     assert "contradicts its pin set or this host: " in result["msg"]
 
 
@@ -46,7 +53,8 @@ def proven_stack(tmp_path, monkeypatch):
     (tmp_path / "fake" / "torch").mkdir(parents=True)
     (tmp_path / "fake" / "torch" / "__init__.py").write_text(
         "import types\n__version__ = '2.9.0+cpu'\nversion = types.SimpleNamespace(cuda=None)\n"
-        "cuda = types.SimpleNamespace(is_available=lambda: False)\n")
+        "cuda = types.SimpleNamespace(is_available=lambda: False)\n"
+    )
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fake"))
     expected = {"python": "%d.%d" % sys.version_info[:2], "gpu": False, "torch": "2.9.0", "imports": ["json"]}
     return {"stack": stack, "expected": expected, "state_root": str(tmp_path / "state")}
@@ -55,7 +63,9 @@ def proven_stack(tmp_path, monkeypatch):
 def test_stack_verify_records_a_pass_and_does_not_probe_again(tmp_path, monkeypatch, capsys):
     args = proven_stack(tmp_path, monkeypatch)
     code, first = run_module(stack_verify, args, capsys)
-    assert code == 0 and first["recorded"] is False and first["facts"]["torch"]["version"] == "2.9.0+cpu", first.get("msg")
+    assert code == 0 and first["recorded"] is False and first["facts"]["torch"]["version"] == "2.9.0+cpu", first.get(
+        "msg"
+    )
     monkeypatch.delenv("PYTHONPATH")  # a probe now would find no torch and fail
     code, second = run_module(stack_verify, args, capsys)
     assert code == 0 and second["recorded"] is True and second["changed"] is False and second["facts"] == first["facts"]
@@ -78,8 +88,13 @@ def test_stack_verify_records_no_failure_no_unfinished_stack_nor_in_check_mode(t
 def test_stack_prune_check_mode_and_diff(tmp_path, capsys):
     for stack in ("keepme", "old"):
         os.makedirs(tmp_path / "stacks" / stack)
-    args = {"root": str(tmp_path / "stacks"), "keep": ["keepme"], "services_root": str(tmp_path / "services"),
-            "releases_root": str(tmp_path / "releases"), "wheelhouse_root": str(tmp_path / "wh")}
+    args = {
+        "root": str(tmp_path / "stacks"),
+        "keep": ["keepme"],
+        "services_root": str(tmp_path / "services"),
+        "releases_root": str(tmp_path / "releases"),
+        "wheelhouse_root": str(tmp_path / "wh"),
+    }
     code, result = run_module(stack_prune, dict(args, _ansible_check_mode=True, _ansible_diff=True), capsys)
     assert code == 0 and result["changed"] and result["removed"] == ["old"]
     assert result["diff"]["before"] == "keepme\nold\n" and result["diff"]["after"] == "keepme\n"

@@ -37,11 +37,17 @@ def test_a_survey_textarea_is_read_as_yaml(rollout):
 
 
 def test_bake_checks_read_the_roles_facts(rollout):
-    hostvars = {"a": {"sglang_service_plan": {"services": [{"name": "coder", "port": 30000}]},
-                      "sglang_service_since": {"stdout": "2026-11-30 10:00:00"}, "sglang_service_release": {"release_id": "r1"}},
-                "b": {}}
+    hostvars = {
+        "a": {
+            "sglang_service_plan": {"services": [{"name": "coder", "port": 30000}]},
+            "sglang_service_since": {"stdout": "2026-11-30 10:00:00"},
+            "sglang_service_release": {"release_id": "r1"},
+        },
+        "b": {},
+    }
     assert rollout.rollout_bake_checks(["a", "b"], hostvars) == [
-        {"host": "a", "since": "2026-11-30 10:00:00", "release_id": "r1", "service": {"name": "coder", "port": 30000}}]
+        {"host": "a", "since": "2026-11-30 10:00:00", "release_id": "r1", "service": {"name": "coder", "port": 30000}}
+    ]
 
 
 def test_bake_verdicts_wants_the_loop_results(rollout):

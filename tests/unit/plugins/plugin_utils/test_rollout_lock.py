@@ -6,9 +6,21 @@ import sys
 import pytest
 
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_lock import (
-    LockError, acquire, describe_holder, lock_paths, read_holder)
+    LockError,
+    acquire,
+    describe_holder,
+    lock_paths,
+    read_holder,
+)
 
-OWNER = {"pid": 1, "controller": "runner-1", "user": "ci", "trigger": "github", "revision": "abc123", "hosts": ["ct200"]}
+OWNER = {
+    "pid": 1,
+    "controller": "runner-1",
+    "user": "ci",
+    "trigger": "github",
+    "revision": "abc123",
+    "hosts": ["ct200"],
+}
 
 
 @pytest.fixture
@@ -29,7 +41,8 @@ def playbook():
 
 def test_lock_paths_are_sorted_unique_and_safe(tmp_path):
     assert lock_paths(str(tmp_path), ["ct200", "ct129", "ct200", "10.0.0.7", "host/../x"]) == [
-        str(tmp_path / name) for name in ("10.0.0.7.lock", "ct129.lock", "ct200.lock", "host_.._x.lock")]
+        str(tmp_path / name) for name in ("10.0.0.7.lock", "ct129.lock", "ct200.lock", "host_.._x.lock")
+    ]
     with pytest.raises(LockError, match="empty"):
         lock_paths(str(tmp_path), [" "])
 
@@ -61,8 +74,15 @@ def test_a_waiting_rollout_is_told_who_it_waits_for_and_proceeds_when_the_lock_i
         waits.append((path, holder["pid"]))
         first.kill()
 
-    got = acquire(str(tmp_path), ["ct129", "ct200"], dict(OWNER, pid=second.pid), second.pid, timeout=30, poll=0.05,
-                  on_wait=first_ends_once_second_waits)
+    got = acquire(
+        str(tmp_path),
+        ["ct129", "ct200"],
+        dict(OWNER, pid=second.pid),
+        second.pid,
+        timeout=30,
+        poll=0.05,
+        on_wait=first_ends_once_second_waits,
+    )
     assert got["acquired"] and got["waited_s"] < 30
     assert waits == [(str(tmp_path / "ct129.lock"), first.pid)]
 
