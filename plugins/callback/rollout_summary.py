@@ -96,7 +96,7 @@ def _now():
 
 
 def _event(task):
-    """The task's ddtree_rollout_event, its own or its include's (a bake includes the role's health_gate.yml)."""
+    """The task's ddtree_rollout_event, its own or its include's (a bake includes the role's restart_and_gate.yml)."""
     try:
         return task.get_vars().get(EVENT_VAR)
     except Exception:  # a task object without vars (never seen; the report must not break a run)  # pylint: disable=broad-except
