@@ -83,8 +83,8 @@ EXAMPLES = r"""
   ddtree.sglang.spec_verify:
     stack: /opt/sglang/stacks/3f2a9c1d0b7e
     release: /opt/sglang/releases/9c1d0b7e3f2a
-    flags: [--model-path, /models/coder, --speculative-algorithm, DDTREE, --speculative-draft-model-path,
-      /models/coder-dflash]
+    flags: [--model-path, /models/coder, --speculative-algorithm, DDTREE,
+            --speculative-draft-model-path, /models/coder-dflash]
     state_root: /var/lib/sglang
 """
 
