@@ -199,3 +199,18 @@ def test_bake_verdicts_sorts_a_loop_by_verdict():
     assert [entry["host"] for entry in out["passed"]] == ["a"]
     assert [(entry["host"], entry["service"]) for entry in out["failed"]] == [("b", "coder")]
     assert [entry["host"] for entry in out["inconclusive"]] == ["c"]
+
+
+def test_bake_outcome_stops_on_a_failure_and_pauses_only_on_inconclusive_re_checks_under_pause():
+    from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy import bake_outcome
+
+    failed = [{"host": "ct200", "service": "coder", "reason": "chat: no answer"}]
+    unsure = [{"host": "ct129", "service": "chat", "reason": "unreachable"}]
+    assert bake_outcome({"failed": [], "inconclusive": []}, "pause") == {"action": "continue", "msg": ""}
+    stop = bake_outcome({"failed": failed, "inconclusive": unsure}, "pause")
+    assert stop["action"] == "stop" and "failed for ct200 coder (chat: no answer)" in stop["msg"]
+    assert bake_outcome({"failed": [], "inconclusive": unsure}, "fail")["action"] == "stop"
+    pause = bake_outcome({"failed": [], "inconclusive": unsure}, "pause")
+    assert pause["action"] == "pause" and pause["msg"].startswith(
+        "PAUSED: the bake's re-check was inconclusive for ct129 chat"
+    )
