@@ -215,4 +215,6 @@ def options_table(options: dict | None = None) -> str:
 
 
 if __name__ == "__main__":
-    print(options_table(), end="")
+    import sys
+
+    sys.stdout.write(options_table())

@@ -19,7 +19,9 @@ GOOD_TEXT = "The capital of France is Paris, and the Seine runs through it."
 KEY = "coder | DFLASH | tp 1 | sglang 0.5.23"  # the baseline key of the test server (/server_info)
 ANSWERS = {
     "List the first ten prime numbers, separated by commas.": "2, 3, 5, 7, 11, 13, 17, 19, 23, 29",
-    "Write a Python function that returns the n-th Fibonacci number.": "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a",
+    "Write a Python function that returns the n-th Fibonacci number.": (
+        "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a"
+    ),
     "Translate into German and Japanese: The weather is nice today.": "Das Wetter ist heute schön.\n今日はいい天気ですね。",
 }
 START_LINES = [
