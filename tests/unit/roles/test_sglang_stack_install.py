@@ -47,7 +47,13 @@ def rendered(tmp_path_factory):
                     "hosts": "localhost",
                     "connection": "local",
                     "gather_facts": False,
-                    "vars": {"sglang_stack_path": STACK, "sglang_stack_host_wheelhouse": WHEELHOUSE},
+                    # The running Python, not interpreter discovery: discovery may find a pyenv shim (python3.13)
+                    # that fails where pyenv's global version is another one.
+                    "vars": {
+                        "sglang_stack_path": STACK,
+                        "sglang_stack_host_wheelhouse": WHEELHOUSE,
+                        "ansible_python_interpreter": sys.executable,
+                    },
                     "tasks": [
                         {
                             "name": "Render",
