@@ -70,6 +70,16 @@ def log(message):
 # --- on the controller -------------------------------------------------------------------------------
 
 
+def _stub_entry(name):
+    """A zip entry for a file written from a string, dated like a file of a fixed date: the same ansible-core
+    makes the same zip byte for byte, so lab/up copies it to a host (and restarts the zygote) only when it
+    changed."""
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.external_attr = 0o644 << 16
+    return info
+
+
 def make_preload(path):
     """Zip the running ansible-core's module_utils as AnsiballZ lays them out in payloads."""
     import ansible
@@ -80,9 +90,9 @@ def make_preload(path):
     partial = "%s.%d.tmp" % (path, os.getpid())
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(
-            "ansible/__init__.py", ANSIBLE_STUB.format(version=ansible.__version__, author=ansible.__author__)
+            _stub_entry("ansible/__init__.py"), ANSIBLE_STUB.format(version=ansible.__version__, author=ansible.__author__)
         )
-        archive.writestr("ansible/module_utils/__init__.py", MODULE_UTILS_STUB)
+        archive.writestr(_stub_entry("ansible/module_utils/__init__.py"), MODULE_UTILS_STUB)
         for folder, folders, files in os.walk(source):
             folders[:] = sorted(name for name in folders if name != "__pycache__")
             for name in sorted(files):

@@ -235,3 +235,11 @@ def test_a_named_script_gets_its_arguments_and_folder_on_the_path(zygote, tmp_pa
         "__main__",
         str(script),
     ]
+
+
+def test_the_same_ansible_core_makes_the_same_preload_byte_for_byte(tmp_path):
+    # lab/up copies the preload to each host and restarts the zygote when the copy changed: a zip that
+    # differed by its entries' dates would restart every kept host's zygote on every lab/up.
+    first = make_preload(tmp_path / "first.zip").read_bytes()
+    time.sleep(2.1)  # zip dates count in 2-second steps
+    assert make_preload(tmp_path / "second.zip").read_bytes() == first
