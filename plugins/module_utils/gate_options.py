@@ -76,6 +76,11 @@ GATE_OPTIONS = {
     ),
     "max_tokens": option("int", "`max_tokens` of each baseline generation", default=64, no_log=False),
     "baseline_file": option("path", "baseline JSON on the host"),
+    "fleet_baselines": option(
+        "dict",
+        "the fleet's baselines (the controller's file, [The fleet's baselines](#the-fleets-baselines-a-blank-hosts-first-release)): "
+        "the reference for what `baseline_file` has none of",
+    ),
     "record_baseline": option("bool", "record missing baselines when every stage passed", default=True),
     "baseline_tolerance": option(
         "float", "share of the baseline's length allowed to differ at the end", default=0.0, per_service=True

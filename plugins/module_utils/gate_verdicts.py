@@ -62,9 +62,9 @@ def measurements(result: dict) -> dict:
         "health_latency_s": (result.get("health") or {}).get("latency_s"),
         "chat_latency_s": (result.get("chat") or {}).get("latency_s"),
         "baseline": baseline.get("status"),
-        "baseline_mismatches": sum(
-            1 for entry in baseline.get("results") or [] if entry.get("status") not in (None, "match", "recorded")
-        ),
+        # Outputs that differed from their reference: a prompt recorded as new was compared with nothing.
+        "baseline_mismatches": sum(1 for entry in baseline.get("results") or [] if entry.get("status") == "mismatch"),
+        "baseline_reference": baseline.get("reference"),
         "tokens_per_second": performance.get("tokens_per_second"),
         "accept_length": performance.get("accept_length"),
         "total_s": (result.get("timings") or {}).get("total"),

@@ -26,10 +26,16 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_output import
     redact,
     tokens_per_second,
 )
+from ansible_collections.ddtree.sglang.plugins.module_utils.fleet_baselines import (
+    FLEET,
+    check_document,
+    new_key_note,
+    overall_reference,
+    reference_for,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import (
     baseline_add,
     baseline_key,
-    baseline_lookup,
     metrics_add,
     previous_metrics,
     read_json,
@@ -545,10 +551,20 @@ class HealthGate:
                 )
         return self._key
 
+    def fleet_document(self) -> dict | None:
+        """The fleet's baselines (fleet_baselines), checked; None when none were given."""
+        if self.params.get("fleet_baselines") is None:
+            return None
+        try:
+            return check_document(self.params["fleet_baselines"], "fleet_baselines")
+        except ValueError as exc:
+            raise GateFailed("state_file", str(exc))
+
     def stage_baseline(self):
         path = self.params["baseline_file"]
         max_tokens = self.params["max_tokens"]
         document = self.read_record(path) if path else None
+        fleet = self.fleet_document() if path else None
         results = []
         key = self.decoding_key()
         # "incomplete" until every prompt was generated: a request that fails (the server died) leaves it so.
@@ -561,6 +577,7 @@ class HealthGate:
             "results": results,
         }
         new_document = document
+        new_entries = None  # what this run records: the role adds it to the fleet's baselines
         mismatches = []
         for prompt in self.params["prompts"]:
             reply = self.generate(prompt, max_tokens, "baseline prompt %r" % prompt[:60])
@@ -583,56 +600,55 @@ class HealthGate:
             if not path:
                 entry["status"] = "unchecked"
                 continue
-            recorded = baseline_lookup(document, key["key"], prompt, max_tokens)
-            if recorded is None:
-                if self.params["record_baseline"]:
-                    entry["status"] = "new"
-                    new_document = baseline_add(
-                        new_document,
-                        key["key"],
-                        prompt,
-                        max_tokens,
-                        {
-                            "text": reply["text"],
-                            "completion_tokens": reply["completion_tokens"],
-                            "recorded_at": _now_utc(),
-                            "release_id": self.params["release_id"],
-                        },
-                    )
-                else:
-                    entry["status"] = "missing"
+            # This host's baseline, else the fleet's (fleet_baselines.py): a blank host's first release is
+            # compared too, and only a key with no reference anywhere is recorded unchecked.
+            recorded, entry["reference"] = reference_for(document, fleet, key["key"], prompt, max_tokens)
+            if recorded is not None:
+                comparison = compare_output(recorded.get("text", ""), reply["text"], self.params["baseline_tolerance"])
+                entry.update(comparison, status="match" if comparison["match"] else "mismatch")
+                if entry["reference"] == FLEET:
+                    entry["reference_host"], entry["reference_release_id"] = recorded.get("host"), recorded.get("release_id")
+                if not comparison["match"]:
+                    mismatches.append((prompt, comparison, recorded, entry["reference"]))
+                    continue
+                if entry["reference"] != FLEET:
+                    continue
+            elif not self.params["record_baseline"]:
+                entry["status"] = "missing"
                 continue
-            comparison = compare_output(recorded.get("text", ""), reply["text"], self.params["baseline_tolerance"])
-            entry.update(comparison, status="match" if comparison["match"] else "mismatch")
-            if not comparison["match"]:
-                mismatches.append((prompt, comparison))
+            else:
+                entry["status"] = "new"
+            if self.params["record_baseline"]:
+                # New here: recorded on this host (a fleet entry it matched becomes its own).
+                record = {"text": reply["text"], "completion_tokens": reply["completion_tokens"],
+                          "recorded_at": _now_utc(), "release_id": self.params["release_id"]}
+                new_document = baseline_add(new_document, key["key"], prompt, max_tokens, record)
+                new_entries = baseline_add(new_entries, key["key"], prompt, max_tokens, record)
         statuses = [entry["status"] for entry in results]
+        references = [entry["reference"] for entry in results if "reference" in entry]
         self.result["baseline"]["status"] = "passed" if path else "skipped"
+        if path:
+            self.result["baseline"]["reference"] = overall_reference(references)
         if mismatches:
             self.result["baseline"]["status"] = "failed"
-            prompt, comparison = mismatches[0]
-            raise GateFailed(
-                "baseline_mismatch",
-                (
-                    "%d of %d greedy outputs differ from the baseline for %s (max_tokens %d); prompt %r differs "
-                    "after character %d (%d differ, %d allowed): expected %r, got %r"
-                )
-                % (
-                    len(mismatches),
-                    len(results),
-                    key["key"],
-                    max_tokens,
-                    prompt[:60],
-                    comparison["common_prefix"],
-                    comparison["differing_chars"],
-                    comparison["allowed_chars"],
-                    comparison.get("expected_excerpt"),
-                    comparison.get("actual_excerpt"),
-                ),
-            )
+            prompt, comparison, recorded, reference = mismatches[0]
+            whose = "this host's baseline"
+            if reference == FLEET:
+                whose = "the fleet's baseline (recorded on %s by release %s at %s; this host has none)" % (
+                    recorded.get("host") or "?", recorded.get("release_id") or "?", recorded.get("recorded_at") or "?")
+            raise GateFailed("baseline_mismatch", (
+                "%d of %d greedy outputs differ from %s for %s (max_tokens %d); prompt %r differs "
+                "after character %d (%d differ, %d allowed): expected %r, got %r") % (
+                len(mismatches), len(results), whose, key["key"], max_tokens, prompt[:60],
+                comparison["common_prefix"], comparison["differing_chars"], comparison["allowed_chars"],
+                comparison.get("expected_excerpt"), comparison.get("actual_excerpt")))
+        if new_entries is not None:
+            self.pending["baseline"] = new_document
+            self.result["baseline"]["new_baselines"] = new_entries
         if "new" in statuses:
             self.result["baseline"]["status"] = "recorded"
-            self.pending["baseline"] = new_document
+            self.result["baseline"]["note"] = new_key_note(key["key"], max_tokens, self.params["release_id"], fleet is not None)
+            self.warn("%s: %s" % (self.unit, self.result["baseline"]["note"]))
         elif "missing" in statuses:
             self.result["baseline"]["status"] = "missing"
             self.warn(

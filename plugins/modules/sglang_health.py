@@ -136,6 +136,18 @@ options:
         family, tensor-parallel size, SGLang version), O(max_tokens) and prompt.
       - Unset, outputs are only checked for degeneracy.
     type: path
+  fleet_baselines:
+    description:
+      - The fleet's baselines (a document of O(baseline_file)'s format, each entry with the C(host) and
+        C(release_id) it was recorded by), for prompts that O(baseline_file) has no baseline for under
+        the key - a blank host's first release is compared with what another host recorded, not taken
+        as the first baseline. A matching output is then recorded in O(baseline_file) too.
+      - Only a key with no baseline on the host nor here is recorded unchecked, and the result's
+        C(baseline.note) (and a warning) says so.
+      - The role M(ddtree.sglang.sglang_service) passes the file the controller keeps
+        (C(sglang_service_fleet_baselines_file)) and adds each host's new baselines to it
+        (M(ddtree.sglang.fleet_baselines)).
+    type: dict
   record_baseline:
     description:
       - Record the outputs of prompts that have no baseline yet (when every stage passed), so the
@@ -354,6 +366,11 @@ baseline:
     - The baseline comparison. C(status) is C(passed), C(failed), C(recorded) (some baselines were new),
       C(missing) (no baseline and not recording), C(skipped) (no O(baseline_file)) or C(incomplete) (a
       request failed before every prompt was generated); C(results) has one entry per prompt generated.
+    - C(reference) says what the outputs were compared with - C(host) (O(baseline_file)), C(fleet)
+      (O(fleet_baselines), for what the host had none of), C(none) (nothing: recorded as the first baseline
+      of the key, said in C(note)) or C(partial) (some prompts had none); each result has its own
+      C(reference), and C(reference_host) and C(reference_release_id) for a fleet entry.
+    - C(new_baselines) is a baselines document of what this run records (or would record, in check mode).
   returned: when reached
   type: dict
   sample: {status: passed, file: /var/lib/sglang/coder/baseline.json, model: coder,

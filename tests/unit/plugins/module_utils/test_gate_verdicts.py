@@ -122,3 +122,12 @@ def test_previous_only_becomes_a_release_that_passed_its_gate():
     assert fallback_after_switch("b", "a", "b", verdicts) == "a"
     # a host from before verdicts: as always
     assert fallback_after_switch("y", "a", "b", None) == "y"
+
+
+def test_outputs_recorded_as_the_first_baseline_are_not_counted_as_mismatches():
+    # A blank host's first release: every prompt "new". The report said "baseline_mismatches 3" for it.
+    result = {"stage": "performance", "baseline": {"status": "recorded", "reference": "none",
+                                                   "results": [{"status": "new"}, {"status": "new"}, {"status": "new"}]}}
+    measured = verdict_record(True, result, "t")["measurements"]
+    assert measured["baseline_mismatches"] == 0 and measured["baseline"] == "recorded"
+    assert measured["baseline_reference"] == "none"
