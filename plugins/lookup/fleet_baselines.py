@@ -42,23 +42,13 @@ _raw:
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.fleet_baselines import check_document
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json
+from ansible_collections.ddtree.sglang.plugins.module_utils.fleet_baselines import read_fleet
 
 
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
         self.set_options(var_options=variables, direct=kwargs)
-        documents = []
-        for path in terms:
-            try:
-                document = read_json(path)
-            except (OSError, ValueError) as error:
-                raise AnsibleLookupError("cannot read the fleet's baselines %s: %s (fix the file, or move it away: the "
-                                         "next gate that passes records a new one)" % (path, error)) from error
-            try:
-                documents.append(check_document(document, "the fleet's baselines %s" % path))
-            except ValueError as error:
-                raise AnsibleLookupError("%s (fix the file, or move it away: the next gate that passes records a new one)"
-                                         % error) from error
-        return documents
+        try:
+            return [read_fleet(path) for path in terms]
+        except ValueError as error:
+            raise AnsibleLookupError(str(error)) from error

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import FILE_FORMAT, baseline_lookup
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import FILE_FORMAT, baseline_lookup, read_json
 
 # Where a greedy output's reference came from (the gate's baseline result, per prompt and overall).
 HOST = "host"     # this host's own baseline file
@@ -45,6 +45,20 @@ def check_document(document, what: str) -> dict:
                                                            for entry in per_length.values()):
                 raise ValueError("%s: the entries of key %r (max_tokens %s) are not {prompt: {\"text\": ...}}" % (what, key, max_tokens))
     return {"format": FILE_FORMAT, "baselines": document.get("baselines", {})}
+
+
+def read_fleet(path: str) -> dict:
+    """The fleet's baselines file on the controller, checked (an empty document when it does not exist yet:
+    no host recorded anything). Raises ValueError naming the file and what to do."""
+    fix = "fix the file, or move it away: the next gate that passes records a new one"
+    try:
+        document = read_json(path)
+    except (OSError, ValueError) as error:
+        raise ValueError("cannot read the fleet's baselines %s: %s (%s)" % (path, error, fix)) from error
+    try:
+        return check_document(document, "the fleet's baselines %s" % path)
+    except ValueError as error:
+        raise ValueError("%s (%s)" % (error, fix)) from error
 
 
 def reference_for(host_document: dict | None, fleet_document: dict | None, key: str, prompt: str,

@@ -83,6 +83,9 @@ def gate_summary(result):
         "baseline_matches": "%d/%d" % (matches.count("match"), len(matches))
         if matches and baseline.get("status") in ("passed", "failed")
         else None,
+        # What the outputs were compared with: host, fleet, none (recorded as a key's first baseline), partial.
+        "baseline_reference": baseline.get("reference"),
+        "baseline_note": baseline.get("note"),
         "tokens_per_second": performance.get("tokens_per_second"),
         "accept_length": performance.get("accept_length"),
         "previous_tokens_per_second": previous.get("tokens_per_second"),
@@ -636,6 +639,11 @@ def render_markdown(report):
                     "",
                 ]
 
+    notes = [(row["host"], service["name"], service["gate"]["baseline_note"]) for row in report["hosts"]
+             for service in row["services"] if service["gate"] and service["gate"].get("baseline_note")]
+    if notes:
+        out += ["Baselines:", ""] + ["- %s · %s: %s." % note for note in notes] + [""]
+
     failures = [row for row in report["hosts"] if row["failure"] and not any(s["rollback"] for s in row["services"])]
     if failures:
         out += ["### Failures", ""]
@@ -840,6 +848,8 @@ def summary_lines(report):
                 text += " (%s)" % service["release_choice"]["reason"]
             if service["gate"]:
                 text += ", gate " + _gate_cell(service["gate"])
+                if service["gate"].get("baseline_reference") == "fleet" and service["gate"]["passed"]:
+                    text += " (outputs compared with the fleet's baseline: this host had none)"
             if service.get("tuning"):
                 text += ", " + tuning_text(service["tuning"])
             if service.get("shadow"):
@@ -855,6 +865,8 @@ def summary_lines(report):
             if service.get("recovery") and report["kind"] != "plan":
                 text += " (%s)" % service["recovery"]["note"]
             lines.append((text, bad))
+            if service["gate"] and service["gate"].get("baseline_note"):
+                lines.append(("%s %s: %s" % (row["host"], service["name"], service["gate"]["baseline_note"]), False))
         if row["failure"] and row["services"] and not any(s["rollback"] for s in row["services"]):
             lines.append(("%s: failed at %s: %s" % (row["host"], row["failure"]["task"], row["failure"]["msg"]), True))
     if report.get("stopped"):

@@ -711,3 +711,22 @@ def test_an_unchanged_tuning_says_so_and_a_plan_says_what_it_would_tune():
 
 def test_reports_without_a_tuning_have_no_tuning_section():
     assert "### Tuning" not in render_markdown(rollout_with())
+
+
+def test_a_first_baseline_is_said_plainly_and_a_fleet_comparison_is_named():
+    first = passed_gate("coder", NEW)
+    note = ("no baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64) on this host or in the fleet's baselines: "
+            "the greedy outputs of release %s are recorded as the first baseline of this key, not compared with anything" % NEW)
+    first["baseline"] = {"status": "recorded", "reference": "none", "note": note, "results": [{"status": "new"}]}
+    fleet = passed_gate("chat", NEW)
+    fleet["baseline"] = {"status": "passed", "reference": "fleet", "results": [{"status": "match", "reference": "fleet"}]}
+    events = [LOCK] + START + [
+        {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct200", "coder", OLD, NEW), gate("ct200", first),
+        {"host": "ct129", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct129", "chat", OLD, NEW), gate("ct129", fleet)]
+    report = build_report(events, ["ct200", "ct129"])
+    lines = [text for text, _bad in summary_lines(report)]
+    assert lines[1] == "ct200 coder: " + note
+    assert lines[2].endswith("gate passed (outputs compared with the fleet's baseline: this host had none)")
+    assert "Baselines:\n\n- ct200 · coder: %s." % note in render_markdown(report)
