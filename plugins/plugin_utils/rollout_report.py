@@ -627,6 +627,9 @@ def render_markdown(report):
                     )
                 )
                 out.append("")
+            todo = [line for line in failure_lines(row, service) if line.startswith("  what to do: ")]
+            if todo:
+                out += ["**What to do:** %s." % todo[0][len("  what to do: "):], ""]
             if evidence.get("signature_matches"):
                 out += ["Journal lines that decided it:", "", _fence(evidence["signature_matches"]), ""]
             if evidence.get("journal_excerpt"):
@@ -826,6 +829,61 @@ def _pair(current, previous, digits=1):
     return "%s (%s)" % (text, _number(previous, digits=digits)) if previous is not None else text
 
 
+# What to look at first, by the gate's failure kind (the message says the rest).
+FIX_HINTS = {
+    "baseline_mismatch": "greedy outputs changed, and speculative decoding must not change them: the release is lossy, "
+                         "or the arithmetic changed on purpose (docs/health-gate.md, \"The baseline policy\")",
+    "degenerate": "the model's output is degenerate: the release breaks decoding",
+    "performance": "slower than the floors or the previous release allow",
+    "bad_flag": "a launch flag was rejected: the service's flags or the release's flag declarations",
+}
+MESSAGE_CHARS = 400
+# The rollback's task that points current back at previous (roles/sglang_service/tasks/rollback.yml).
+ROLLBACK_LINK_TASK = "Point current back at the previous release"
+
+
+def _gate_reason(evidence):
+    """The gate's message without its "<unit> failed at <stage> (<kind>): " head, which the line says already."""
+    message = (evidence.get("msg") or "").strip()
+    head, _, rest = message.partition(": ")
+    if " failed at " in head and rest:
+        message = rest
+    return message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS] + " ..."
+
+
+def failure_lines(row, service):
+    """For a service whose gate failed: what failed and why, what the run did, what to do - the lines that
+    follow its summary line, so that a failed run reads from the top."""
+    rollback = service.get("rollback") or {}
+    evidence = rollback.get("evidence") or {}
+    if not evidence:
+        return []
+    failed = _short(rollback.get("failed_release_id") or evidence.get("release_id")) or "?"
+    during = {"bake": "the bake's re-check", "shadow": "the comparison with its production service"}.get(evidence.get("during"),
+                                                                                                         "the health gate")
+    lines = ["  why: release %s failed %s at %s (%s): %s" % (failed, during, evidence.get("stage"), evidence.get("failure_kind") or "?",
+                                                           _gate_reason(evidence))]
+    back = rollback.get("rolled_back_to_release_id")
+    if back:
+        gate = rollback.get("gate") or {}
+        lines.append("  done: stopped %s, pointed %s back at %s and started it; its gate %s" % (
+            failed, service["name"], _short(back),
+            "passed" if gate.get("passed") else ("FAILED at %s" % gate.get("stage") if gate else "was not run")))
+        todo = "%s serves %s as before. Fix the cause in %s's source, then run the same command again" % (
+            service["name"], _short(back), failed)
+    else:
+        failure = row.get("failure") or {}
+        cause = failure.get("msg") or "the run stopped before a rollback"
+        # The rollback stops the failed release before it looks for the previous one (rollback.yml).
+        stopped = "stopped %s; " % failed if ROLLBACK_LINK_TASK in str(failure.get("task") or "") else ""
+        lines.append("  done: %snot rolled back - %s" % (stopped, cause))
+        todo = "%s has no release that passed its gate here. Fix the cause, then run the same command again" % service["name"]
+    hint = FIX_HINTS.get(evidence.get("failure_kind"))
+    lines.append("  what to do: %s%s. The journal excerpt is in the report and in the service's history.jsonl on the host" % (
+        todo, " (%s)" % hint if hint else ""))
+    return lines
+
+
 def summary_lines(report):
     """Short lines for the terminal at the end of a run: (text, is_bad)."""
     lines = []
@@ -865,6 +923,7 @@ def summary_lines(report):
             if service.get("recovery") and report["kind"] != "plan":
                 text += " (%s)" % service["recovery"]["note"]
             lines.append((text, bad))
+            lines += [(line, True) for line in failure_lines(row, service)]
             if service["gate"] and service["gate"].get("baseline_note"):
                 lines.append(("%s %s: %s" % (row["host"], service["name"], service["gate"]["baseline_note"]), False))
         if row["failure"] and row["services"] and not any(s["rollback"] for s in row["services"]):

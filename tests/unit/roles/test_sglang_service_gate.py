@@ -129,6 +129,8 @@ def role_variables(capsys, services=(SLOW,)):
         sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
         sglang_service_failed={"item": dict(entry, release_id="new"), "passed": False, "msg": "failed"},
         sglang_service_promotions={"promote": [dict(entry, release_id="candidate")]},
+        # Off here: collection lookups do not load in pytest's process (the tour's lab test gates with the file).
+        sglang_service_fleet_baselines_file="",
     )
 
 

@@ -123,6 +123,7 @@ def test_markdown_of_a_failed_rollout_shows_before_after_evidence_and_gates():
     assert "### ct200 · coder: rolled back" in text
     assert "Release `9c1d0b7e3f2a` failed the health gate at **unit_watch** (crash)" in text
     assert "Rolled back to `0b7e3f2a9c1d`; its gate passed." in text
+    assert "**What to do:** coder serves 0b7e3f2a9c1d as before. Fix the cause in 9c1d0b7e3f2a's source" in text
     # The journal's own ``` does not end the code block early.
     assert "````text\n" + "\n".join(JOURNAL) + "\n````" in text
     assert "Not reached (the rollout stopped before them; they keep the release they had): ct129" in text
@@ -730,3 +731,32 @@ def test_a_first_baseline_is_said_plainly_and_a_fleet_comparison_is_named():
     assert lines[1] == "ct200 coder: " + note
     assert lines[2].endswith("gate passed (outputs compared with the fleet's baseline: this host had none)")
     assert "Baselines:\n\n- ct200 · coder: %s." % note in render_markdown(report)
+
+
+def test_a_rolled_back_service_says_why_what_was_done_and_what_to_do_right_after_its_line():
+    lossy = dict(failed_gate("coder", NEW), stage="baseline", failed_stage="baseline", failure_kind="baseline_mismatch",
+                 msg="sglang-coder.service failed at baseline (baseline_mismatch): 3 of 3 greedy outputs differ from this "
+                     "host's baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64)")
+    events = canary_rolled_back()
+    events[5] = gate("ct200", lossy)
+    lines = summary_lines(build_report(events, ["ct200", "ct129"]))
+    texts = [text for text, _bad in lines]
+    first = texts.index("ct200 coder: rolled back, release 0b7e3f2a9c1d -> 0b7e3f2a9c1d, gate failed at baseline "
+                        "(baseline_mismatch), rolled back to 0b7e3f2a9c1d")
+    why, done, todo = texts[first + 1:first + 4]
+    assert why == ("  why: release 9c1d0b7e3f2a failed the health gate at baseline (baseline_mismatch): 3 of 3 greedy outputs "
+                   "differ from this host's baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64)")
+    assert done == "  done: stopped 9c1d0b7e3f2a, pointed coder back at 0b7e3f2a9c1d and started it; its gate passed"
+    assert todo.startswith("  what to do: coder serves 0b7e3f2a9c1d as before. Fix the cause in 9c1d0b7e3f2a's source, then run "
+                           "the same command again (greedy outputs changed")
+
+
+def test_a_failed_gate_with_nothing_to_go_back_to_says_the_service_has_no_good_release():
+    events = [LOCK, {"host": "ct200", "kind": "start", "result": {"coder": {"release_id": None, "previous_release_id": None}}},
+              {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+              link("ct200", "coder", None, NEW), gate("ct200", failed_gate("coder", NEW)),
+              {"host": "ct200", "kind": "failed", "task": "ddtree.sglang.sglang_service : Point current back at the previous release: coder",
+               "result": {"msg": "service coder has no previous release to go back to"}}]
+    texts = [text for text, _bad in summary_lines(build_report(events, ["ct200"]))]
+    assert "  done: stopped 9c1d0b7e3f2a; not rolled back - service coder has no previous release to go back to" in texts
+    assert any(text.startswith("  what to do: coder has no release that passed its gate here.") for text in texts)
