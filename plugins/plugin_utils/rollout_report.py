@@ -285,6 +285,9 @@ def _host_status(record, kind):
             return "not reached"
         return "would change" if record["changes"] else "no change"
     if any(service["rollback"] for service in services):
+        # A failed gate with nothing to go back to (a blank host's first release) stopped the service: failed.
+        if record["failure"] and ROLLBACK_LINK_TASK in str(record["failure"].get("task") or ""):
+            return "failed"
         return "rolled back"
     if record.get("inconclusive") or any(
         (service.get("bake") or {}).get("verdict") == "inconclusive" for service in services
@@ -837,7 +840,7 @@ FIX_HINTS = {
     "performance": "slower than the floors or the previous release allow",
     "bad_flag": "a launch flag was rejected: the service's flags or the release's flag declarations",
 }
-MESSAGE_CHARS = 400
+MESSAGE_CHARS = 600
 # The rollback's task that points current back at previous (roles/sglang_service/tasks/rollback.yml).
 ROLLBACK_LINK_TASK = "Point current back at the previous release"
 
@@ -879,8 +882,8 @@ def failure_lines(row, service):
         lines.append("  done: %snot rolled back - %s" % (stopped, cause))
         todo = "%s has no release that passed its gate here. Fix the cause, then run the same command again" % service["name"]
     hint = FIX_HINTS.get(evidence.get("failure_kind"))
-    lines.append("  what to do: %s%s. The journal excerpt is in the report and in the service's history.jsonl on the host" % (
-        todo, " (%s)" % hint if hint else ""))
+    lines.append("  what to do: %s%s. The journal excerpt is in the report%s" % (
+        todo, " (%s)" % hint if hint else "", " and in the service's history.jsonl on the host" if back else ""))
     return lines
 
 

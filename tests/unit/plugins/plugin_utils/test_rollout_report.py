@@ -757,6 +757,8 @@ def test_a_failed_gate_with_nothing_to_go_back_to_says_the_service_has_no_good_r
               link("ct200", "coder", None, NEW), gate("ct200", failed_gate("coder", NEW)),
               {"host": "ct200", "kind": "failed", "task": "ddtree.sglang.sglang_service : Point current back at the previous release: coder",
                "result": {"msg": "service coder has no previous release to go back to"}}]
-    texts = [text for text, _bad in summary_lines(build_report(events, ["ct200"]))]
+    report = build_report(events, ["ct200"])
+    assert report["hosts"][0]["status"] == "failed"  # nothing was rolled back
+    texts = [text for text, _bad in summary_lines(report)]
     assert "  done: stopped 9c1d0b7e3f2a; not rolled back - service coder has no previous release to go back to" in texts
     assert any(text.startswith("  what to do: coder has no release that passed its gate here.") for text in texts)
