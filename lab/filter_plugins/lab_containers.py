@@ -28,8 +28,9 @@ def _changed_settings(diff: dict) -> list:
     def lines(text):
         pairs = {}
         for line in (text or "").splitlines():
-            name, _, value = line.partition(" - ")
-            pairs[name.strip()] = value.strip()
+            name, separator, value = line.partition(" - ")
+            if separator:
+                pairs[name.strip()] = value.strip()
         return pairs
 
     before, after = lines((diff or {}).get("before")), lines((diff or {}).get("after"))

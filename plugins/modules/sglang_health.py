@@ -367,7 +367,7 @@ baseline:
       C(missing) (no baseline and not recording), C(skipped) (no O(baseline_file)) or C(incomplete) (a
       request failed before every prompt was generated); C(results) has one entry per prompt generated.
     - C(reference) says what the outputs were compared with - C(host) (O(baseline_file)), C(fleet)
-      (O(fleet_baselines), for what the host had none of), C(none) (nothing: recorded as the first baseline
+      (O(fleet_baselines), for what the host had none of), C(none) (nothing, so recorded as the first baseline
       of the key, said in C(note)) or C(partial) (some prompts had none); each result has its own
       C(reference), and C(reference_host) and C(reference_release_id) for a fleet entry.
     - C(new_baselines) is a baselines document of what this run records (or would record, in check mode).

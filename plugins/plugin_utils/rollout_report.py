@@ -848,8 +848,8 @@ ROLLBACK_LINK_TASK = "Point current back at the previous release"
 def _gate_reason(evidence):
     """The gate's message without its "<unit> failed at <stage> (<kind>): " head, which the line says already."""
     message = (evidence.get("msg") or "").strip()
-    head, _, rest = message.partition(": ")
-    if " failed at " in head and rest:
+    head, separator, rest = message.partition(": ")
+    if " failed at " in head and separator:
         message = rest
     return message if len(message) <= MESSAGE_CHARS else message[:MESSAGE_CHARS] + " ..."
 
@@ -862,10 +862,10 @@ def failure_lines(row, service):
     if not evidence:
         return []
     failed = _short(rollback.get("failed_release_id") or evidence.get("release_id")) or "?"
-    during = {"bake": "the bake's re-check", "shadow": "the comparison with its production service"}.get(evidence.get("during"),
-                                                                                                         "the health gate")
-    lines = ["  why: release %s failed %s at %s (%s): %s" % (failed, during, evidence.get("stage"), evidence.get("failure_kind") or "?",
-                                                           _gate_reason(evidence))]
+    during = {"bake": "the bake's re-check", "shadow": "the comparison with its production service"}.get(
+        evidence.get("during"), "the health gate")
+    lines = ["  why: release %s failed %s at %s (%s): %s" % (
+        failed, during, evidence.get("stage"), evidence.get("failure_kind") or "?", _gate_reason(evidence))]
     back = rollback.get("rolled_back_to_release_id")
     if back:
         gate = rollback.get("gate") or {}

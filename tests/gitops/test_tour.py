@@ -12,11 +12,12 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import time
 
 import pytest
 from conftest import ARTIFACTS, REPO, on_lab_host, run
+
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.cache import cache_dir
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman and the controller venv (scripts/test tour)"),
@@ -134,9 +135,7 @@ def test_5_restore_and_run_once_more(lab):
 
 def test_6_a_blank_hosts_lossy_first_release_is_rolled_back_against_the_fleets_baseline(lab):
     env = lab["env"]
-    fleet = json.loads(subprocess.run(["cat", os.path.join(os.environ.get("DDTREE_CACHE") or os.path.expanduser("~/.cache/ddtree-sglang"),
-                                                           "fleet-baselines", "lab-%s.json" % env["DDTREE_LAB_ID"])],
-                                      capture_output=True, text=True, check=True).stdout)
+    fleet = json.loads(open(cache_dir("fleet-baselines", "lab-%s.json" % env["DDTREE_LAB_ID"], environ=env)).read())
     assert fleet["baselines"], "the good release's gate added nothing to the fleet's baselines"
     run(["podman", "rm", "-f", "-t", "5", "%s-ct200" % env["DDTREE_LAB_ID"]], env)
     proc, seconds = timed(DEPLOY + ["-e", "sglang_service_overlay_source=" + plant(lab)], env, check=False)

@@ -58,6 +58,6 @@ def test_nothing_new_adds_nothing():
     ({"format": 2, "baselines": {KEY: ["x"]}}, "the entries of key %r" % KEY),
 ])
 def test_a_document_that_is_not_one_is_named_with_what_is_wrong(bad, says):
-    with pytest.raises(ValueError, match="^the fleet file .*" ) as raised:
+    with pytest.raises(ValueError, match="^the fleet file .*") as raised:
         check_document(bad, "the fleet file /c/fleet.json")
     assert says in str(raised.value)

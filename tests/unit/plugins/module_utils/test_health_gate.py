@@ -590,8 +590,8 @@ def test_a_fatal_journal_line_on_a_unit_that_keeps_running_is_reported_at_the_re
 # ---- the fleet's baselines (docs/health-gate.md, "The fleet's baselines") ----------------------------
 
 def fleet_with(text, key=KEY, host="ct201"):
-    return {"format": 2, "baselines": {key: {"64": {PROMPT: {"text": text, "release_id": "r0", "host": host,
-                                                               "recorded_at": "2026-12-04T10:00:00Z"}}}}}
+    entry = {"text": text, "release_id": "r0", "host": host, "recorded_at": "2026-12-04T10:00:00Z"}
+    return {"format": 2, "baselines": {key: {"64": {PROMPT: entry}}}}
 
 
 def test_a_blank_hosts_lossy_first_release_fails_against_the_fleets_baseline(clock, tmp_path):
