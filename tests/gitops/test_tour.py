@@ -79,6 +79,23 @@ def verdict(state, release):
     return state["verdicts"][os.path.basename(release)]
 
 
+def test_0_the_plain_images_lab_comes_up_twice_on_the_same_containers(lab):
+    # The README's lab is the plain image (no volumes), whatever image the test stage chose for the rest.
+    env = dict(lab["env"], DDTREE_LAB_ID=lab["env"]["DDTREE_LAB_ID"] + "-plain")
+    env.pop("DDTREE_LAB_IMAGE", None)
+    try:
+        first = run([str(REPO / "lab" / "up")], env)
+        ids = [container_id({"env": env}, host) for host in ("ct200", "ct129")]
+        second = run([str(REPO / "lab" / "up")], env)
+        again = [container_id({"env": env}, host) for host in ("ct200", "ct129")]
+    finally:
+        run([str(REPO / "lab" / "down")], env, check=False)
+    assert len(re.findall(r": created \(id ", first.stderr)) == 2, first.stderr[-2000:]
+    assert len(re.findall(r": kept \(id ", second.stderr)) == 2, second.stderr[-2000:]
+    NUMBERS["plain_container_ids"] = [[container[:12] for container in ids], [container[:12] for container in again]]
+    assert again == ids
+
+
 def test_1_deploy(lab):
     proc, seconds = timed(DEPLOY, lab["env"])
     NUMBERS["deploy_s"] = seconds
