@@ -25,6 +25,7 @@ def lab_container_volumes(build_dir: str, image_stacks_dir: str, mount_point: st
 
 def _changed_settings(diff: dict) -> list:
     """The module's diff ("name - value" lines before and after) -> ["name: before -> after", ...]."""
+
     def lines(text):
         pairs = {}
         for line in (text or "").splitlines():
@@ -34,8 +35,11 @@ def _changed_settings(diff: dict) -> list:
         return pairs
 
     before, after = lines((diff or {}).get("before")), lines((diff or {}).get("after"))
-    return ["%s: %s -> %s" % (name, before.get(name, "(none)") or "(empty)", after.get(name, "(none)") or "(empty)")
-            for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
+    return [
+        "%s: %s -> %s" % (name, before.get(name, "(none)") or "(empty)", after.get(name, "(none)") or "(empty)")
+        for name in sorted(set(before) | set(after))
+        if before.get(name) != after.get(name)
+    ]
 
 
 def lab_container_line(result: dict) -> str:

@@ -90,7 +90,8 @@ def make_preload(path):
     partial = "%s.%d.tmp" % (path, os.getpid())
     with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(
-            _stub_entry("ansible/__init__.py"), ANSIBLE_STUB.format(version=ansible.__version__, author=ansible.__author__)
+            _stub_entry("ansible/__init__.py"),
+            ANSIBLE_STUB.format(version=ansible.__version__, author=ansible.__author__),
         )
         archive.writestr(_stub_entry("ansible/module_utils/__init__.py"), MODULE_UTILS_STUB)
         for folder, folders, files in os.walk(source):

@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import copy
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import FILE_FORMAT, baseline_lookup, read_json
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import (
+    FILE_FORMAT,
+    baseline_lookup,
+    read_json,
+)
 
 # Where a greedy output's reference came from (the gate's baseline result, per prompt and overall).
-HOST = "host"     # this host's own baseline file
-FLEET = "fleet"   # the fleet's, recorded on a host (maybe this one before it was re-imaged)
-NONE = "none"     # no reference anywhere: the output is recorded as the first baseline of its key
+HOST = "host"  # this host's own baseline file
+FLEET = "fleet"  # the fleet's, recorded on a host (maybe this one before it was re-imaged)
+NONE = "none"  # no reference anywhere: the output is recorded as the first baseline of its key
 
 
 def check_document(document, what: str) -> dict:
@@ -35,15 +39,23 @@ def check_document(document, what: str) -> dict:
     if document is None or document == {}:
         return {"format": FILE_FORMAT, "baselines": {}}
     if not isinstance(document, dict) or not isinstance(document.get("baselines", {}), dict):
-        raise ValueError("%s is not a baselines document (expected {\"format\": %d, \"baselines\": {key: {max_tokens: "
-                         "{prompt: entry}}}}), got %r" % (what, FILE_FORMAT, str(document)[:120]))
+        raise ValueError(
+            '%s is not a baselines document (expected {"format": %d, "baselines": {key: {max_tokens: '
+            "{prompt: entry}}}}), got %r" % (what, FILE_FORMAT, str(document)[:120])
+        )
     if document.get("format", FILE_FORMAT) != FILE_FORMAT:
-        raise ValueError("%s has format %r; this collection reads format %d" % (what, document.get("format"), FILE_FORMAT))
+        raise ValueError(
+            "%s has format %r; this collection reads format %d" % (what, document.get("format"), FILE_FORMAT)
+        )
     for key, per_key in document.get("baselines", {}).items():
         for max_tokens, per_length in (per_key or {}).items() if isinstance(per_key, dict) else [(None, None)]:
-            if not isinstance(per_length, dict) or not all(isinstance(entry, dict) and isinstance(entry.get("text"), str)
-                                                           for entry in per_length.values()):
-                raise ValueError("%s: the entries of key %r (max_tokens %s) are not {prompt: {\"text\": ...}}" % (what, key, max_tokens))
+            if not isinstance(per_length, dict) or not all(
+                isinstance(entry, dict) and isinstance(entry.get("text"), str) for entry in per_length.values()
+            ):
+                raise ValueError(
+                    '%s: the entries of key %r (max_tokens %s) are not {prompt: {"text": ...}}'
+                    % (what, key, max_tokens)
+                )
     return {"format": FILE_FORMAT, "baselines": document.get("baselines", {})}
 
 
@@ -61,8 +73,9 @@ def read_fleet(path: str) -> dict:
         raise ValueError("%s (%s)" % (error, fix)) from error
 
 
-def reference_for(host_document: dict | None, fleet_document: dict | None, key: str, prompt: str,
-                  max_tokens: int) -> tuple:
+def reference_for(
+    host_document: dict | None, fleet_document: dict | None, key: str, prompt: str, max_tokens: int
+) -> tuple:
     """The greedy output to compare with, and where it came from: this host's own baseline first (the
     same host's arithmetic), else the fleet's, else none. -> (entry or None, HOST | FLEET | NONE)."""
     entry = baseline_lookup(host_document, key, prompt, max_tokens)
@@ -91,8 +104,10 @@ def overall_reference(sources: list) -> str:
 def new_key_note(key: str, max_tokens: int, release_id, fleet_checked: bool) -> str:
     """What the report says of outputs recorded with no reference: plainly, that nothing was compared."""
     where = "on this host or in the fleet's baselines" if fleet_checked else "on this host (no fleet baselines given)"
-    return ("no baseline for %s (max_tokens %d) %s: the greedy outputs of release %s are recorded as the first "
-            "baseline of this key, not compared with anything" % (key, max_tokens, where, release_id or "?"))
+    return (
+        "no baseline for %s (max_tokens %d) %s: the greedy outputs of release %s are recorded as the first "
+        "baseline of this key, not compared with anything" % (key, max_tokens, where, release_id or "?")
+    )
 
 
 def fleet_add(fleet_document: dict | None, new_document: dict | None, host: str) -> tuple:
@@ -108,7 +123,9 @@ def fleet_add(fleet_document: dict | None, new_document: dict | None, host: str)
             for prompt, entry in sorted(per_length.items()):
                 if baseline_lookup(fleet, key, prompt, int(max_tokens)) is not None:
                     continue
-                fleet_entry = {name: entry.get(name) for name in ("text", "completion_tokens", "recorded_at", "release_id")}
+                fleet_entry = {
+                    name: entry.get(name) for name in ("text", "completion_tokens", "recorded_at", "release_id")
+                }
                 fleet_entry["host"] = entry.get("host") or host
                 fleet["baselines"].setdefault(key, {}).setdefault(str(max_tokens), {})[prompt] = fleet_entry
                 added.append({"key": key, "max_tokens": int(max_tokens), "prompt": prompt})

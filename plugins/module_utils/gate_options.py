@@ -78,8 +78,8 @@ GATE_OPTIONS = {
     "baseline_file": option("path", "baseline JSON on the host"),
     "fleet_baselines": option(
         "dict",
-        "the fleet's baselines (the controller's file, [The fleet's baselines](#the-fleets-baselines-a-blank-hosts-first-release)): "
-        "the reference for what `baseline_file` has none of",
+        "the fleet's baselines (the controller's file, [The fleet's baselines]"
+        "(#the-fleets-baselines-a-blank-hosts-first-release)): the reference for what `baseline_file` has none of",
     ),
     "record_baseline": option("bool", "record missing baselines when every stage passed", default=True),
     "baseline_tolerance": option(

@@ -18,6 +18,13 @@ import json
 import socket
 import time
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.fleet_baselines import (
+    FLEET,
+    check_document,
+    new_key_note,
+    overall_reference,
+    reference_for,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_journal import split_journal_output
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_output import (
     compare_metrics,
@@ -25,13 +32,6 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_output import
     degenerate_output,
     redact,
     tokens_per_second,
-)
-from ansible_collections.ddtree.sglang.plugins.module_utils.fleet_baselines import (
-    FLEET,
-    check_document,
-    new_key_note,
-    overall_reference,
-    reference_for,
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import (
     baseline_add,
@@ -558,7 +558,7 @@ class HealthGate:
         try:
             return check_document(self.params["fleet_baselines"], "fleet_baselines")
         except ValueError as exc:
-            raise GateFailed("state_file", str(exc))
+            raise GateFailed("state_file", str(exc)) from None
 
     def stage_baseline(self):
         path = self.params["baseline_file"]
@@ -607,7 +607,10 @@ class HealthGate:
                 comparison = compare_output(recorded.get("text", ""), reply["text"], self.params["baseline_tolerance"])
                 entry.update(comparison, status="match" if comparison["match"] else "mismatch")
                 if entry["reference"] == FLEET:
-                    entry["reference_host"], entry["reference_release_id"] = recorded.get("host"), recorded.get("release_id")
+                    entry["reference_host"], entry["reference_release_id"] = (
+                        recorded.get("host"),
+                        recorded.get("release_id"),
+                    )
                 if not comparison["match"]:
                     mismatches.append((prompt, comparison, recorded, entry["reference"]))
                     continue
@@ -620,8 +623,12 @@ class HealthGate:
                 entry["status"] = "new"
             if self.params["record_baseline"]:
                 # New here: recorded on this host (a fleet entry it matched becomes its own).
-                record = {"text": reply["text"], "completion_tokens": reply["completion_tokens"],
-                          "recorded_at": _now_utc(), "release_id": self.params["release_id"]}
+                record = {
+                    "text": reply["text"],
+                    "completion_tokens": reply["completion_tokens"],
+                    "recorded_at": _now_utc(),
+                    "release_id": self.params["release_id"],
+                }
                 new_document = baseline_add(new_document, key["key"], prompt, max_tokens, record)
                 new_entries = baseline_add(new_entries, key["key"], prompt, max_tokens, record)
         statuses = [entry["status"] for entry in results]
@@ -635,19 +642,38 @@ class HealthGate:
             whose = "this host's baseline"
             if reference == FLEET:
                 whose = "the fleet's baseline (recorded on %s by release %s at %s; this host has none)" % (
-                    recorded.get("host") or "?", recorded.get("release_id") or "?", recorded.get("recorded_at") or "?")
-            raise GateFailed("baseline_mismatch", (
-                "%d of %d greedy outputs differ from %s for %s (max_tokens %d); prompt %r differs "
-                "after character %d (%d differ, %d allowed): expected %r, got %r") % (
-                len(mismatches), len(results), whose, key["key"], max_tokens, prompt[:60],
-                comparison["common_prefix"], comparison["differing_chars"], comparison["allowed_chars"],
-                comparison.get("expected_excerpt"), comparison.get("actual_excerpt")))
+                    recorded.get("host") or "?",
+                    recorded.get("release_id") or "?",
+                    recorded.get("recorded_at") or "?",
+                )
+            raise GateFailed(
+                "baseline_mismatch",
+                (
+                    "%d of %d greedy outputs differ from %s for %s (max_tokens %d); prompt %r differs "
+                    "after character %d (%d differ, %d allowed): expected %r, got %r"
+                )
+                % (
+                    len(mismatches),
+                    len(results),
+                    whose,
+                    key["key"],
+                    max_tokens,
+                    prompt[:60],
+                    comparison["common_prefix"],
+                    comparison["differing_chars"],
+                    comparison["allowed_chars"],
+                    comparison.get("expected_excerpt"),
+                    comparison.get("actual_excerpt"),
+                ),
+            )
         if new_entries is not None:
             self.pending["baseline"] = new_document
             self.result["baseline"]["new_baselines"] = new_entries
         if "new" in statuses:
             self.result["baseline"]["status"] = "recorded"
-            self.result["baseline"]["note"] = new_key_note(key["key"], max_tokens, self.params["release_id"], fleet is not None)
+            self.result["baseline"]["note"] = new_key_note(
+                key["key"], max_tokens, self.params["release_id"], fleet is not None
+            )
             self.warn("%s: %s" % (self.unit, self.result["baseline"]["note"]))
         elif "missing" in statuses:
             self.result["baseline"]["status"] = "missing"

@@ -89,13 +89,18 @@ LOCK_TIMEOUT_S = 120
 
 
 def describe(added: list) -> str:
-    return "".join("%s | max_tokens %s | %s\n" % (entry["key"], entry["max_tokens"], entry["prompt"]) for entry in added)
+    return "".join(
+        "%s | max_tokens %s | %s\n" % (entry["key"], entry["max_tokens"], entry["prompt"]) for entry in added
+    )
 
 
 def main():
     module = AnsibleModule(
-        argument_spec=dict(path=dict(type="path", required=True), baselines=dict(type="dict", required=True),
-                           host=dict(type="str", required=True)),
+        argument_spec=dict(
+            path=dict(type="path", required=True),
+            baselines=dict(type="dict", required=True),
+            host=dict(type="str", required=True),
+        ),
         supports_check_mode=True,
     )
     path = module.params["path"]
@@ -110,11 +115,17 @@ def main():
             if added and not module.check_mode:
                 write_json(path, merged, module.atomic_move)
     except LockTimeout as error:
-        module.fail_json(msg="the fleet's baselines %s: %s, longer than any addition takes: look at that process "
-                             "(a run stuck while adding)" % (path, error), path=path)
+        module.fail_json(
+            msg="the fleet's baselines %s: %s, longer than any addition takes: look at that process "
+            "(a run stuck while adding)" % (path, error),
+            path=path,
+        )
     except (OSError, ValueError) as error:
-        module.fail_json(msg="the fleet's baselines %s cannot be updated: %s (fix or move the file away; the next "
-                             "gate records a new one)" % (path, error), path=path)
+        module.fail_json(
+            msg="the fleet's baselines %s cannot be updated: %s (fix or move the file away; the next "
+            "gate records a new one)" % (path, error),
+            path=path,
+        )
     result = dict(changed=bool(added), added=added, path=path)
     if module._diff and added:
         result["diff"] = {"before": "", "after": describe(added), "after_header": path}

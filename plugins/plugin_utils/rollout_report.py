@@ -632,7 +632,7 @@ def render_markdown(report):
                 out.append("")
             todo = [line for line in failure_lines(row, service) if line.startswith("  what to do: ")]
             if todo:
-                out += ["**What to do:** %s." % todo[0][len("  what to do: "):], ""]
+                out += ["**What to do:** %s." % todo[0][len("  what to do: ") :], ""]
             if evidence.get("signature_matches"):
                 out += ["Journal lines that decided it:", "", _fence(evidence["signature_matches"]), ""]
             if evidence.get("journal_excerpt"):
@@ -645,8 +645,12 @@ def render_markdown(report):
                     "",
                 ]
 
-    notes = [(row["host"], service["name"], service["gate"]["baseline_note"]) for row in report["hosts"]
-             for service in row["services"] if service["gate"] and service["gate"].get("baseline_note")]
+    notes = [
+        (row["host"], service["name"], service["gate"]["baseline_note"])
+        for row in report["hosts"]
+        for service in row["services"]
+        if service["gate"] and service["gate"].get("baseline_note")
+    ]
     if notes:
         out += ["Baselines:", ""] + ["- %s · %s: %s." % note for note in notes] + [""]
 
@@ -835,7 +839,7 @@ def _pair(current, previous, digits=1):
 # What to look at first, by the gate's failure kind (the message says the rest).
 FIX_HINTS = {
     "baseline_mismatch": "greedy outputs changed, and speculative decoding must not change them: the release is lossy, "
-                         "or the arithmetic changed on purpose (docs/health-gate.md, \"The baseline policy\")",
+    'or the arithmetic changed on purpose (docs/health-gate.md, "The baseline policy")',
     "degenerate": "the model's output is degenerate: the release breaks decoding",
     "performance": "slower than the floors or the previous release allow",
     "bad_flag": "a launch flag was rejected: the service's flags or the release's flag declarations",
@@ -863,27 +867,44 @@ def failure_lines(row, service):
         return []
     failed = _short(rollback.get("failed_release_id") or evidence.get("release_id")) or "?"
     during = {"bake": "the bake's re-check", "shadow": "the comparison with its production service"}.get(
-        evidence.get("during"), "the health gate")
-    lines = ["  why: release %s failed %s at %s (%s): %s" % (
-        failed, during, evidence.get("stage"), evidence.get("failure_kind") or "?", _gate_reason(evidence))]
+        evidence.get("during"), "the health gate"
+    )
+    lines = [
+        "  why: release %s failed %s at %s (%s): %s"
+        % (failed, during, evidence.get("stage"), evidence.get("failure_kind") or "?", _gate_reason(evidence))
+    ]
     back = rollback.get("rolled_back_to_release_id")
     if back:
         gate = rollback.get("gate") or {}
-        lines.append("  done: stopped %s, pointed %s back at %s and started it; its gate %s" % (
-            failed, service["name"], _short(back),
-            "passed" if gate.get("passed") else ("FAILED at %s" % gate.get("stage") if gate else "was not run")))
+        lines.append(
+            "  done: stopped %s, pointed %s back at %s and started it; its gate %s"
+            % (
+                failed,
+                service["name"],
+                _short(back),
+                "passed" if gate.get("passed") else ("FAILED at %s" % gate.get("stage") if gate else "was not run"),
+            )
+        )
         todo = "%s serves %s as before. Fix the cause in %s's source, then run the same command again" % (
-            service["name"], _short(back), failed)
+            service["name"],
+            _short(back),
+            failed,
+        )
     else:
         failure = row.get("failure") or {}
         cause = failure.get("msg") or "the run stopped before a rollback"
         # The rollback stops the failed release before it looks for the previous one (rollback.yml).
         stopped = "stopped %s; " % failed if ROLLBACK_LINK_TASK in str(failure.get("task") or "") else ""
         lines.append("  done: %snot rolled back - %s" % (stopped, cause))
-        todo = "%s has no release that passed its gate here. Fix the cause, then run the same command again" % service["name"]
+        todo = (
+            "%s has no release that passed its gate here. Fix the cause, then run the same command again"
+            % service["name"]
+        )
     hint = FIX_HINTS.get(evidence.get("failure_kind"))
-    lines.append("  what to do: %s%s. The journal excerpt is in the report%s" % (
-        todo, " (%s)" % hint if hint else "", " and in the service's history.jsonl on the host" if back else ""))
+    lines.append(
+        "  what to do: %s%s. The journal excerpt is in the report%s"
+        % (todo, " (%s)" % hint if hint else "", " and in the service's history.jsonl on the host" if back else "")
+    )
     return lines
 
 

@@ -20,7 +20,9 @@ from conftest import ARTIFACTS, REPO, on_lab_host, run
 from ansible_collections.ddtree.sglang.plugins.plugin_utils.cache import cache_dir
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman and the controller venv (scripts/test tour)"),
+    pytest.mark.skipif(
+        shutil.which("podman") is None, reason="needs podman and the controller venv (scripts/test tour)"
+    ),
     pytest.mark.skipif(not os.environ.get("DDTREE_TEST_TOUR"), reason="a stage of its own: scripts/test tour"),
 ]
 
@@ -33,9 +35,14 @@ NUMBERS = {}
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     base = tmp_path_factory.mktemp("tour")
-    env = dict(os.environ, DDTREE_LAB_ID="ddtree-tour-%d-%d" % (int(time.time()), os.getpid()),
-               DDTREE_LOCK_DIR=str(base / "locks"), ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-               DDTREE_ROLLOUT_REPORT_DIR=str(base / "reports"))
+    env = dict(
+        os.environ,
+        DDTREE_LAB_ID="ddtree-tour-%d-%d" % (int(time.time()), os.getpid()),
+        DDTREE_LOCK_DIR=str(base / "locks"),
+        ANSIBLE_NOCOLOR="1",
+        ANSIBLE_FORCE_COLOR="0",
+        DDTREE_ROLLOUT_REPORT_DIR=str(base / "reports"),
+    )
     try:
         yield {"env": env, "base": base}
     finally:
@@ -62,17 +69,21 @@ def summary(proc):
 
 
 def container_id(lab, host="ct200"):
-    return run(["podman", "inspect", "--format", "{{.Id}}", "%s-%s" % (lab["env"]["DDTREE_LAB_ID"], host)], lab["env"]).stdout.strip()
+    return run(
+        ["podman", "inspect", "--format", "{{.Id}}", "%s-%s" % (lab["env"]["DDTREE_LAB_ID"], host)], lab["env"]
+    ).stdout.strip()
 
 
 def host_state(lab):
     """What the lab must keep: the container, the service's links, its verdicts and baselines."""
     env = lab["env"]
-    return {"container": container_id(lab),
-            "current": on_lab_host(env, "ct200", "readlink", SERVICE_LINKS + "/current"),
-            "previous": on_lab_host(env, "ct200", "sh", "-c", "readlink %s/previous || true" % SERVICE_LINKS),
-            "verdicts": json.loads(on_lab_host(env, "ct200", "cat", STATE + "/verdicts.json"))["verdicts"],
-            "baselines": json.loads(on_lab_host(env, "ct200", "cat", STATE + "/baseline.json"))["baselines"]}
+    return {
+        "container": container_id(lab),
+        "current": on_lab_host(env, "ct200", "readlink", SERVICE_LINKS + "/current"),
+        "previous": on_lab_host(env, "ct200", "sh", "-c", "readlink %s/previous || true" % SERVICE_LINKS),
+        "verdicts": json.loads(on_lab_host(env, "ct200", "cat", STATE + "/verdicts.json"))["verdicts"],
+        "baselines": json.loads(on_lab_host(env, "ct200", "cat", STATE + "/baseline.json"))["baselines"],
+    }
 
 
 def verdict(state, release):
@@ -108,7 +119,9 @@ def test_1_deploy(lab):
 def test_2_lab_up_again_keeps_the_hosts(lab):
     before = lab["good"]
     proc = run([str(REPO / "lab" / "up")], lab["env"])
-    assert re.search(r"ct200 \(container \S+\): kept \(id %s\)" % before["container"][:12], proc.stderr), proc.stderr[-2000:]
+    assert re.search(r"ct200 \(container \S+\): kept \(id %s\)" % before["container"][:12], proc.stderr), proc.stderr[
+        -2000:
+    ]
     after = host_state(lab)
     assert after == before
     NUMBERS["container_ids"] = [before["container"][:12], after["container"][:12]]
@@ -133,7 +146,9 @@ def test_4_a_lossy_release_is_rolled_back_and_the_summary_says_so_first(lab):
     assert proc.returncode != 0
     text = summary(proc)
     NUMBERS["lossy_summary"] = text.strip().splitlines()
-    assert re.search(r"ct200 coder: rolled back, release %s -> %s" % (good["current"][-12:], good["current"][-12:]), text), text
+    assert re.search(
+        r"ct200 coder: rolled back, release %s -> %s" % (good["current"][-12:], good["current"][-12:]), text
+    ), text
     assert "failed at baseline (baseline_mismatch)" in text and "differ from this host's baseline" in text
     # The summary leads the failure: what failed, why, what was done, what to do - before the task output.
     assert "what to do:" in text
@@ -161,7 +176,10 @@ def test_6_a_blank_hosts_lossy_first_release_is_rolled_back_against_the_fleets_b
     assert re.search(r"ct200 \(container \S+\): created", proc.stderr), proc.stderr[-2000:]
     text = summary(proc)
     NUMBERS["blank_lossy_summary"] = text.strip().splitlines()
-    assert "differ from the fleet's baseline (recorded on ct200 by release %s" % os.path.basename(lab["good"]["current"]) in proc.stdout
+    assert (
+        "differ from the fleet's baseline (recorded on ct200 by release %s" % os.path.basename(lab["good"]["current"])
+        in proc.stdout
+    )
     assert "baseline_mismatch" in text
     # Nothing to go back to on a blank host: the lossy release does not keep serving.
     assert on_lab_host(env, "ct200", "systemctl", "is-active", "sglang-coder.service", check=False) != "active"

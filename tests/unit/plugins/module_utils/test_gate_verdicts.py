@@ -126,8 +126,14 @@ def test_previous_only_becomes_a_release_that_passed_its_gate():
 
 def test_outputs_recorded_as_the_first_baseline_are_not_counted_as_mismatches():
     # A blank host's first release: every prompt "new". The report said "baseline_mismatches 3" for it.
-    result = {"stage": "performance", "baseline": {"status": "recorded", "reference": "none",
-                                                   "results": [{"status": "new"}, {"status": "new"}, {"status": "new"}]}}
+    result = {
+        "stage": "performance",
+        "baseline": {
+            "status": "recorded",
+            "reference": "none",
+            "results": [{"status": "new"}, {"status": "new"}, {"status": "new"}],
+        },
+    }
     measured = verdict_record(True, result, "t")["measurements"]
     assert measured["baseline_mismatches"] == 0 and measured["baseline"] == "recorded"
     assert measured["baseline_reference"] == "none"

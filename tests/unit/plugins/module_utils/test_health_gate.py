@@ -589,6 +589,7 @@ def test_a_fatal_journal_line_on_a_unit_that_keeps_running_is_reported_at_the_re
 
 # ---- the fleet's baselines (docs/health-gate.md, "The fleet's baselines") ----------------------------
 
+
 def fleet_with(text, key=KEY, host="ct201"):
     entry = {"text": text, "release_id": "r0", "host": host, "recorded_at": "2026-12-04T10:00:00Z"}
     return {"format": 2, "baselines": {key: {"64": {PROMPT: entry}}}}
@@ -598,18 +599,31 @@ def test_a_blank_hosts_lossy_first_release_fails_against_the_fleets_baseline(clo
     lossy = "The capital of France is Paris, and the Loire runs through it."
     host = ScriptedHost(clock, journal=GOOD_START)
     host.chat_text = lossy
-    passed, message, result, written, _warnings = run(host, clock, baseline_file=str(tmp_path / "baseline.json"),
-                                                      fleet_baselines=fleet_with(GOOD_TEXT), release_id="lossy")
+    passed, message, result, written, _warnings = run(
+        host,
+        clock,
+        baseline_file=str(tmp_path / "baseline.json"),
+        fleet_baselines=fleet_with(GOOD_TEXT),
+        release_id="lossy",
+    )
     assert not passed and result["failed_stage"] == "baseline" and result["failure_kind"] == "baseline_mismatch"
-    assert "differ from the fleet's baseline (recorded on ct201 by release r0 at 2026-12-04T10:00:00Z; this host has none)" in message
+    assert (
+        "differ from the fleet's baseline (recorded on ct201 by release r0 at 2026-12-04T10:00:00Z; this host has none)"
+        in message
+    )
     assert result["baseline"]["reference"] == "fleet" and result["baseline"]["results"][0]["reference_host"] == "ct201"
     assert written == {} and "new_baselines" not in result["baseline"]
 
 
 def test_a_blank_hosts_lossless_first_release_passes_against_the_fleets_baseline_and_keeps_it(clock, tmp_path):
     baseline = str(tmp_path / "baseline.json")
-    passed, message, result, written, warnings = run(ScriptedHost(clock, journal=GOOD_START), clock, baseline_file=baseline,
-                                                     fleet_baselines=fleet_with(GOOD_TEXT), release_id="good")
+    passed, message, result, written, warnings = run(
+        ScriptedHost(clock, journal=GOOD_START),
+        clock,
+        baseline_file=baseline,
+        fleet_baselines=fleet_with(GOOD_TEXT),
+        release_id="good",
+    )
     assert passed, message
     assert result["baseline"]["status"] == "passed" and result["baseline"]["reference"] == "fleet"
     assert result["baseline"]["results"][0]["status"] == "match" and "note" not in result["baseline"]
@@ -619,15 +633,20 @@ def test_a_blank_hosts_lossless_first_release_passes_against_the_fleets_baseline
 
 
 def test_a_key_with_no_reference_anywhere_is_recorded_and_said_plainly(clock, tmp_path):
-    passed, message, result, written, warnings = run(ScriptedHost(clock, journal=GOOD_START), clock,
-                                                     baseline_file=str(tmp_path / "baseline.json"),
-                                                     fleet_baselines=fleet_with(GOOD_TEXT, key="other | DFLASH | tp 8 | sglang 0.5.23"),
-                                                     release_id="first")
+    passed, message, result, written, warnings = run(
+        ScriptedHost(clock, journal=GOOD_START),
+        clock,
+        baseline_file=str(tmp_path / "baseline.json"),
+        fleet_baselines=fleet_with(GOOD_TEXT, key="other | DFLASH | tp 8 | sglang 0.5.23"),
+        release_id="first",
+    )
     assert passed, message
     assert result["baseline"]["status"] == "recorded" and result["baseline"]["reference"] == "none"
     note = result["baseline"]["note"]
-    assert note == ("no baseline for %s (max_tokens 64) on this host or in the fleet's baselines: the greedy outputs of "
-                    "release first are recorded as the first baseline of this key, not compared with anything" % KEY)
+    assert note == (
+        "no baseline for %s (max_tokens 64) on this host or in the fleet's baselines: the greedy outputs of "
+        "release first are recorded as the first baseline of this key, not compared with anything" % KEY
+    )
     assert any(note in warning for warning in warnings)
     assert result["baseline"]["new_baselines"]["baselines"][KEY]["64"][PROMPT]["text"] == GOOD_TEXT
 
@@ -635,14 +654,18 @@ def test_a_key_with_no_reference_anywhere_is_recorded_and_said_plainly(clock, tm
 def test_the_hosts_own_baseline_comes_before_the_fleets(clock, tmp_path):
     baseline, _metrics = recorded(KEY, GOOD_TEXT)
     passed, message, result, written, _warnings = run_with_records(
-        clock, tmp_path, "DDTREE", GOOD_TEXT, baseline, fleet_baselines=fleet_with("What another GPU said."))
+        clock, tmp_path, "DDTREE", GOOD_TEXT, baseline, fleet_baselines=fleet_with("What another GPU said.")
+    )
     assert passed, message
     assert result["baseline"]["reference"] == "host" and written.get(str(tmp_path / "baseline.json")) is None
 
 
 def test_a_broken_fleet_document_names_the_option(clock, tmp_path):
-    passed, message, result, _written, _warnings = run(ScriptedHost(clock, journal=GOOD_START), clock,
-                                                       baseline_file=str(tmp_path / "baseline.json"),
-                                                       fleet_baselines={"format": 2, "baselines": {KEY: {"64": {PROMPT: "x"}}}})
+    passed, message, result, _written, _warnings = run(
+        ScriptedHost(clock, journal=GOOD_START),
+        clock,
+        baseline_file=str(tmp_path / "baseline.json"),
+        fleet_baselines={"format": 2, "baselines": {KEY: {"64": {PROMPT: "x"}}}},
+    )
     assert not passed and result["failure_kind"] == "state_file"
-    assert "fleet_baselines: the entries of key %r (max_tokens 64) are not {prompt: {\"text\": ...}}" % KEY in message
+    assert 'fleet_baselines: the entries of key %r (max_tokens 64) are not {prompt: {"text": ...}}' % KEY in message

@@ -716,16 +716,30 @@ def test_reports_without_a_tuning_have_no_tuning_section():
 
 def test_a_first_baseline_is_said_plainly_and_a_fleet_comparison_is_named():
     first = passed_gate("coder", NEW)
-    note = ("no baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64) on this host or in the fleet's baselines: "
-            "the greedy outputs of release %s are recorded as the first baseline of this key, not compared with anything" % NEW)
+    note = (
+        "no baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64) on this host or in the fleet's baselines: "
+        "the greedy outputs of release %s are recorded as the first baseline of this key, not compared with anything"
+        % NEW
+    )
     first["baseline"] = {"status": "recorded", "reference": "none", "note": note, "results": [{"status": "new"}]}
     fleet = passed_gate("chat", NEW)
-    fleet["baseline"] = {"status": "passed", "reference": "fleet", "results": [{"status": "match", "reference": "fleet"}]}
-    events = [LOCK] + START + [
-        {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
-        link("ct200", "coder", OLD, NEW), gate("ct200", first),
-        {"host": "ct129", "kind": "release", "result": {"release_id": NEW, "changed": True}},
-        link("ct129", "chat", OLD, NEW), gate("ct129", fleet)]
+    fleet["baseline"] = {
+        "status": "passed",
+        "reference": "fleet",
+        "results": [{"status": "match", "reference": "fleet"}],
+    }
+    events = (
+        [LOCK]
+        + START
+        + [
+            {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+            link("ct200", "coder", OLD, NEW),
+            gate("ct200", first),
+            {"host": "ct129", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+            link("ct129", "chat", OLD, NEW),
+            gate("ct129", fleet),
+        ]
+    )
     report = build_report(events, ["ct200", "ct129"])
     lines = [text for text, _bad in summary_lines(report)]
     assert lines[1] == "ct200 coder: " + note
@@ -734,31 +748,52 @@ def test_a_first_baseline_is_said_plainly_and_a_fleet_comparison_is_named():
 
 
 def test_a_rolled_back_service_says_why_what_was_done_and_what_to_do_right_after_its_line():
-    lossy = dict(failed_gate("coder", NEW), stage="baseline", failed_stage="baseline", failure_kind="baseline_mismatch",
-                 msg="sglang-coder.service failed at baseline (baseline_mismatch): 3 of 3 greedy outputs differ from this "
-                     "host's baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64)")
+    lossy = dict(
+        failed_gate("coder", NEW),
+        stage="baseline",
+        failed_stage="baseline",
+        failure_kind="baseline_mismatch",
+        msg="sglang-coder.service failed at baseline (baseline_mismatch): 3 of 3 greedy outputs differ from this "
+        "host's baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64)",
+    )
     events = canary_rolled_back()
     events[5] = gate("ct200", lossy)
     lines = summary_lines(build_report(events, ["ct200", "ct129"]))
     texts = [text for text, _bad in lines]
-    first = texts.index("ct200 coder: rolled back, release 0b7e3f2a9c1d -> 0b7e3f2a9c1d, gate failed at baseline "
-                        "(baseline_mismatch), rolled back to 0b7e3f2a9c1d")
-    why, done, todo = texts[first + 1:first + 4]
-    assert why == ("  why: release 9c1d0b7e3f2a failed the health gate at baseline (baseline_mismatch): 3 of 3 greedy outputs "
-                   "differ from this host's baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64)")
+    first = texts.index(
+        "ct200 coder: rolled back, release 0b7e3f2a9c1d -> 0b7e3f2a9c1d, gate failed at baseline "
+        "(baseline_mismatch), rolled back to 0b7e3f2a9c1d"
+    )
+    why, done, todo = texts[first + 1 : first + 4]
+    assert why == (
+        "  why: release 9c1d0b7e3f2a failed the health gate at baseline (baseline_mismatch): 3 of 3 greedy outputs "
+        "differ from this host's baseline for coder | DFLASH | tp 2 | sglang 0.5.23 (max_tokens 64)"
+    )
     assert done == "  done: stopped 9c1d0b7e3f2a, pointed coder back at 0b7e3f2a9c1d and started it; its gate passed"
-    assert todo.startswith("  what to do: coder serves 0b7e3f2a9c1d as before. Fix the cause in 9c1d0b7e3f2a's source, then run "
-                           "the same command again (greedy outputs changed")
+    assert todo.startswith(
+        "  what to do: coder serves 0b7e3f2a9c1d as before. Fix the cause in 9c1d0b7e3f2a's source, then run "
+        "the same command again (greedy outputs changed"
+    )
 
 
 def test_a_failed_gate_with_nothing_to_go_back_to_says_the_service_has_no_good_release():
-    events = [LOCK, {"host": "ct200", "kind": "start", "result": {"coder": {"release_id": None, "previous_release_id": None}}},
-              {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
-              link("ct200", "coder", None, NEW), gate("ct200", failed_gate("coder", NEW)),
-              {"host": "ct200", "kind": "failed", "task": "ddtree.sglang.sglang_service : Point current back at the previous release: coder",
-               "result": {"msg": "service coder has no previous release to go back to"}}]
+    events = [
+        LOCK,
+        {"host": "ct200", "kind": "start", "result": {"coder": {"release_id": None, "previous_release_id": None}}},
+        {"host": "ct200", "kind": "release", "result": {"release_id": NEW, "changed": True}},
+        link("ct200", "coder", None, NEW),
+        gate("ct200", failed_gate("coder", NEW)),
+        {
+            "host": "ct200",
+            "kind": "failed",
+            "task": "ddtree.sglang.sglang_service : Point current back at the previous release: coder",
+            "result": {"msg": "service coder has no previous release to go back to"},
+        },
+    ]
     report = build_report(events, ["ct200"])
     assert report["hosts"][0]["status"] == "failed"  # nothing was rolled back
     texts = [text for text, _bad in summary_lines(report)]
-    assert "  done: stopped 9c1d0b7e3f2a; not rolled back - service coder has no previous release to go back to" in texts
+    assert (
+        "  done: stopped 9c1d0b7e3f2a; not rolled back - service coder has no previous release to go back to" in texts
+    )
     assert any(text.startswith("  what to do: coder has no release that passed its gate here.") for text in texts)
