@@ -372,7 +372,7 @@ def test_the_pull_timer_rolls_out_a_good_commit_and_keeps_the_fleet_off_a_broken
     # Issue 14's incident: the controller dies as the canary's gate begins. ct200 is left current on D's
     # broken release, restarted and running, with no verdict: only a gate may settle it.
     commit_d = fleet["commit"]("D: broken again", break_walk)
-    tick(pull, kill_at="Gate the service on its release")
+    tick(pull, kill_at="Gate each service on its release")
     release_d = current_release(lab, "ct200", "coder")
     assert release_d != release_c and verdict(lab, release_d) is None
     assert on_host(lab, "ct200", "systemctl", "is-active", "sglang-coder.service") == "active"

@@ -159,7 +159,7 @@ class Answering:
 KILL_POINTS = {
     "build": ("Build the release (or verify the one already there)", 2),
     "switched": ("Note the time before restarting", 0),
-    "restarted": ("Gate the service on its release", 0),
+    "restarted": ("Gate each service on its release", 0),
     "rollback": ("Point current back at the previous release", 0),
 }
 # The cells, in an order where each starts from the state the one before left: (kill point, lossy?).
