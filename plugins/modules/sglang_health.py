@@ -38,7 +38,9 @@ description:
     is C(/server_info)'s C(avg_spec_accept_length); a speculative server that has none yet (SGLang 0.5.23
     averages only every C(--decode-log-interval), 40, decode batches, more than a fresh server has run)
     is asked for one more greedy generation of the first of O(prompts) through C(POST /generate), and
-    its C(meta_info.spec_accept_length) is used.
+    its C(meta_info.spec_accept_length) is used. A tokens/s shortfall is measured again before it fails
+    the stage (O(prompts) once more, and the faster round counts); a slow release is slow twice, a host busy
+    for a moment is not.
   - While later stages run, the unit and journal are still watched. A request that fails makes the gate
     read the unit and its journal again; a server that died (the unit no longer runs, or its main PID
     changed) fails at C(unit_watch) with the cause (for example C(child_crashed), C(killed),
@@ -380,6 +382,8 @@ baseline:
 performance:
   description:
     - Tokens/s, acceptance length, the previous numbers and floors compared with, and the problems found.
+    - C(tokens_per_second_rounds) lists each round's tokens/s (two when the first fell short); the faster one
+      is C(tokens_per_second).
     - C(accept_length_source) says where the acceptance length came from - C(server_info), C(generate meta_info)
       (one C(/generate) request, described by C(accept_length_request) - prompt, completion_tokens,
       spec_verify_ct, latency_s), or null with C(accept_length_error) saying why it could not be read.
@@ -388,7 +392,7 @@ performance:
   sample: {tokens_per_second: 182.4, accept_length: 12.8, accept_length_source: generate meta_info,
            accept_length_request: {prompt: "List the first ten prime numbers, separated by commas.",
                                    completion_tokens: 64, spec_verify_ct: 5, latency_s: 0.21},
-           completion_tokens: 192, generation_s: 1.05,
+           tokens_per_second_rounds: [182.4], completion_tokens: 192, generation_s: 1.05,
            previous: {tokens_per_second: 175.0, accept_length: 13.4}, problems: []}
 recorded:
   description: What was recorded (or, in check mode, would have been); C(verdict) with O(verdict_file).
