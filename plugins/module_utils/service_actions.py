@@ -29,6 +29,9 @@ NOT_RUNNING = "not running: started"
 TUNING_WINDOW = "stopped for its tuning and started again"
 UNCHANGED = "unchanged: /health only"
 NOT_INSTALLED = "not installed yet: nothing to start (check mode)"
+# The systemd states the role puts a unit in: restarted (it reads what changed only when it starts) or started.
+RESTARTED = "restarted"
+STARTED = "started"
 # The actions service_gate_status asks for (gate_verdicts.gate_action).
 VERDICT_RESTART = "restart"
 VERDICT_GATE = "gate"
@@ -147,7 +150,8 @@ def after_gates(services: list, decisions: dict, recorded: dict, gate_results: l
         if not verdict:
             continue
         if verdict.get("promote"):
-            promote.append(dict(by_name[name], release_id=(verdict.get("shadow") or {}).get("release_id")))
+            release_id = (verdict.get("shadow") or {}).get("release_id")
+            promote.append(dict(by_name[name], release_id=release_id, state=RESTARTED))
         elif (verdict.get("shadow") or {}).get("passed") and verdict.get("shadow_service") in by_name:
             rollback.append(held_shadow_failure(by_name[verdict["shadow_service"]], name, verdict))
     return {"rollback": rollback, "promote": [] if rollback else promote}
@@ -217,7 +221,11 @@ def service_actions(
     result = {
         "services": decisions,
         "restart": entries("restart"),
-        "start": entries("start"),
+        # What the role's one systemd task does to each: restarted when anything it reads changed, else started.
+        "start": [
+            dict(entry, state=RESTARTED if decisions[entry["name"]]["restart"] else STARTED)
+            for entry in entries("start")
+        ],
         "gate": [] if check_mode else entries("gate"),
         "quick_check": [] if check_mode else entries("quick_check"),
         "rollback": [],

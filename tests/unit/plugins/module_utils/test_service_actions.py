@@ -50,6 +50,8 @@ def test_a_service_whose_unit_environment_or_key_changed_restarts_and_is_gated(c
     assert names(actions["restart"]) == names(actions["gate"]) == ["coder"]
     assert names(actions["quick_check"]) == ["chat"]
     assert actions["services"]["coder"]["reasons"] == [reason]
+    # The role's one systemd task restarts what changed and only starts the others.
+    assert [(item["name"], item["state"]) for item in actions["start"]] == [("coder", "restarted"), ("chat", "started")]
     # Each gated entry names the release it gates.
     assert actions["gate"][0]["release_id"] == "new"
 
@@ -160,6 +162,7 @@ def test_a_shadow_that_passed_and_was_not_worse_promotes_its_production_service_
         {"promote": True, "shadow": {"release_id": "new", "passed": True}, "shadow_service": "coder-shadow"}
     )
     assert [(item["name"], item["release_id"]) for item in actions["promote"]] == [("coder", "new")]
+    assert actions["promote"][0]["state"] == "restarted"  # it runs the candidate only once restarted
     assert actions["rollback"] == []
 
 
