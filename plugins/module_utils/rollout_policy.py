@@ -182,9 +182,7 @@ def bake_checks(hosts: list, host_state: dict) -> list:
             }
             # What the gate is called with: the plan entry, the journal since the deploy, the release, and its
             # host (the rollout report files an unreachable re-check under it).
-            check["gate"] = dict(
-                check["service"], since=check["since"], release_id=check["release_id"], bake_host=host
-            )
+            check["gate"] = dict(check["service"], since=check["since"], release_id=check["release_id"], bake_host=host)
             checks.append(check)
     return checks
 

@@ -60,8 +60,8 @@ options:
     type: path
   history_file:
     description:
-      - After a tuning, RV(history) is appended to it as one JSON line (e.g. C(/var/lib/sglang/<service>/history.jsonl));
-        created with mode C(0640) when missing. Not given, no history is written.
+      - After a tuning, RV(history) is appended to it as one JSON line (e.g.
+        C(/var/lib/sglang/<service>/history.jsonl)); created with mode C(0640) when missing. Not given, none is written.
     type: path
   measurements:
     description:
@@ -183,7 +183,7 @@ trials:
     - When tuning is needed and the service declares C(autotune.gpus) and C(autotune.port), or C(autotune.own_gpus) -
       what to run and measure,
       DFLASH first - each with C(label) (C(DDTREE budget 8 top_k 4)), C(setting), C(concurrency), C(start_timeout)
-      (the service's C(health.start_timeout), else O(start_timeout)), C(release_dir) (under O(releases_root): the
+      (the service's C(health.start_timeout), else O(start_timeout)), C(release_dir) (under O(releases_root), the
       candidate for DDTREE, O(base_release_id) for a setting without the overlay) and C(instance), the
       temporary instance's unit entry (name C(<service>-autotune), unit, flags, C(exec_args), environment,
       C(loads_overlay), gpus, port) for the role's unit and environment templates.

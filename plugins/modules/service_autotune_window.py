@@ -9,7 +9,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: service_autotune_window
-short_description: Stop an SGLang service for a tuning on its own GPUs, with a restore armed on the host, and start it again
+short_description: Stop an SGLang service for a tuning on its own GPUs, a restore armed on the host, and start it again
 version_added: 0.2.0
 description:
   - For a service tuned with C(autotune.own_gpus) (docs/autotune.md), in the host's rollout window.

@@ -287,9 +287,7 @@ def test_each_trial_starts_within_the_services_own_start_timeout(tmp_path, capsy
 
 def test_each_trial_runs_from_the_release_its_setting_runs_on(tmp_path, capsys):
     """DDTREE loads the overlay: the candidate; DFLASH runs as the service would, on the base release."""
-    code, result = run_module(
-        service_autotune, args(tmp_path, releases_root="/r", base_release_id="base1"), capsys
-    )
+    code, result = run_module(service_autotune, args(tmp_path, releases_root="/r", base_release_id="base1"), capsys)
     assert code == 0
     assert [(trial["label"], trial["release_dir"]) for trial in result["trials"]] == [
         ("DFLASH", "/r/base1"),
