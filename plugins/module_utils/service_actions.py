@@ -131,6 +131,16 @@ def decide_service(
     )
 
 
+def shadow_comparison(production: dict, services: list, gate_results: list) -> dict:
+    """A production service to compare with its shadow, after the gates: with the shadow's gate result of this run
+    (`shadow_gate`, {} when it was not gated) and the shadow's own `shadow_max_slowdown` (None: the role's)."""
+    shadow = next((service for service in services if service["name"] == production["shadow"]), {})
+    gate = next(
+        (result for result in gate_results if (result.get("item") or {}).get("name") == production["shadow"]), {}
+    )
+    return dict(production, shadow_gate=gate, shadow_max_slowdown=shadow.get("shadow_max_slowdown"))
+
+
 def after_gates(services: list, decisions: dict, recorded: dict, gate_results: list, shadow_verdicts: dict) -> dict:
     """{rollback: failed results in order, promote: production entries}: what follows this run's gates.
 
@@ -244,6 +254,7 @@ def service_actions(
     ]
     if gate_results is None:
         return result
+    result["compare_shadow"] = [shadow_comparison(entry, services, gate_results) for entry in result["compare_shadow"]]
     outcome = after_gates(services, decisions, recorded, gate_results, shadow_verdicts or {})
     for failed in outcome["rollback"]:
         decisions[failed["item"]["name"]]["rollback"] = True
