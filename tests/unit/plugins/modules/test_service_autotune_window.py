@@ -49,7 +49,7 @@ class FakeSystemd:
     def __init__(self, states, fail=()):
         self.states, self.fail, self.ran = dict(states), set(fail), []
 
-    def __call__(self, module, argv, **kwargs):
+    def __call__(self, argv, **kwargs):
         if argv[:2] == ["systemctl", "show"]:
             return 0, self.states.get(argv[-1], "inactive") + "\n", ""
         self.ran.append(" ".join(argv[:3]))
@@ -60,9 +60,8 @@ class FakeSystemd:
 def systemd(monkeypatch):
     def make(states, fail=()):
         fake = FakeSystemd(states, fail)
-        monkeypatch.setattr(
-            "ansible.module_utils.basic.AnsibleModule.run_command", lambda self, argv, **kw: fake(self, argv, **kw)
-        )
+        # Set on the class, an instance that is not a function is not bound: it gets the command alone.
+        monkeypatch.setattr("ansible.module_utils.basic.AnsibleModule.run_command", fake)
         return fake
 
     return make
