@@ -61,6 +61,23 @@ def trials(service: dict) -> list:
     ]
 
 
+def trial_release_id(trial: dict, candidate_id: str, base_id: str | None) -> str:
+    """The release a trial runs on: the candidate for a setting that loads the overlay (DDTREE), else the base
+    release, as the service would run that setting (DFLASH). Raises ValueError when that is the base release and
+    there is none."""
+    if trial["instance"].get("loads_overlay"):
+        return candidate_id
+    if not base_id:
+        raise ValueError("%s runs on the base release, and no base_release_id was given" % trial["label"])
+    return base_id
+
+
+def trial_start_timeout(service: dict, default: float) -> float:
+    """Seconds a trial's server may take to answer /health: the service's own health.start_timeout (a slow
+    model starts as slowly on a temporary instance), else `default` (the role's start timeout)."""
+    return float((service.get("health") or {}).get("start_timeout") or default)
+
+
 def window_restore_after(trial_count: int, start_timeout: float, measure_allowance: float) -> int:
     """Seconds after which a host whose service was stopped for a tuning in its own window starts the
     service again by itself (the role arms this as a systemd timer before stopping it and disarms it once
@@ -73,3 +90,58 @@ def window_restore_after(trial_count: int, start_timeout: float, measure_allowan
             "measure allowance %r" % (trial_count, start_timeout, measure_allowance)
         )
     return int(math.ceil((trial_count + 1) * (start_timeout + measure_allowance)))
+
+
+def window_units(service: str) -> dict:
+    """The units of a tuning in the service's own window: the service's, the host's restore (a transient timer
+    and service of that name) and the temporary instance's, which the restore stops before it starts the service."""
+    return {
+        "unit": "sglang-%s.service" % service,
+        "restore": "sglang-%s%s-restore" % (service, TRIAL_SUFFIX),
+        "trial": "sglang-%s%s.service" % (service, TRIAL_SUFFIX),
+    }
+
+
+def window_stop_commands(service: str, unit_active: bool, restore_active: bool, restore_after: int) -> dict:
+    """What stops a service for its grid: {serving, commands}. serving: it serves now, or served before a tuning
+    that was cut short (its restore still armed). A restore left armed is cancelled (this run restores the
+    service itself); then, when serving, the host's own restore is armed before the service stops, so a run that
+    dies midway leaves it serving again after `restore_after` seconds. Nothing serving: nothing to stop."""
+    units = window_units(service)
+    serving = bool(unit_active or restore_active)
+    commands = [["systemctl", "stop", units["restore"] + ".timer"]] if restore_active else []
+    if serving:
+        # argv without a shell: systemd-run escapes a ';' inside an argument, and systemd then splits the
+        # restored command line at it. --collect unloads the restore even when it failed, so a later run
+        # can arm it again under the same name.
+        commands.append(
+            [
+                "systemd-run",
+                "--unit",
+                units["restore"],
+                "--on-active",
+                "%ds" % restore_after,
+                "--timer-property",
+                "AccuracySec=1s",
+                "--collect",
+                "--description",
+                "Restart %s after an interrupted tuning" % units["unit"],
+                "--property",
+                "ExecStartPre=-/bin/systemctl stop %s" % units["trial"],
+                "/bin/systemctl",
+                "start",
+                units["unit"],
+            ]
+        )
+        commands.append(["systemctl", "stop", units["unit"]])
+    return {"serving": serving, "commands": commands}
+
+
+def window_start_commands(service: str, unit_active: bool, restore_active: bool) -> list:
+    """What ends a tuning in the service's window: the restore disarmed (when it has not fired yet) and the
+    service started again on the release it served (unless the restore started it already)."""
+    units = window_units(service)
+    commands = [["systemctl", "stop", units["restore"] + ".timer"]] if restore_active else []
+    if not unit_active:
+        commands.append(["systemctl", "start", units["unit"]])
+    return commands

@@ -130,3 +130,13 @@ def fleet_add(fleet_document: dict | None, new_document: dict | None, host: str)
                 fleet["baselines"].setdefault(key, {}).setdefault(str(max_tokens), {})[prompt] = fleet_entry
                 added.append({"key": key, "max_tokens": int(max_tokens), "prompt": prompt})
     return fleet, added
+
+
+def gates_new_baselines(gate_results: list) -> list:
+    """The baselines documents that this run's gates recorded and the fleet may take: those of each gate that
+    ran and passed (an unreachable host's result has no `passed`; a failed gate's outputs are no reference)."""
+    return [
+        result["baseline"]["new_baselines"]
+        for result in gate_results or []
+        if result.get("passed") is True and (result.get("baseline") or {}).get("new_baselines")
+    ]

@@ -102,3 +102,14 @@ def write_json(path: str, document: dict, atomic_move) -> None:
         handle.write("\n")
     os.chmod(temp, 0o644)
     atomic_move(temp, path)
+
+
+def append_json_line(path: str, record: dict, mode: int = 0o640) -> None:
+    """Append one record to a JSON-lines file (a service's history.jsonl), creating it with `mode` (and its
+    directory) when missing. One write of one line: a reader sees the line whole or not at all."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, 0o755)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, mode)
+    with os.fdopen(fd, "a") as handle:
+        handle.write(json.dumps(record, sort_keys=True, ensure_ascii=False) + "\n")

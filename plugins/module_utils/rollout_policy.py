@@ -160,7 +160,7 @@ def batch_sizes(batches: list, host_count: int) -> list:
 
 
 def bake_checks(hosts: list, host_state: dict) -> list:
-    """The re-checks of one bake: one {host, service, since, release_id} per service of each host updated so far.
+    """The re-checks of one bake: one {host, service, since, release_id, gate} per service of each host updated so far.
 
     host_state: host -> {"services": the role's plan entries, "since": when its services were restarted (the
     journal is read from there, so a crash at any time since the deploy counts), "release_id" (the host's
@@ -174,14 +174,16 @@ def bake_checks(hosts: list, host_state: dict) -> list:
         state = host_state.get(host) or {}
         releases = state.get("releases") or {}
         for service in state.get("services") or []:
-            checks.append(
-                {
-                    "host": host,
-                    "since": state.get("since"),
-                    "release_id": releases.get(service.get("name")) or state.get("release_id"),
-                    "service": {key: value for key, value in service.items() if key != "api_key"},
-                }
-            )
+            check = {
+                "host": host,
+                "since": state.get("since"),
+                "release_id": releases.get(service.get("name")) or state.get("release_id"),
+                "service": {key: value for key, value in service.items() if key != "api_key"},
+            }
+            # What the gate is called with: the plan entry, the journal since the deploy, the release, and its
+            # host (the rollout report files an unreachable re-check under it).
+            check["gate"] = dict(check["service"], since=check["since"], release_id=check["release_id"], bake_host=host)
+            checks.append(check)
     return checks
 
 

@@ -29,6 +29,9 @@ NOT_RUNNING = "not running: started"
 TUNING_WINDOW = "stopped for its tuning and started again"
 UNCHANGED = "unchanged: /health only"
 NOT_INSTALLED = "not installed yet: nothing to start (check mode)"
+# The systemd states the role puts a unit in: restarted (it reads what changed only when it starts) or started.
+RESTARTED = "restarted"
+STARTED = "started"
 # The actions service_gate_status asks for (gate_verdicts.gate_action).
 VERDICT_RESTART = "restart"
 VERDICT_GATE = "gate"
@@ -128,6 +131,16 @@ def decide_service(
     )
 
 
+def shadow_comparison(production: dict, services: list, gate_results: list) -> dict:
+    """A production service to compare with its shadow, after the gates: with the shadow's gate result of this run
+    (`shadow_gate`, {} when it was not gated) and the shadow's own `shadow_max_slowdown` (None: the role's)."""
+    shadow = next((service for service in services if service["name"] == production["shadow"]), {})
+    gate = next(
+        (result for result in gate_results if (result.get("item") or {}).get("name") == production["shadow"]), {}
+    )
+    return dict(production, shadow_gate=gate, shadow_max_slowdown=shadow.get("shadow_max_slowdown"))
+
+
 def after_gates(services: list, decisions: dict, recorded: dict, gate_results: list, shadow_verdicts: dict) -> dict:
     """{rollback: failed results in order, promote: production entries}: what follows this run's gates.
 
@@ -147,7 +160,8 @@ def after_gates(services: list, decisions: dict, recorded: dict, gate_results: l
         if not verdict:
             continue
         if verdict.get("promote"):
-            promote.append(dict(by_name[name], release_id=(verdict.get("shadow") or {}).get("release_id")))
+            release_id = (verdict.get("shadow") or {}).get("release_id")
+            promote.append(dict(by_name[name], release_id=release_id, state=RESTARTED))
         elif (verdict.get("shadow") or {}).get("passed") and verdict.get("shadow_service") in by_name:
             rollback.append(held_shadow_failure(by_name[verdict["shadow_service"]], name, verdict))
     return {"rollback": rollback, "promote": [] if rollback else promote}
@@ -217,7 +231,11 @@ def service_actions(
     result = {
         "services": decisions,
         "restart": entries("restart"),
-        "start": entries("start"),
+        # What the role's one systemd task does to each: restarted when anything it reads changed, else started.
+        "start": [
+            dict(entry, state=RESTARTED if decisions[entry["name"]]["restart"] else STARTED)
+            for entry in entries("start")
+        ],
         "gate": [] if check_mode else entries("gate"),
         "quick_check": [] if check_mode else entries("quick_check"),
         "rollback": [],
@@ -236,6 +254,7 @@ def service_actions(
     ]
     if gate_results is None:
         return result
+    result["compare_shadow"] = [shadow_comparison(entry, services, gate_results) for entry in result["compare_shadow"]]
     outcome = after_gates(services, decisions, recorded, gate_results, shadow_verdicts or {})
     for failed in outcome["rollback"]:
         decisions[failed["item"]["name"]]["rollback"] = True

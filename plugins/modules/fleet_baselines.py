@@ -33,7 +33,12 @@ options:
   baselines:
     description: A baselines document (the format of M(ddtree.sglang.sglang_health)'s C(baseline_file)).
     type: dict
-    required: true
+  gate_results:
+    description:
+      - Instead of O(baselines) - M(ddtree.sglang.sglang_health) results (a registered loop's C(results)); the new
+        baselines of each gate that ran and passed are added (C(baseline.new_baselines)), none of a failed one.
+    type: list
+    elements: dict
   host:
     description: The host the baselines were recorded on, kept with each entry added.
     type: str
@@ -52,6 +57,13 @@ seealso:
 """
 
 EXAMPLES = r"""
+- name: Add the new baselines of every gate of the loop that passed
+  ddtree.sglang.fleet_baselines:
+    path: "{{ lookup('ddtree.sglang.cache_dir', 'fleet-baselines') }}/fleet.json"
+    gate_results: "{{ gates.results }}"
+    host: "{{ inventory_hostname }}"
+  delegate_to: localhost
+
 - name: Add the gate's new baselines to the fleet's
   ddtree.sglang.fleet_baselines:
     path: "{{ lookup('ddtree.sglang.cache_dir', 'fleet-baselines') }}/fleet.json"
@@ -80,7 +92,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.fleet_baselines import fleet_add
+from ansible_collections.ddtree.sglang.plugins.module_utils.fleet_baselines import fleet_add, gates_new_baselines
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
 from ansible_collections.ddtree.sglang.plugins.module_utils.host_lock import LockTimeout, exclusive
 
@@ -98,9 +110,12 @@ def main():
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", required=True),
-            baselines=dict(type="dict", required=True),
+            baselines=dict(type="dict"),
+            gate_results=dict(type="list", elements="dict"),
             host=dict(type="str", required=True),
         ),
+        mutually_exclusive=[("baselines", "gate_results")],
+        required_one_of=[("baselines", "gate_results")],
         supports_check_mode=True,
     )
     path = module.params["path"]
@@ -111,7 +126,15 @@ def main():
             if not module.check_mode:
                 os.makedirs(directory, 0o755, exist_ok=True)
                 held.enter_context(exclusive(path + ".lock", timeout=LOCK_TIMEOUT_S))
-            merged, added = fleet_add(read_json(path), module.params["baselines"], module.params["host"])
+            merged, added = read_json(path), []
+            documents = (
+                [module.params["baselines"]]
+                if module.params["baselines"] is not None
+                else gates_new_baselines(module.params["gate_results"])
+            )
+            for document in documents:
+                merged, added_here = fleet_add(merged, document, module.params["host"])
+                added += added_here
             if added and not module.check_mode:
                 write_json(path, merged, module.atomic_move)
     except LockTimeout as error:

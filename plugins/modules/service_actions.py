@@ -136,7 +136,10 @@ quick_check:
   type: list
   elements: dict
 compare_shadow:
-  description: The production services that wait for their shadow, each with the C(shadow)'s name.
+  description:
+    - The production services that wait for their shadow, each with the C(shadow)'s name; after the gates
+      (O(gate_results)) also with C(shadow_gate), the shadow's gate result of this run ({} when it was not
+      gated), and C(shadow_max_slowdown), the shadow's own (null when it sets none).
   returned: always
   type: list
   elements: dict

@@ -51,6 +51,18 @@ options:
       C(/var/lib/sglang/<service>/autotune.json)).
     type: path
     required: true
+  base_release_id:
+    description: The stack's base release, which a setting that does not load the overlay (DFLASH) runs on.
+    type: str
+  releases_root:
+    description: Where the releases are (e.g. C(/opt/sglang/releases)); given, each of RV(trials) has the C(release_dir)
+      it runs from (null otherwise).
+    type: path
+  history_file:
+    description:
+      - After a tuning, RV(history) is appended to it as one JSON line (e.g.
+        C(/var/lib/sglang/<service>/history.jsonl)); created with mode C(0640) when missing. Not given, none is written.
+    type: path
   measurements:
     description:
       - One per setting and concurrency, taken with the candidate release under the declared load. C(tokens_per_second)
@@ -94,8 +106,8 @@ options:
     default: false
   start_timeout:
     description:
-      - Seconds a trial's server may take to answer C(/health) (the measuring step's own limit). With
-        C(autotune.own_gpus) it sizes RV(window_restore_after).
+      - Seconds a trial's server may take to answer C(/health) (the measuring step's own limit), unless the service's
+        C(health.start_timeout) says otherwise. With C(autotune.own_gpus) it sizes RV(window_restore_after).
     type: float
     default: 900
   window_measure_allowance:
@@ -170,7 +182,9 @@ trials:
   description:
     - When tuning is needed and the service declares C(autotune.gpus) and C(autotune.port), or C(autotune.own_gpus) -
       what to run and measure,
-      DFLASH first - each with C(label) (C(DDTREE budget 8 top_k 4)), C(setting), C(concurrency) and C(instance), the
+      DFLASH first - each with C(label) (C(DDTREE budget 8 top_k 4)), C(setting), C(concurrency), C(start_timeout)
+      (the service's C(health.start_timeout), else O(start_timeout)), C(release_dir) (under O(releases_root), the
+      candidate for DDTREE, O(base_release_id) for a setting without the overlay) and C(instance), the
       temporary instance's unit entry (name C(<service>-autotune), unit, flags, C(exec_args), environment,
       C(loads_overlay), gpus, port) for the role's unit and environment templates.
   returned: always
@@ -253,6 +267,7 @@ problems:
 """
 
 import json
+import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -273,14 +288,26 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
     tuning_record,
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import PROMPT_SET, ROUNDS
-from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import trials, window_restore_after
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import (
+    trial_release_id,
+    trial_start_timeout,
+    trials,
+    window_restore_after,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import default as gate_default
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json, write_json
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import (
+    append_json_line,
+    read_json,
+    write_json,
+)
 
 ARGUMENT_SPEC = dict(
     service=dict(type="dict", required=True),
     release_id=dict(type="str", required=True),
     state_file=dict(type="path", required=True),
+    history_file=dict(type="path"),
+    base_release_id=dict(type="str"),
+    releases_root=dict(type="path"),
     measurements=dict(
         type="list",
         elements="dict",
@@ -418,12 +445,27 @@ def main():
     own = service["speculative"]["autotune"]
     result["own_window"] = in_own_window(service)
     result["window_restore_after"] = None
+    start_timeout = trial_start_timeout(service, params["start_timeout"])
     if result["needs_tuning"] and (result["own_window"] or own.get("gpus") is not None and own.get("port") is not None):
-        result["trials"] = trials(service)
+        try:
+            result["trials"] = [
+                dict(
+                    trial,
+                    start_timeout=start_timeout,
+                    release_dir=params["releases_root"]
+                    and os.path.join(
+                        params["releases_root"],
+                        trial_release_id(trial, params["release_id"], params["base_release_id"]),
+                    ),
+                )
+                for trial in trials(service)
+            ]
+        except ValueError as exc:
+            module.fail_json(msg="%s: %s" % (name, exc))
         if result["own_window"]:
             try:
                 result["window_restore_after"] = window_restore_after(
-                    len(result["trials"]), params["start_timeout"], params["window_measure_allowance"]
+                    len(result["trials"]), start_timeout, params["window_measure_allowance"]
                 )
             except ValueError as exc:
                 module.fail_json(msg="%s: %s" % (name, exc))
@@ -480,6 +522,13 @@ def main():
             write_json(path, after, module.atomic_move)
         except OSError as exc:
             module.fail_json(**dict(result, msg="%s: cannot write the tuning state %s: %s" % (name, path, exc)))
+        if params["history_file"]:
+            try:
+                append_json_line(params["history_file"], result["history"])
+            except OSError as exc:
+                module.fail_json(
+                    **dict(result, msg="%s: cannot append to the history %s: %s" % (name, params["history_file"], exc))
+                )
     module.exit_json(**result)
 
 

@@ -93,7 +93,8 @@ services:
              reason: "stays on 0b7e3f2a9c1d until its shadow writer-shadow has run the candidate 9c1d0b7e3f2a and was
                not worse"}
 keep:
-  description: Every release a service runs after this choice (what pruning must keep).
+  description: Every release a service runs after this choice, the candidate and the base release (what pruning must
+    keep).
   returned: success
   type: list
   elements: str
@@ -175,9 +176,10 @@ def main():
         )
     for choice in choices.values():
         choice["release_dir"] = os.path.join(params["releases_root"], choice["release_id"])
-    module.exit_json(
-        changed=False, services=choices, keep=sorted({choice["release_id"] for choice in choices.values()})
-    )
+    # The candidate and the base release too: a tuned service running DDTREE names the base release in no link,
+    # but its DFLASH is measured on it (and falls back to it); rebuilding either every run would be a change.
+    keep = {choice["release_id"] for choice in choices.values()} | {params["candidate_id"], params["base_id"]}
+    module.exit_json(changed=False, services=choices, keep=sorted(keep - {None}))
 
 
 if __name__ == "__main__":

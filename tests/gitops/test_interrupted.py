@@ -158,7 +158,7 @@ class Answering:
 # kill point -> (the task whose start kills the run, seconds into it)
 KILL_POINTS = {
     "build": ("Build the release (or verify the one already there)", 2),
-    "switched": ("Note the time before restarting", 0),
+    "switched": ("Note the time before (re)starting", 0),
     "restarted": ("Gate each service on its release", 0),
     "rollback": ("Point current back at the previous release", 0),
 }

@@ -11,6 +11,7 @@ import yaml
 from conftest import run_module
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import quick_params, with_gate
+from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy import bake_checks
 from ansible_collections.ddtree.sglang.plugins.modules import service_plan, sglang_health
 
 TASKS = Path(__file__).resolve().parents[3] / "roles" / "sglang_service" / "tasks"
@@ -120,8 +121,7 @@ def role_variables(capsys, services=(SLOW,)):
         sglang_services=list(services),
         sglang_service_plan={"services": entries},
         sglang_service_actions={
-            "restart": [dict(entry, release_id="new")],
-            "start": entries,
+            "start": [dict(entry, release_id="new", state="restarted")],
             "gate": [dict(entry, release_id="new")],
         },
         sglang_service_restart_since={"stdout": "2026-11-30 10:00:00"},
@@ -175,7 +175,8 @@ def test_deploy_rollback_and_promotion_gates_use_the_services_own_settings(capsy
 def test_a_bakes_recheck_is_the_same_gate_call_with_the_quick_stages_only(capsys):
     variables = role_variables(capsys)
     entry = variables["sglang_service_plan"]["services"][0]
-    check = {"host": "ct200", "service": entry, "since": "2026-11-30 09:00:00", "release_id": "new"}
+    host_state = {"ct200": {"services": [entry], "since": "2026-11-30 09:00:00", "release_id": "new"}}
+    [check] = bake_checks(["ct200"], host_state)  # what the rollout_bake_checks filter loops over
     variables = dict(variables, sglang_service_bake_check=check, hostvars={"ct200": {"sglang_services": [SLOW]}})
     [arguments] = gate_calls(
         "bake.yml", "Bake - re-check every service of the hosts updated so far, on its host", variables
@@ -219,6 +220,6 @@ def test_a_shadow_is_gated_without_a_baseline_and_its_production_service_measure
     [deploy] = gate_calls(
         "switch.yml",
         "Restart what changed, keep every service running, and gate what was (re)started",
-        dict(variables, sglang_service_actions={"restart": [], "start": [], "gate": [dict(coder, release_id="new")]}),
+        dict(variables, sglang_service_actions={"start": [], "gate": [dict(coder, release_id="new")]}),
     )
     assert module_params(deploy)["accept_length_from"] == "server_info"

@@ -129,20 +129,23 @@ def test_bake_checks_one_per_service_and_no_secrets():
         "b": {"services": []},
     }
     checks = bake_checks(["a", "b", "c"], state)
+    service = {
+        "name": "coder",
+        "unit": "sglang-coder.service",
+        "host": "0.0.0.0",
+        "port": 30000,
+        "served_model_name": "m",
+        "gpus": [0],
+        "flags": ["--x"],
+    }
     assert checks == [
         {
             "host": "a",
             "since": "2026-11-30 10:00:00",
             "release_id": "r1",
-            "service": {
-                "name": "coder",
-                "unit": "sglang-coder.service",
-                "host": "0.0.0.0",
-                "port": 30000,
-                "served_model_name": "m",
-                "gpus": [0],
-                "flags": ["--x"],
-            },
+            "service": service,
+            # The gate's entry: the plan entry with the journal's start, the release and the host re-checked.
+            "gate": dict(service, since="2026-11-30 10:00:00", release_id="r1", bake_host="a"),
         }
     ]
     assert "secret" not in repr(checks)

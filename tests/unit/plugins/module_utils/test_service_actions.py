@@ -50,6 +50,8 @@ def test_a_service_whose_unit_environment_or_key_changed_restarts_and_is_gated(c
     assert names(actions["restart"]) == names(actions["gate"]) == ["coder"]
     assert names(actions["quick_check"]) == ["chat"]
     assert actions["services"]["coder"]["reasons"] == [reason]
+    # The role's one systemd task restarts what changed and only starts the others.
+    assert [(item["name"], item["state"]) for item in actions["start"]] == [("coder", "restarted"), ("chat", "started")]
     # Each gated entry names the release it gates.
     assert actions["gate"][0]["release_id"] == "new"
 
@@ -155,11 +157,24 @@ def test_a_production_service_waits_for_its_shadow():
     ]
 
 
+def test_after_the_gates_each_comparison_has_its_shadows_gate_and_slowdown():
+    shadow = dict(SHADOW, shadow_max_slowdown=0.05)
+    gate = {"item": shadow, "passed": True, "msg": "healthy"}
+    actions = service_actions([CODER, shadow], SHADOW_RELEASES, [], {}, {}, gate_results=[gate])
+    [comparison] = actions["compare_shadow"]
+    assert (comparison["shadow_gate"], comparison["shadow_max_slowdown"]) == (gate, 0.05)
+    # A shadow that was not gated in this run has no gate to compare with: production is not measured.
+    actions = service_actions([CODER, SHADOW], SHADOW_RELEASES, [], {}, {}, gate_results=[])
+    assert actions["compare_shadow"][0]["shadow_gate"] == {}
+    assert actions["compare_shadow"][0]["shadow_max_slowdown"] is None
+
+
 def test_a_shadow_that_passed_and_was_not_worse_promotes_its_production_service_to_the_candidate():
     actions = shadow_actions(
         {"promote": True, "shadow": {"release_id": "new", "passed": True}, "shadow_service": "coder-shadow"}
     )
     assert [(item["name"], item["release_id"]) for item in actions["promote"]] == [("coder", "new")]
+    assert actions["promote"][0]["state"] == "restarted"  # it runs the candidate only once restarted
     assert actions["rollback"] == []
 
 

@@ -79,3 +79,18 @@ def test_the_lookups_reading_takes_a_missing_file_as_empty_and_names_one_it_cann
         ValueError, match="cannot read the fleet's baselines %s: .*move it away" % (tmp_path / "fleet.json")
     ):
         read_fleet(str(tmp_path / "fleet.json"))
+
+
+def test_from_a_gate_loop_only_the_gates_that_ran_and_passed_add(tmp_path, capsys):
+    path = tmp_path / "fleet.json"
+    gates = [
+        {"unreachable": True, "msg": "no answer"},  # a host that could not be reached: no `passed`
+        {"passed": False, "baseline": {"new_baselines": new_baselines("lossy")}},
+        {"passed": True, "baseline": {}},
+        {"passed": True, "baseline": {"new_baselines": new_baselines("2, 3, 5")}},
+    ]
+    code, result = run_module(fleet_baselines, {"path": str(path), "gate_results": gates, "host": "ct200"}, capsys)
+    assert code == 0 and result["changed"] and len(result["added"]) == 1
+    assert read_fleet(str(path))["baselines"][KEY]["64"][PROMPT]["text"] == "2, 3, 5"
+    code, result = run_module(fleet_baselines, {"path": str(path), "gate_results": gates[:3], "host": "ct200"}, capsys)
+    assert code == 0 and result["changed"] is False and result["added"] == []

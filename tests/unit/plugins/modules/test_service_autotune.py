@@ -232,3 +232,67 @@ def test_a_window_restore_that_would_fire_at_once_fails_before_anything_stops(tm
     own = dict(CODER, speculative={"algorithm": "DDTREE", "autotune": {"own_gpus": True}})
     code, result = run_module(service_autotune, args(tmp_path, service=own, window_measure_allowance=0), capsys)
     assert code == 1 and "coder: a window tuning needs at least one trial and positive timeouts" in result["msg"]
+
+
+def test_a_tuning_appends_its_history_line_and_a_rerun_appends_none(tmp_path, capsys):
+    history = tmp_path / "coder" / "history.jsonl"
+    history.parent.mkdir()
+    history.write_text('{"event": "rollback"}\n')
+    code, result = run_module(
+        service_autotune, args(tmp_path, measurements=measure(), history_file=str(history)), capsys
+    )
+    assert code == 0 and result["tuned"] is True
+    lines = history.read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1]) == result["history"]
+    assert json.loads(lines[1])["event"] == "autotune"
+    code, result = run_module(
+        service_autotune, args(tmp_path, measurements=measure(), history_file=str(history)), capsys
+    )
+    assert code == 0 and result["tuned"] is False and len(history.read_text().splitlines()) == 2
+
+
+def test_a_new_history_file_is_the_owners_and_groups_alone(tmp_path, capsys):
+    history = tmp_path / "coder" / "history.jsonl"
+    code, result = run_module(
+        service_autotune, args(tmp_path, measurements=measure(), history_file=str(history)), capsys
+    )
+    assert code == 0 and history.stat().st_mode & 0o777 == 0o640 & ~_umask()
+
+
+def _umask():
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_check_mode_appends_no_history(tmp_path, capsys):
+    history = tmp_path / "coder" / "history.jsonl"
+    run_module(
+        service_autotune,
+        args(tmp_path, measurements=measure(), history_file=str(history), _ansible_check_mode=True),
+        capsys,
+    )
+    assert not history.exists()
+
+
+def test_each_trial_starts_within_the_services_own_start_timeout(tmp_path, capsys):
+    slow = dict(CODER, health={"start_timeout": 1800})
+    code, result = run_module(service_autotune, args(tmp_path, service=slow, start_timeout=900), capsys)
+    assert code == 0 and [trial["start_timeout"] for trial in result["trials"]] == [1800.0] * 3
+    code, result = run_module(service_autotune, args(tmp_path, start_timeout=900), capsys)
+    assert [trial["start_timeout"] for trial in result["trials"]] == [900.0] * 3
+
+
+def test_each_trial_runs_from_the_release_its_setting_runs_on(tmp_path, capsys):
+    """DDTREE loads the overlay: the candidate; DFLASH runs as the service would, on the base release."""
+    code, result = run_module(service_autotune, args(tmp_path, releases_root="/r", base_release_id="base1"), capsys)
+    assert code == 0
+    assert [(trial["label"], trial["release_dir"]) for trial in result["trials"]] == [
+        ("DFLASH", "/r/base1"),
+        ("DDTREE budget 4 top_k 4", "/r/r1"),
+        ("DDTREE budget 8 top_k 4", "/r/r1"),
+    ]
+    code, result = run_module(service_autotune, args(tmp_path, releases_root="/r"), capsys)
+    assert code == 1 and "coder: DFLASH runs on the base release, and no base_release_id was given" in result["msg"]

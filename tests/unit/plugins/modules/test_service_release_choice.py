@@ -36,7 +36,8 @@ def test_choice_reads_the_hosts_manifests_and_fails_on_a_missing_pin(tmp_path, c
     assert code == 0 and result["changed"] is False
     assert result["services"]["coder"]["release_id"] == "aaaaaaaaaaaa"
     assert result["services"]["chat"]["release_dir"] == os.path.join(root, "cccccccccccc")
-    assert result["keep"] == ["aaaaaaaaaaaa", "cccccccccccc"]
+    # What pruning keeps: the releases chosen, the candidate and the base release.
+    assert result["keep"] == ["aaaaaaaaaaaa", "bbbbbbbbbbbb", "cccccccccccc"]
     code, result = run_module(
         service_release_choice, dict(args, services=[dict(services[0], release="partial00000")]), capsys
     )

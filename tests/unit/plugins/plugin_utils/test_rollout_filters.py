@@ -45,9 +45,13 @@ def test_bake_checks_read_the_roles_facts(rollout):
         },
         "b": {},
     }
-    assert rollout.rollout_bake_checks(["a", "b"], hostvars) == [
-        {"host": "a", "since": "2026-11-30 10:00:00", "release_id": "r1", "service": {"name": "coder", "port": 30000}}
-    ]
+    [check] = rollout.rollout_bake_checks(["a", "b"], hostvars)
+    assert {key: check[key] for key in ("host", "since", "release_id", "service")} == {
+        "host": "a",
+        "since": "2026-11-30 10:00:00",
+        "release_id": "r1",
+        "service": {"name": "coder", "port": 30000},
+    }
 
 
 def test_bake_verdicts_wants_the_loop_results(rollout):
