@@ -111,6 +111,7 @@ import json
 import os
 
 from ansible.module_utils.basic import AnsibleModule
+
 from ansible_collections.ddtree.sglang.plugins.module_utils.monitoring import (
     gate_records,
     status_by_host,

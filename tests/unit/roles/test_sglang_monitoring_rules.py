@@ -25,7 +25,9 @@ HOSTS = {
     "ct129": [{"name": "chat", "port": 30001}],
 }
 STATUS = {
-    "ct200": {"coder": {"release_id": "r1", "verdict": {"verdict": "passed", "measurements": {"tokens_per_second": 40}}}},
+    "ct200": {
+        "coder": {"release_id": "r1", "verdict": {"verdict": "passed", "measurements": {"tokens_per_second": 40}}}
+    },
     "ct129": {"chat": {"release_id": "r2", "verdict": {"verdict": "failed", "failure_kind": "degenerate"}}},
 }
 
@@ -44,7 +46,12 @@ def run(*argv, cwd=REPO_ROOT):
 
 
 def alerts():
-    return [rule["alert"] for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"] if "alert" in rule]
+    return [
+        rule["alert"]
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    ]
 
 
 def test_promtool_checks_the_shipped_rules(promtool):
@@ -66,7 +73,9 @@ def test_promtool_tests_every_alert(promtool, tmp_path):
     proc = run(promtool, "test", "rules", "sglang.rules.test.yml", cwd=tmp_path)
     assert proc.returncode == 0 and "SUCCESS" in proc.stdout, proc.stdout + proc.stderr
     tested = {
-        check["alertname"] for case in yaml.safe_load(TESTS.read_text())["tests"] for check in case.get("alert_rule_test", [])
+        check["alertname"]
+        for case in yaml.safe_load(TESTS.read_text())["tests"]
+        for check in case.get("alert_rule_test", [])
     }
     assert tested == set(alerts()), "alerts without a promtool test case: %s" % sorted(set(alerts()) - tested)
     # Each alert is expected to fire in its case (not only to stay silent).
@@ -91,4 +100,4 @@ def test_promtool_test_fails_when_an_alert_breaks(promtool, tmp_path):
 def test_the_dashboard_reads_only_series_the_rules_or_sglang_make():
     dashboard = json.loads(DASHBOARD.read_text())
     queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
-    assert queries and all("job=\"sglang\"" in query or "ddtree:" in query for query in queries), queries
+    assert queries and all('job="sglang"' in query or "ddtree:" in query for query in queries), queries

@@ -17,14 +17,22 @@ STATUS = {
 
 def test_targets_carry_host_service_algorithm_and_release_and_skip_opted_out_services():
     assert monitoring.target_groups(HOSTS, STATUS) == [
-        {"targets": ["ct129:30001"], "labels": {"host": "ct129", "service": "chat", "algorithm": "NONE", "release_id": "r2"}},
-        {"targets": ["ct200:30000"], "labels": {"host": "ct200", "service": "coder", "algorithm": "DDTREE", "release_id": "r1"}},
+        {
+            "targets": ["ct129:30001"],
+            "labels": {"host": "ct129", "service": "chat", "algorithm": "NONE", "release_id": "r2"},
+        },
+        {
+            "targets": ["ct200:30000"],
+            "labels": {"host": "ct200", "service": "coder", "algorithm": "DDTREE", "release_id": "r1"},
+        },
     ]
 
 
 def test_targets_at_one_address_and_without_a_release_before_the_first_deploy():
     groups = monitoring.target_groups({"ct200": [CODER]}, {}, "127.0.0.1")
-    assert groups == [{"targets": ["127.0.0.1:30000"], "labels": {"host": "ct200", "service": "coder", "algorithm": "DDTREE"}}]
+    assert groups == [
+        {"targets": ["127.0.0.1:30000"], "labels": {"host": "ct200", "service": "coder", "algorithm": "DDTREE"}}
+    ]
 
 
 def rules_by_name(document):
@@ -42,13 +50,17 @@ def test_gate_records_floor_degenerate_and_acceptance():
     assert records[monitoring.THROUGHPUT_FLOOR] == [(coder, "vector(30)")]
     # Only the speculative service has an acceptance floor (the opted-out one has nothing at all).
     assert records[monitoring.ACCEPT_LENGTH_FLOOR] == [({"host": "ct200", "service": "coder"}, "vector(1.3)")]
-    assert sorted(records[monitoring.GATE_DEGENERATE], key=str) == sorted([(chat, "vector(1)"), (coder, "vector(0)")], key=str)
+    assert sorted(records[monitoring.GATE_DEGENERATE], key=str) == sorted(
+        [(chat, "vector(1)"), (coder, "vector(0)")], key=str
+    )
 
 
 def test_a_failed_gate_for_another_reason_is_not_degenerate_and_has_no_floor():
     status = {"ct129": {"chat": {"release_id": "r2", "verdict": {"verdict": "failed", "failure_kind": "baseline"}}}}
     records = rules_by_name(monitoring.gate_records({"ct129": [CHAT]}, status, 0.5, 1.3))
-    assert records == {monitoring.GATE_DEGENERATE: [({"host": "ct129", "service": "chat", "release_id": "r2"}, "vector(0)")]}
+    assert records == {
+        monitoring.GATE_DEGENERATE: [({"host": "ct129", "service": "chat", "release_id": "r2"}, "vector(0)")]
+    }
 
 
 @pytest.mark.parametrize(
