@@ -12,7 +12,7 @@ module: monitoring_targets
 short_description: Write Prometheus's targets for the fleet's SGLang services, and the gate's records as rules
 version_added: 0.1.0
 description:
-  - Writes O(targets_file), a Prometheus file-based service discovery document (C(file_sd_configs)): one
+  - Writes O(targets_file), a Prometheus file-based service discovery document (C(file_sd_configs)) with one
     target per service that exports its metrics (the service field C(metrics), true by default), at
     C(ADDRESS:PORT), labelled C(host), C(service), C(algorithm) and C(release_id) (the release its
     C(current) link names).
