@@ -101,3 +101,13 @@ def test_the_dashboard_reads_only_series_the_rules_or_sglang_make():
     dashboard = json.loads(DASHBOARD.read_text())
     queries = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
     assert queries and all('job="sglang"' in query or "ddtree:" in query for query in queries), queries
+
+
+def test_promtool_parses_every_dashboard_query(promtool, tmp_path):
+    """Each panel's query as a recording rule: promtool check rules parses its PromQL (the lab test runs them)."""
+    queries = [target["expr"] for panel in json.loads(DASHBOARD.read_text())["panels"] for target in panel["targets"]]
+    rules = [{"record": "dashboard:query_%d" % index, "expr": query} for index, query in enumerate(queries)]
+    path = tmp_path / "dashboard.rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    proc = run(promtool, "check", "rules", str(path))
+    assert proc.returncode == 0 and "SUCCESS: %d rules found" % len(queries) in proc.stdout, proc.stdout + proc.stderr
