@@ -99,10 +99,10 @@ def gate_records(hosts: dict, status: dict, throughput_margin: float, accept_len
 
 def status_by_host(results: list) -> dict:
     """{host: services} from a looped, delegated ddtree.sglang.service_gate_status's results (each with its
-    `item`, the host it ran for); a skipped or failed entry gives that host no status."""
+    `item`, the host it ran for); a skipped, failed or unreachable entry gives that host no status."""
     status = {}
     for result in results or []:
-        if result.get("skipped") or result.get("failed"):
+        if result.get("skipped") or result.get("failed") or result.get("unreachable"):
             continue
         status[str(result.get("item"))] = result.get("services") or {}
     return status

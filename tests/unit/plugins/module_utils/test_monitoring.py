@@ -76,6 +76,7 @@ def test_status_by_host_keeps_what_ran():
     results = [
         {"item": "ct200", "services": {"coder": {"release_id": "r1"}}},
         {"item": "ct129", "skipped": True},
-        {"item": "ct201", "failed": True, "msg": "unreachable"},
+        {"item": "ct201", "failed": True, "msg": "cannot read the gate verdicts"},
+        {"item": "ct202", "unreachable": True, "msg": "ssh: connect to host ct202 port 22: No route to host"},
     ]
     assert monitoring.status_by_host(results) == {"ct200": {"coder": {"release_id": "r1"}}}
