@@ -64,6 +64,9 @@ SERVICE_FIELDS = {
     "release": option("str", "candidate, or a release id or source revision to pin", default="candidate"),
     "shadow_of": option("str", "The production service on this host this one is the shadow of"),
     "shadow_max_slowdown": option("float", "A shadow's largest allowed share of lost tokens/s against production"),
+    "metrics": option(
+        "bool", "Export SGLang's Prometheus metrics (C(--enable-metrics)); the monitoring scrapes them", default=True
+    ),
     "extra_args": option("list", "More launch_server flags", elements="str", default=[]),
     "environment": option("dict", "More environment variables", default={}),
     "health": option(
@@ -384,6 +387,9 @@ def service_flags(service):
         "--tp-size",
         str(service.get("tp_size", 1)),
     ]
+    if service.get("metrics", True) and "--enable-metrics" not in (service.get("extra_args") or []):
+        # /metrics for the monitoring (docs/monitoring.md); opted out per service with metrics: false.
+        flags.append("--enable-metrics")
     algorithm = spec.get("algorithm", "NONE")
     if algorithm != "NONE":
         flags += ["--speculative-algorithm", algorithm]

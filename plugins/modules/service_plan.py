@@ -77,6 +77,10 @@ options:
           - Only services whose algorithm loads the overlay (C(DDTREE)) may pin; the others run the base release.
         type: str
         default: candidate
+      metrics:
+        description: Export SGLang's Prometheus metrics (C(--enable-metrics)); the monitoring scrapes them
+        type: bool
+        default: true
       extra_args: {description: More launch_server flags, type: list, elements: str, default: []}
       environment: {description: More environment variables, type: dict, default: {}}
       health:

@@ -50,6 +50,7 @@ def test_each_setting_runs_in_turn_dflash_first_as_the_service_would_on_the_spar
         "30100",
         "--tp-size",
         "2",
+        "--enable-metrics",
         "--speculative-algorithm",
         "DFLASH",
         "--speculative-draft-model-path",
@@ -58,7 +59,7 @@ def test_each_setting_runs_in_turn_dflash_first_as_the_service_would_on_the_spar
         "0.8",
     ]
     assert (dflash["algorithm"], dflash["loads_overlay"]) == ("DFLASH", False)
-    assert budget8["flags"][10:] == [
+    assert budget8["flags"][11:] == [
         "--speculative-algorithm",
         "DDTREE",
         "--speculative-draft-model-path",

@@ -85,6 +85,7 @@ def test_ddtree_flags():
         "30000",
         "--tp-size",
         "2",
+        "--enable-metrics",
         "--speculative-algorithm",
         "DDTREE",
         "--speculative-draft-model-path",
@@ -105,7 +106,12 @@ def test_nextn_flags_and_extra_args_never_the_api_key():
     assert "--speculative-draft-model-path" not in flags
     # The flags are the server's argv: the key reaches it on standard input instead.
     assert "--api-key" not in flags and not any("s3cret" in flag or "API_KEY" in flag for flag in flags)
-    assert flags[-1] == "--enable-metrics"
+    assert flags[-1] == "--enable-metrics" and flags.count("--enable-metrics") == 1  # declared once, not twice
+
+
+def test_metrics_are_exported_by_default_and_a_service_opts_out():
+    assert "--enable-metrics" in services.service_flags(CHAT)
+    assert "--enable-metrics" not in services.service_flags(with_changes(CHAT, metrics=False))
 
 
 def test_unit_entry_is_what_the_unit_templates_read_and_never_the_key():
