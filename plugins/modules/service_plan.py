@@ -92,6 +92,16 @@ options:
           min_accept_length: {description: Floor for the acceptance length, type: float}
           max_regression: {description: Largest allowed drop from the previous release's numbers, type: float}
           baseline_tolerance: {description: Share of a baseline's length allowed to differ at its end, type: float}
+      nodes:
+        description:
+          - The hosts one server spans (SGLang's C(--nnodes), C(--node-rank), C(--dist-init-addr)), declared the
+            same on each of them. Unset, the service runs on this host alone.
+        type: dict
+        suboptions:
+          hosts: {description: The service's hosts in rank order; the first is the head (rank 0), type: list, elements: str}
+          dist_init_addr: {description: The head's address the other nodes reach, type: str}
+          dist_init_port: {description: The rendezvous port on the head, type: int, default: 20000}
+          interface: {description: The network interface between the nodes (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME), type: str}
   gpu_indices:
     description: The host's GPU indices (from M(ddtree.sglang.gpu_facts)).
     type: list
@@ -120,9 +130,17 @@ options:
     choices: [fail, defer]
     default: fail
   host:
-    description: The host's name, for messages.
+    description: The host's name, for messages, and its rank in a service across hosts (O(services[].nodes)).
     type: str
     default: host
+  interfaces:
+    description: The host's network interfaces; a service across hosts must name one of them. Unset, not checked.
+    type: list
+    elements: str
+  addresses:
+    description: The host's addresses; the head of a service across hosts must own its dist_init_addr. Unset, not checked.
+    type: list
+    elements: str
 extends_documentation_fragment:
   - ddtree.sglang.attributes.read_only
 """
@@ -204,11 +222,15 @@ def main():
             tuned=dict(type="dict", default={}),
             untuned=dict(type="str", default="fail", choices=["fail", "defer"]),
             host=dict(type="str", default="host"),
+            interfaces=dict(type="list", elements="str"),
+            addresses=dict(type="list", elements="str"),
         ),
         supports_check_mode=True,
     )
     services, host = module.params["services"], module.params["host"]
-    problems = service_problems(services, module.params["gpu_indices"], host)
+    problems = service_problems(
+        services, module.params["gpu_indices"], host, module.params["interfaces"], module.params["addresses"]
+    )
     if problems:
         module.fail_json(
             msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)),
@@ -233,7 +255,7 @@ def main():
     for service, tuning in services:
         plan.append(
             dict(
-                unit_entry(service),
+                unit_entry(service, host),
                 release=service.get("release") or CANDIDATE,
                 shadow_of=service.get("shadow_of"),
                 shadow_max_slowdown=service.get("shadow_max_slowdown"),
