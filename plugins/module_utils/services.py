@@ -20,12 +20,6 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import 
     option,
     settings_spec,
 )
-from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
-    CANDIDATE,
-    OVERLAY_ALGORITHMS,
-    loads_overlay,
-    release_pin_problems,
-)
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import (
     NODE_FIELDS,
     node_environment,
@@ -33,6 +27,12 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import
     node_problems,
     node_rank,
     spans_nodes,
+)
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
+    CANDIDATE,
+    OVERLAY_ALGORITHMS,
+    loads_overlay,
+    release_pin_problems,
 )
 
 # SGLang 0.5.23's built-in algorithms (NEXTN is an alias of EAGLE) and the overlay's DDTREE.

@@ -98,10 +98,15 @@ options:
             same on each of them. Unset, the service runs on this host alone.
         type: dict
         suboptions:
-          hosts: {description: The service's hosts in rank order; the first is the head (rank 0), type: list, elements: str}
+          hosts:
+            description: The service's hosts in rank order; the first is the head (rank 0).
+            type: list
+            elements: str
           dist_init_addr: {description: The head's address the other nodes reach, type: str}
           dist_init_port: {description: The rendezvous port on the head, type: int, default: 20000}
-          interface: {description: The network interface between the nodes (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME), type: str}
+          interface:
+            description: The network interface between the nodes (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).
+            type: str
   gpu_indices:
     description: The host's GPU indices (from M(ddtree.sglang.gpu_facts)).
     type: list
@@ -138,7 +143,8 @@ options:
     type: list
     elements: str
   addresses:
-    description: The host's addresses; the head of a service across hosts must own its dist_init_addr. Unset, not checked.
+    description:
+      - The host's addresses; the head of a service across hosts must own its dist_init_addr. Unset, not checked.
     type: list
     elements: str
 extends_documentation_fragment:
