@@ -10,10 +10,10 @@ import threading
 import time
 
 import pytest
-
-from ._harness import Runtime, free_port
 from ddtree_lab_runtime.faults import LabConfigError, parse_faults
 from ddtree_lab_runtime.ranks import RankError, RankGroup, parse_dist_init_addr
+
+from ._harness import Runtime, free_port
 
 
 def start_join(group: RankGroup) -> dict:
