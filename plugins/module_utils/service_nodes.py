@@ -258,10 +258,24 @@ def rank_failure(rank_check: dict) -> str | None:
     return None
 
 
-def group_verdict(service_name: str, head_gate: dict | None, rank_checks: list) -> dict:
+def group_verdict(service_name: str, head_gate: dict | None, rank_checks: list, hosts: list | None = None) -> dict:
     """The verdict of a whole service across hosts: it passes when the head's gate passed and every rank ran
     throughout. A rank that died is named with its host and journal, before the head's own failure (the head
-    exits when a peer dies, so its failure is the consequence). rank_checks: each node's rank check."""
+    exits when a peer dies, so its failure is the consequence). rank_checks: each node's rank check; hosts:
+    the nodes in rank order, each of which must have answered (a node that failed earlier in the run did not)."""
+    checked = {check.get("host") for check in rank_checks or []}
+    missing = [(rank, host) for rank, host in enumerate(hosts or []) if host not in checked]
+    if missing:
+        rank, host = missing[0]
+        return {
+            "passed": False,
+            "failed_stage": "ranks",
+            "failure_kind": RANK_FAILED,
+            "failed_host": host,
+            "failed_rank": rank,
+            "msg": "%s: rank %d on %s was not checked (the node failed or was unreachable earlier in this run)"
+            % (service_name, rank, host),
+        }
     failed = []
     for check in sorted(rank_checks or [], key=lambda check: check.get("rank") or 0):
         reason = rank_failure(check)
@@ -303,3 +317,129 @@ def group_verdict(service_name: str, head_gate: dict | None, rank_checks: list) 
             "msg": "%s: the head's gate failed: %s" % (service_name, head_gate.get("msg")),
         }
     return {"passed": True, "msg": "%s: the head's gate passed and every rank ran throughout" % service_name}
+
+
+def node_start_order(restart: list, start: list, restarts_by_host: dict) -> dict:
+    """What this host (re)starts, in which task: {workers_restart, workers_start, restart, start}.
+
+    A service across hosts restarts on every node when it restarts on any (restarts_by_host: {host: [names]}
+    of the nodes in this batch): a rank restarted alone says goodbye to its group and the others end with it.
+    Worker ranks (node_rank > 0) come first, in their own tasks; the head and single-host services after them.
+    """
+    restarted_anywhere = {name for names in (restarts_by_host or {}).values() for name in names or []}
+    restart, start = list(restart or []), list(start or [])
+    moved = [entry for entry in start if entry.get("node_hosts") and entry["name"] in restarted_anywhere]
+    restart += [entry for entry in moved if entry["name"] not in {other["name"] for other in restart}]
+    start = [entry for entry in start if entry not in moved]
+    workers_restart, restart = split_start_order(restart)
+    workers_start, start = split_start_order(start)
+    return {"workers_restart": workers_restart, "workers_start": workers_start, "restart": restart, "start": start}
+
+
+def group_facts(hostvars, hosts: list) -> dict:
+    """{host: {services: {name: declaration}, stack_id, release_ids: {name: id}}} of the given hosts, from their
+    variables (hostvars, or any mapping of host to its variables); a host without them is left out."""
+    facts = {}
+    for host in hosts or []:
+        try:
+            variables = hostvars[host]
+        except KeyError:
+            continue
+        stack = variables.get("sglang_stack_active") or {}
+        releases = (variables.get("sglang_service_releases") or {}).get("services") or {}
+        facts[host] = {
+            "services": {service.get("name"): service for service in variables.get("sglang_services") or []},
+            "stack_id": stack.get("id"),
+            "release_ids": {name: (choice or {}).get("release_id") for name, choice in releases.items()},
+        }
+    return facts
+
+
+def group_problems(host: str, entries: list, facts: dict, play_hosts: list, batch: list) -> list:
+    """node_group_problems of every service across hosts in this host's plan; facts: group_facts of the play's
+    hosts. Each service is judged by its head's node alone, so a problem is reported once."""
+    problems = []
+    for entry in entries or []:
+        hosts = entry.get("node_hosts") or []
+        if not hosts or hosts[0] != host:
+            continue
+        name = entry["name"]
+        nodes = {
+            node: {
+                "service": facts[node]["services"].get(name),
+                "stack_id": facts[node]["stack_id"],
+                "release_id": facts[node]["release_ids"].get(name),
+            }
+            for node in hosts
+            if node in facts and node in (play_hosts or [])
+        }
+        problems.extend(node_group_problems(name, hosts, nodes, batch))
+    return problems
+
+
+def rank_check(host: str, rank: int, properties: dict, lines: list, fatal_matches: list) -> dict:
+    """One rank's unit since the start: {host, rank, active, state, restarts, fatal, journal}. properties:
+    systemctl show's; lines: its journal since the start; fatal_matches: the fatal signatures found in it."""
+    restarts = sum(1 for line in lines or [] if "Scheduled restart job" in line)
+    return {
+        "host": host,
+        "rank": rank,
+        "active": properties.get("ActiveState") == "active",
+        "state": "%s/%s" % (properties.get("ActiveState"), properties.get("SubState")),
+        "restarts": restarts,
+        "fatal": [match.get("line") for match in fatal_matches or []],
+        "journal": list((lines or [])[-20:]),
+    }
+
+
+def node_gate_results(gate_results: list, gate_entries: list, verdicts: list) -> list:
+    """The gate results of this host with every service across hosts judged as a whole: the head's own gate
+    result and each worker's (which ran no gate: it serves no HTTP) become the group's verdict, so a failure on
+    any node rolls back every node. verdicts: the service_node_verdict results ({name, passed, ...})."""
+    by_name = {verdict.get("name"): verdict for verdict in verdicts or []}
+    results = [result for result in gate_results or [] if not (result.get("item") or {}).get("node_hosts")]
+    for entry in gate_entries or []:
+        if not entry.get("node_hosts"):
+            continue
+        own = next((r for r in gate_results or [] if (r.get("item") or {}).get("name") == entry["name"]), {})
+        verdict = by_name.get(entry["name"]) or {"passed": False, "msg": "%s: not judged" % entry["name"]}
+        result = dict(own, **{key: value for key, value in verdict.items() if key != "name"})
+        result.update(item=entry, release_id=entry.get("release_id"))
+        results.append(result)
+    return results
+
+
+def verdict_inputs(entry: dict, hostvars) -> dict:
+    """{head_gate, rank_checks, hosts} of one service across hosts, from the nodes' variables: the head's gate
+    result (its `sglang_service_gate_run`) and each node's rank check (its `sglang_service_rank_checks`)."""
+    name, hosts = entry["name"], entry.get("node_hosts") or []
+    head_gate, checks = None, []
+    for host in hosts:
+        try:
+            variables = hostvars[host]
+        except KeyError:
+            continue
+        for result in variables.get("sglang_service_rank_checks") or []:
+            if (result.get("item") or {}).get("name") == name and "rank" in result:
+                checks.append(
+                    {
+                        key: result.get(key)
+                        for key in ("host", "rank", "active", "state", "restarts", "fatal", "journal")
+                    }
+                )
+        if host == hosts[0]:
+            for result in (variables.get("sglang_service_gate_run") or {}).get("results") or []:
+                if (result.get("item") or {}).get("name") == name and "passed" in result:
+                    head_gate = {key: result.get(key) for key in ("passed", "msg", "failed_stage", "failure_kind")}
+    return {"head_gate": head_gate, "rank_checks": checks, "hosts": hosts}
+
+
+def rollback_gates(rolled_back: list) -> list:
+    """The gate entries of a rollback of services across hosts: each plan entry with the release it went back to
+    (rolled_back: the service_link loop's results, each item a failed gate result with its plan entry)."""
+    return [dict(result["item"]["item"], release_id=result.get("release_id")) for result in rolled_back or []]
+
+
+def without_workers(entries: list) -> list:
+    """The entries that serve HTTP: every one but the worker ranks of services across hosts."""
+    return [entry for entry in entries or [] if not (entry.get("node_rank") or 0)]

@@ -222,3 +222,85 @@ def test_the_heads_own_failure_is_the_verdict_when_every_worker_ran():
 
 def test_a_missing_head_gate_fails_the_service():
     assert service_nodes.group_verdict("kimi", None, [rank("ct129", 1)])["passed"] is False
+
+
+# ---- the role's steps: start order across nodes, group facts, verdict inputs, gate results ----
+
+HEAD = {"name": "kimi", "node_rank": 0, "node_hosts": ["ct200", "ct129"], "unit": "sglang-kimi.service"}
+WORKER = dict(HEAD, node_rank=1)
+CHAT = {"name": "chat", "node_rank": 0, "node_hosts": [], "unit": "sglang-chat.service"}
+
+
+def test_a_service_restarted_on_one_node_restarts_on_every_node_workers_first():
+    # ct200 restarts kimi (its head); ct129 was only to keep its worker running: it restarts it, first.
+    order = service_nodes.node_start_order([], [WORKER, CHAT], {"ct200": ["kimi"], "ct129": []})
+    assert order == {"workers_restart": [WORKER], "workers_start": [], "restart": [], "start": [CHAT]}
+    head = service_nodes.node_start_order([HEAD, CHAT], [], {"ct200": ["kimi", "chat"], "ct129": []})
+    assert head == {"workers_restart": [], "workers_start": [], "restart": [HEAD, CHAT], "start": []}
+
+
+def test_a_service_of_one_host_is_not_restarted_for_another_hosts_restart():
+    order = service_nodes.node_start_order([], [CHAT], {"ct129": ["chat"]})
+    assert order["start"] == [CHAT] and order["restart"] == []
+
+
+def test_group_facts_and_problems_from_the_nodes_variables():
+    def variables(stack, service=KIMI):
+        return {
+            "sglang_services": [service],
+            "sglang_stack_active": {"id": stack},
+            "sglang_service_releases": {"services": {"kimi": {"release_id": "r1"}}},
+        }
+
+    hostvars = {"ct200": variables("s1"), "ct129": variables("s2")}
+    facts = service_nodes.group_facts(hostvars, ["ct200", "ct129", "gone"])
+    assert sorted(facts) == ["ct129", "ct200"] and facts["ct129"]["release_ids"] == {"kimi": "r1"}
+    found = service_nodes.group_problems("ct200", [HEAD, CHAT], facts, ["ct200", "ct129"], ["ct200", "ct129"])
+    assert len(found) == 1 and "ct129 runs stack s2, ct200 runs s1" in found[0]
+    # The worker's node says nothing: the head's node reports each problem once.
+    assert service_nodes.group_problems("ct129", [WORKER], facts, ["ct200", "ct129"], ["ct200", "ct129"]) == []
+
+
+def test_verdict_inputs_come_from_the_heads_gate_and_every_nodes_rank_check():
+    hostvars = {
+        "ct200": {
+            "sglang_service_gate_run": {"results": [{"item": HEAD, "passed": True, "msg": "ok"}]},
+            "sglang_service_rank_checks": [dict(rank("ct200", 0), item=HEAD)],
+        },
+        "ct129": {"sglang_service_rank_checks": [dict(rank("ct129", 1, active=False), item=WORKER)]},
+    }
+    inputs = service_nodes.verdict_inputs(WORKER, hostvars)
+    assert inputs["head_gate"]["passed"] is True and inputs["hosts"] == ["ct200", "ct129"]
+    assert [check["host"] for check in inputs["rank_checks"]] == ["ct200", "ct129"]
+    verdict = service_nodes.group_verdict("kimi", **inputs)
+    assert not verdict["passed"] and verdict["failed_host"] == "ct129"
+
+
+def test_a_node_without_a_rank_check_fails_the_service():
+    verdict = service_nodes.group_verdict("kimi", {"passed": True}, [rank("ct200", 0)], ["ct200", "ct129"])
+    assert not verdict["passed"] and "rank 1 on ct129 was not checked" in verdict["msg"]
+
+
+def test_gate_results_take_the_group_verdict_on_every_node():
+    chat_result = {"item": CHAT, "passed": True}
+    head_result = {"item": HEAD, "passed": True, "performance": {"tokens_per_second": 10}}
+    failed = {"name": "kimi", "passed": False, "msg": "kimi: rank 1 on ct129 failed", "failed_host": "ct129"}
+    head = service_nodes.node_gate_results([chat_result, head_result], [CHAT, dict(HEAD, release_id="r2")], [failed])
+    assert head[0] == chat_result
+    assert head[1]["passed"] is False and head[1]["failed_host"] == "ct129" and head[1]["release_id"] == "r2"
+    assert head[1]["performance"] == {"tokens_per_second": 10}
+    worker = service_nodes.node_gate_results([], [dict(WORKER, release_id="r2")], [failed])
+    expected = {key: value for key, value in failed.items() if key != "name"}
+    assert worker == [dict(expected, item=dict(WORKER, release_id="r2"), release_id="r2")]
+
+
+def test_rollback_gates_and_serving_entries():
+    rolled = [{"item": {"item": WORKER, "passed": False}, "release_id": "r1"}]
+    assert service_nodes.rollback_gates(rolled) == [dict(WORKER, release_id="r1")]
+    assert service_nodes.without_workers([HEAD, WORKER, CHAT, {"name": "x"}]) == [HEAD, CHAT, {"name": "x"}]
+
+
+def test_rank_check_counts_restarts_and_fatal_lines():
+    lines = ["Rank 1 joined", "sglang-kimi.service: Scheduled restart job, restart counter is at 1."]
+    check = service_nodes.rank_check("ct129", 1, {"ActiveState": "active", "SubState": "running"}, lines, [])
+    assert check["active"] and check["restarts"] == 1 and check["state"] == "active/running"

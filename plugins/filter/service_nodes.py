@@ -1,0 +1,77 @@
+# -*- coding: utf-8 -*-
+# Copyright: ddtree.sglang contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
+"""The sglang_service role's decisions about services across hosts (module_utils/service_nodes.py holds them)."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+
+from ansible_collections.ddtree.sglang.plugins.module_utils import service_nodes
+
+
+def _restart_names(hostvars, hosts):
+    names = {}
+    for host in hosts or []:
+        try:
+            names[host] = hostvars[host].get("sglang_service_restart_names") or []
+        except KeyError:
+            continue
+    return names
+
+
+def node_start_order(restart, start, hostvars, batch):
+    """What this host (re)starts, worker ranks first (service_nodes.node_start_order)."""
+    if not isinstance(restart, list) or not isinstance(start, list):
+        raise AnsibleFilterError("node_start_order: the restart and start lists must be lists of plan entries")
+    return service_nodes.node_start_order(restart, start, _restart_names(hostvars, batch))
+
+
+def node_group_problems(entries, host, hostvars, play_hosts, batch):
+    """The problems of this host's services across hosts against their other nodes (service_nodes.group_problems)."""
+    facts = service_nodes.group_facts(hostvars, play_hosts)
+    return service_nodes.group_problems(host, entries, facts, play_hosts, batch)
+
+
+def node_gate_results(gate_results, gate_entries, verdicts):
+    """This host's gate results with each service across hosts judged as a whole (service_nodes.node_gate_results)."""
+    return service_nodes.node_gate_results(gate_results, gate_entries, verdicts)
+
+
+def node_entries(entries, across=True):
+    """The plan entries (or results with the entry as item) of services across hosts, or (across=false) the others."""
+
+    def spans(value):
+        entry = value.get("item") if isinstance(value.get("item"), dict) else value
+        return bool(entry.get("node_hosts"))
+
+    return [value for value in entries or [] if spans(value) == bool(across)]
+
+
+def node_verdict_inputs(entry, hostvars):
+    """{head_gate, rank_checks, hosts} of one service across hosts (service_nodes.verdict_inputs)."""
+    return service_nodes.verdict_inputs(entry, hostvars)
+
+
+def node_rollback_gates(rolled_back):
+    """The gate entries of a rollback of services across hosts (service_nodes.rollback_gates)."""
+    return service_nodes.rollback_gates(rolled_back)
+
+
+def node_serving(entries):
+    """The entries that serve HTTP: all but the worker ranks of services across hosts."""
+    return service_nodes.without_workers(entries)
+
+
+class FilterModule:
+    def filters(self):
+        return {
+            "node_start_order": node_start_order,
+            "node_group_problems": node_group_problems,
+            "node_gate_results": node_gate_results,
+            "node_entries": node_entries,
+            "node_verdict_inputs": node_verdict_inputs,
+            "node_rollback_gates": node_rollback_gates,
+            "node_serving": node_serving,
+        }
