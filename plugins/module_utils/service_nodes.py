@@ -443,3 +443,14 @@ def rollback_gates(rolled_back: list) -> list:
 def without_workers(entries: list) -> list:
     """The entries that serve HTTP: every one but the worker ranks of services across hosts."""
     return [entry for entry in entries or [] if not (entry.get("node_rank") or 0)]
+
+
+def ip_addresses(ip_json: str) -> list | None:
+    """The addresses of `ip -j address` output (loopback included), or None when it cannot be read."""
+    import json
+
+    try:
+        links = json.loads(ip_json or "")
+    except ValueError:
+        return None
+    return [info["local"] for link in links or [] for info in link.get("addr_info") or [] if info.get("local")]

@@ -139,12 +139,15 @@ options:
     type: str
     default: host
   interfaces:
-    description: The host's network interfaces; a service across hosts must name one of them. Unset, not checked.
+    description:
+      - The host's network interfaces; a service across hosts must name one of them.
+      - Unset, the module reads them on the host when a service spans hosts.
     type: list
     elements: str
   addresses:
     description:
-      - The host's addresses; the head of a service across hosts must own its dist_init_addr. Unset, not checked.
+      - The host's addresses (loopback included); the head of a service across hosts must own its dist_init_addr.
+      - Unset, the module reads them on the host (C(ip -j address)) when a service spans hosts.
     type: list
     elements: str
 extends_documentation_fragment:
@@ -202,10 +205,12 @@ untuned:
 """
 
 import copy
+import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import declared, tuned_service
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import ip_addresses, spans_nodes
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import CANDIDATE
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
     gate_settings,
@@ -234,9 +239,15 @@ def main():
         supports_check_mode=True,
     )
     services, host = module.params["services"], module.params["host"]
-    problems = service_problems(
-        services, module.params["gpu_indices"], host, module.params["interfaces"], module.params["addresses"]
-    )
+    interfaces, addresses = module.params["interfaces"], module.params["addresses"]
+    if any(spans_nodes(service) for service in services):
+        if interfaces is None:
+            interfaces = [name for _index, name in socket.if_nameindex()]
+        if addresses is None:
+            ip = module.get_bin_path("ip")
+            rc, out, _err = module.run_command([ip, "-j", "address"]) if ip else (1, "", "")
+            addresses = ip_addresses(out) if rc == 0 else None
+    problems = service_problems(services, module.params["gpu_indices"], host, interfaces, addresses)
     if problems:
         module.fail_json(
             msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)),

@@ -304,3 +304,12 @@ def test_rank_check_counts_restarts_and_fatal_lines():
     lines = ["Rank 1 joined", "sglang-kimi.service: Scheduled restart job, restart counter is at 1."]
     check = service_nodes.rank_check("ct129", 1, {"ActiveState": "active", "SubState": "running"}, lines, [])
     assert check["active"] and check["restarts"] == 1 and check["state"] == "active/running"
+
+
+def test_ip_addresses_read_ip_json_loopback_included():
+    text = (
+        '[{"ifname": "lo", "addr_info": [{"family": "inet", "local": "127.0.0.1"}, {"family": "inet6", "local": "::1"}]},'
+        ' {"ifname": "eth0", "addr_info": [{"family": "inet", "local": "10.88.0.2"}]}, {"ifname": "dummy0"}]'
+    )
+    assert service_nodes.ip_addresses(text) == ["127.0.0.1", "::1", "10.88.0.2"]
+    assert service_nodes.ip_addresses("not json") is None
