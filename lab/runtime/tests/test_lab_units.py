@@ -209,6 +209,19 @@ def test_incident_and_degenerate_decoders(target):
     assert TOK.decode(out) == "#" * 30
 
 
+def test_accept_collapse_keeps_ddtree_output_and_drops_its_acceptance_only(target):
+    tree = PLANS["ddtree-15x8"]
+    healthy_out, healthy = greedy(Decoder(target, tree), PROMPTS[0])
+    collapsed_out, collapsed = greedy(Decoder(target, tree, accept_collapse=True), PROMPTS[0])
+    assert collapsed_out == healthy_out  # lossless: only the drafts change
+    healthy_len = healthy.spec_num_accept_tokens / healthy.spec_verify_ct
+    collapsed_len = collapsed.spec_num_accept_tokens / collapsed.spec_verify_ct
+    assert healthy_len > 2.0 and collapsed_len < 1.3, (healthy_len, collapsed_len)
+    chain_out, chain = greedy(Decoder(target, PLANS["dflash-15"], accept_collapse=True), PROMPTS[0])
+    _, chain_healthy = greedy(Decoder(target, PLANS["dflash-15"]), PROMPTS[0])
+    assert chain.spec_num_accept_tokens == chain_healthy.spec_num_accept_tokens  # DFLASH unaffected
+
+
 def test_gpu_holding_environment():
     argv = ["--model-path", "m", "--tp-size", "2"]
     assert held_gpus("4,5,6", argv) == ["4", "5"]
@@ -225,6 +238,7 @@ def test_fault_switches_parse():
     f = parse_faults("slow:50, crash_after:3,degenerate:#")
     assert (f.slow_ms, f.crash_after, f.degenerate, f.hang, f.crash_at_start) == (50.0, 3, "#", False, None)
     assert parse_faults("hang").hang and parse_faults("").describe() == "none"
+    assert parse_faults("accept_collapse").describe() == "accept_collapse"
     assert parse_faults("crash_at_start:CUDA out of memory").crash_at_start == "CUDA out of memory"
     for bad in ("crash_after:x", "slow:-1", "explode", "degenerate:ab"):
         with pytest.raises(LabConfigError, match="LAB_RUNTIME_FAULT"):

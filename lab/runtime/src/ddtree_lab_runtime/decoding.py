@@ -237,9 +237,13 @@ class Decoder:
         draft: Optional[LabDraftConfig] = None,
         degenerate_token: Optional[int] = None,
         per_token_delay: float = 0.0,
+        accept_collapse: bool = False,
     ):
         self.target = target
         self.plan = plan
+        # The fault accept_collapse: DDTREE's draft rows shifted by one token id, so its tree holds tokens the
+        # target does not pick; verification keeps the output, only acceptance falls.
+        self.accept_collapse = accept_collapse and plan.mode == "ddtree"
         self.degenerate_token = degenerate_token
         self.per_token_delay = per_token_delay
         self.core = _overlay_core()
@@ -313,6 +317,8 @@ class Decoder:
         greedy_walk, sampled_walk = self.core.greedy_walk, self.core.sampled_walk
         plan = self.plan
         rows = self.drafter.rows(ctx, plan.draft_len, captured=plan.hidden_capture)
+        if self.accept_collapse:
+            rows = torch.roll(rows, shifts=1, dims=-1)
         k = max(1, min(plan.top_k, plan.budget))
         temperature = None if params.greedy else params.temperature
         log_probs, token_ids = draft_topk(rows[None], k, temperature=temperature)

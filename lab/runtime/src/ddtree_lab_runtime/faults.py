@@ -12,6 +12,10 @@
                             503 after its timeout, ``/v1/models`` still 200, generation never returns
 ``slow:MS``                 MS milliseconds more per generated token
 ``degenerate[:C]``          every generated token is the character C (default ``!``)
+``accept_collapse``         DDTREE's drafter proposes tokens the target does not pick (a drafter that
+                            no longer fits the traffic): acceptance length falls toward 1, the output
+                            stays the same (verification is lossless); DFLASH and EAGLE are unaffected,
+                            so a fallback to DFLASH on the same release recovers the speed
 ``bad_flag``                SGLang's own parser is handed an unknown flag: argparse's "unrecognized
                             arguments", exit 2 (as a release that renders a flag SGLang lacks)
 ``crash_rank:R[:S]``        on a server across nodes (``--nnodes``), rank R takes the fatal path S
@@ -64,6 +68,7 @@ class Faults:
     slow_ms: float = 0.0
     degenerate: Optional[str] = None  # the repeated character, when set
     bad_flag: bool = False
+    accept_collapse: bool = False
     crash_rank: Optional[int] = None  # the rank that crashes, when set
     crash_rank_seconds: float = DEFAULT_CRASH_RANK_SECONDS
 
@@ -81,6 +86,8 @@ class Faults:
             parts.append(f"degenerate:{self.degenerate}")
         if self.bad_flag:
             parts.append("bad_flag")
+        if self.accept_collapse:
+            parts.append("accept_collapse")
         if self.crash_rank is not None:
             parts.append(f"crash_rank:{self.crash_rank}:{self.crash_rank_seconds:g}")
         return ",".join(parts) or "none"
@@ -121,6 +128,8 @@ def parse_faults(raw: Optional[str]) -> Faults:
                 values["hang"] = True
             elif name == "bad_flag":
                 values["bad_flag"] = True
+            elif name == "accept_collapse":
+                values["accept_collapse"] = True
             elif name == "crash_rank":
                 rank, _, seconds = arg.partition(":")
                 values["crash_rank"] = int(rank)
@@ -142,7 +151,8 @@ def parse_faults(raw: Optional[str]) -> Faults:
         except ValueError:
             raise LabConfigError(
                 f"{ENV_FAULT}: bad switch {item!r}; expected crash_at_start[:MSG], crash_after:N, hang, "
-                "slow:MS, degenerate[:C] (C one ASCII character), bad_flag or crash_rank:R[:S], comma-separated"
+                "slow:MS, degenerate[:C] (C one ASCII character), accept_collapse, bad_flag or crash_rank:R[:S], "
+                "comma-separated"
             ) from None
     return Faults(**values)
 

@@ -247,7 +247,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     tokenizer = ByteTokenizer()
     degenerate_token = tokenizer.encode(faults.degenerate)[0] if faults.degenerate is not None else None
     decoder = Decoder(
-        target, plan, draft_config, degenerate_token=degenerate_token, per_token_delay=faults.slow_ms / 1000.0
+        target,
+        plan,
+        draft_config,
+        degenerate_token=degenerate_token,
+        per_token_delay=faults.slow_ms / 1000.0,
+        accept_collapse=faults.accept_collapse,
     )
 
     from .endpoints import ServerState, build_app
