@@ -12,8 +12,8 @@ module: service_node_verdict
 short_description: Judge an SGLang service across hosts as a whole, and record the verdict on this node
 version_added: 0.1.0
 description:
-  - The verdict of a service across hosts (docs/services.md, "Services across hosts"), the same on every node:
-    it passes when the head's gate passed and every rank ran throughout; a rank that died or restarted fails
+  - The verdict of a service across hosts (docs/services.md, "Services across hosts"), the same on every node.
+    It passes when the head's gate passed and every rank ran throughout; a rank that died or restarted fails
     it, named with its host and journal, before the head's own failure (the head ends when a peer dies).
   - Records the verdict for the release in O(verdict_file) on this node (replacing the head's own gate verdict
     there), so an interrupted rollout finds the same verdict on every node.

@@ -12,7 +12,7 @@ module: service_rank_check
 short_description: Say whether one rank of an SGLang service across hosts ran throughout since its start
 version_added: 0.1.0
 description:
-  - One node's part of the verdict of a service across hosts (docs/services.md, "Services across hosts"): its
+  - One node's part of the verdict of a service across hosts (docs/services.md, "Services across hosts") - its
     unit's state now, the automatic restarts (systemd's C(Scheduled restart job)) and the fatal journal lines
     since O(since). M(ddtree.sglang.service_node_verdict) judges the whole service from every node's answer and
     the head's gate.
