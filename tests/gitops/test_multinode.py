@@ -31,7 +31,7 @@ NOTE_FILE = "sglang_overlay/src/sglang_overlay/__init__.py"
 FAULT_MODULE = "sglang_overlay/src/sglang_overlay/release_fault.py"
 SERVICES = "/opt/sglang/services/kimi"
 VERDICTS = "/var/lib/sglang/kimi/verdicts.json"
-ONE_BATCH = {"batches": ["100%"]}
+ONE_BATCH = "one batch"  # the rollout policy {"batches": ["100%"]}
 
 pytestmark = [
     pytest.mark.skipif(
@@ -121,7 +121,7 @@ def rollout(bed, name, playbook="playbooks/services.yml", policy=ONE_BATCH, kill
         env = killed_at_task(env, kill_at, marker)
     command = ["ansible-playbook", "-i", INVENTORY, playbook, *extra]
     if policy:
-        command += ["-e", json.dumps({"ddtree_rollout_policy": policy})]
+        command += ["-e", json.dumps({"ddtree_rollout_policy": {"batches": ["100%"]}})]
     before = nodes(bed)
     proc = run(command, env, bed["work"], check=False, timeout=3600, new_session=bool(kill_at))
     after = nodes(bed)

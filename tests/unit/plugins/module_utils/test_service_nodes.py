@@ -18,7 +18,7 @@ KIMI = {
     "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8},
     "nodes": {"hosts": ["ct200", "ct129"], "dist_init_addr": "10.88.0.2", "dist_init_port": 20000, "interface": "eth0"},
 }
-IFACES = ["lo", "eth0"]
+IFACES = ("lo", "eth0")
 HEAD_ADDRESSES = ["10.88.0.2"]
 WORKER_ADDRESSES = ["10.88.0.3"]
 
@@ -36,7 +36,7 @@ def kimi(**changes):
 def problems(service, host="ct200", others=(), interfaces=IFACES, addresses=None):
     if addresses is None:
         addresses = HEAD_ADDRESSES if host == "ct200" else WORKER_ADDRESSES
-    return services.service_problems([service, *others], [0, 1], host, interfaces, addresses)
+    return services.service_problems([service, *others], [0, 1], host, list(interfaces), addresses)
 
 
 def test_a_good_declaration_has_no_problems_on_either_node():
@@ -145,8 +145,9 @@ def test_a_single_host_service_gets_no_node_flags():
     assert entry["node_rank"] == 0
 
 
-def facts(service=KIMI, stack="s1", release="r1"):
-    return {"service": service, "stack_id": stack, "release_id": release}
+def facts(service="kimi", stack="s1", release="r1"):
+    """A node's facts; service "kimi" is KIMI's declaration."""
+    return {"service": KIMI if service == "kimi" else service, "stack_id": stack, "release_id": release}
 
 
 def test_a_consistent_group_has_no_problems():
@@ -245,9 +246,9 @@ def test_a_service_of_one_host_is_not_restarted_for_another_hosts_restart():
 
 
 def test_group_facts_and_problems_from_the_nodes_variables():
-    def variables(stack, service=KIMI):
+    def variables(stack):
         return {
-            "sglang_services": [service],
+            "sglang_services": [KIMI],
             "sglang_stack_active": {"id": stack},
             "sglang_service_releases": {"services": {"kimi": {"release_id": "r1"}}},
         }
