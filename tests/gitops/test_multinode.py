@@ -31,7 +31,8 @@ NOTE_FILE = "sglang_overlay/src/sglang_overlay/__init__.py"
 FAULT_MODULE = "sglang_overlay/src/sglang_overlay/release_fault.py"
 SERVICES = "/opt/sglang/services/kimi"
 VERDICTS = "/var/lib/sglang/kimi/verdicts.json"
-ONE_BATCH = "one batch"  # the rollout policy {"batches": ["100%"]}
+# Both nodes in one batch: a service across hosts switches on all its nodes at once.
+ONE_BATCH = json.dumps({"ddtree_rollout_policy": {"batches": ["100%"]}})
 
 pytestmark = [
     pytest.mark.skipif(
@@ -112,7 +113,7 @@ def head_health(bed):
     return on_lab_host(bed["env"], "ct200", "python3", "-c", command, check=False)
 
 
-def rollout(bed, name, playbook="playbooks/services.yml", policy=ONE_BATCH, kill_at=None, extra=()):
+def rollout(bed, name, playbook="playbooks/services.yml", one_batch=True, kill_at=None, extra=()):
     """One run; its reports and both nodes' releases before and after land in ARTIFACTS/multinode-NAME.*."""
     reports = bed["base"] / ("reports-%s" % name)
     env = dict(bed["env"], DDTREE_ROLLOUT_REPORT_DIR=str(reports), DDTREE_ROLLOUT_TRIGGER="multinode test: %s" % name)
@@ -120,8 +121,8 @@ def rollout(bed, name, playbook="playbooks/services.yml", policy=ONE_BATCH, kill
     if kill_at:
         env = killed_at_task(env, kill_at, marker)
     command = ["ansible-playbook", "-i", INVENTORY, playbook, *extra]
-    if policy:
-        command += ["-e", json.dumps({"ddtree_rollout_policy": {"batches": ["100%"]}})]
+    if one_batch:
+        command += ["-e", ONE_BATCH]
     before = nodes(bed)
     proc = run(command, env, bed["work"], check=False, timeout=3600, new_session=bool(kill_at))
     after = nodes(bed)
@@ -180,7 +181,7 @@ def test_2_bad_declarations_are_refused_naming_host_field_and_fix(bed):
     assert "set the interface of the network between the nodes" in proc.stdout
     assert after == before
     # The default policy's canary is one host: the two nodes would switch in two batches.
-    proc, before, after = rollout(bed, "two-batches", policy=None)
+    proc, before, after = rollout(bed, "two-batches", one_batch=False)
     assert proc.returncode != 0
     assert "ct129 not in the same rollout batch as the others" in proc.stdout, proc.stdout[-4000:]
     assert after == before
