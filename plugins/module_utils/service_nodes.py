@@ -42,6 +42,20 @@ NOT_TP_FLAGS = {
     "--enable-dp-attention": "DP attention",
 }
 INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+# The head's gate result's fields a verdict of the whole service keeps (sglang_health's RETURN).
+GATE_RESULT_KEYS = (
+    "passed",
+    "msg",
+    "failed_stage",
+    "failure_kind",
+    "startup",
+    "health",
+    "chat",
+    "baseline",
+    "performance",
+    "timings",
+    "journal_excerpt",
+)
 # The gate's failure kind when a rank other than the one gated failed.
 RANK_FAILED = "rank_failed"
 
@@ -430,7 +444,8 @@ def verdict_inputs(entry: dict, hostvars) -> dict:
         if host == hosts[0]:
             for result in (variables.get("sglang_service_gate_run") or {}).get("results") or []:
                 if (result.get("item") or {}).get("name") == name and "passed" in result:
-                    head_gate = {key: result.get(key) for key in ("passed", "msg", "failed_stage", "failure_kind")}
+                    # The gate's result, its measurements included (the rollout's report shows them).
+                    head_gate = {key: value for key, value in result.items() if key in GATE_RESULT_KEYS}
     return {"head_gate": head_gate, "rank_checks": checks, "hosts": hosts}
 
 

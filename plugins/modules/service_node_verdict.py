@@ -30,7 +30,9 @@ options:
     type: str
     required: true
   head_gate:
-    description: The head's gate result (M(ddtree.sglang.sglang_health)'s); unset when the head's gate did not run.
+    description:
+      - The head's gate result (M(ddtree.sglang.sglang_health)'s); unset when the head's gate did not run.
+      - Returned with the verdict over it, so the rollout's report shows the head's measurements.
     type: dict
   rank_checks:
     description: Every node's M(ddtree.sglang.service_rank_check) result.
@@ -73,6 +75,18 @@ name:
   description: The service's name.
   returned: success
   type: str
+service:
+  description: The service's name (as M(ddtree.sglang.sglang_health) returns it, for the rollout's report).
+  returned: success
+  type: str
+release_id:
+  description: The release judged.
+  returned: success
+  type: str
+startup:
+  description: The head's gate's C(startup), and likewise C(health), C(chat), C(baseline), C(performance), C(timings).
+  returned: when the head's gate ran
+  type: dict
 passed:
   description: Whether the whole service passed.
   returned: success
@@ -127,7 +141,15 @@ def main():
             write_json(params["verdict_file"], document, module.atomic_move)
         except (OSError, ValueError) as error:
             module.fail_json(msg="the verdict of %s could not be recorded: %s" % (params["name"], error), **verdict)
-    module.exit_json(changed=not module.check_mode, name=params["name"], **verdict)
+    # The head's gate result with the whole service's verdict over it: the rollout's report reads it as the gate.
+    result = dict(params["head_gate"] or {}, **verdict)
+    module.exit_json(
+        changed=not module.check_mode,
+        name=params["name"],
+        service=params["name"],
+        release_id=params["release_id"],
+        **result,
+    )
 
 
 if __name__ == "__main__":
