@@ -20,8 +20,8 @@ KIMI = {
 }
 
 
-def plan(capsys, host, service=KIMI, **params):
-    args = {"services": [copy.deepcopy(service)], "gpu_indices": [0, 1], "host": host}
+def plan(capsys, host, service=None, **params):
+    args = {"services": [copy.deepcopy(service or KIMI)], "gpu_indices": [0, 1], "host": host}
     args.update(interfaces=["lo", "eth0"], addresses=["127.0.0.1", "10.88.0.2" if host == "ct200" else "10.88.0.3"])
     args.update(params)
     return run_module(service_plan, args, capsys)
