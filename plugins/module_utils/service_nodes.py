@@ -21,6 +21,7 @@ interface NCCL and Gloo use) identically on every node. This module holds the ru
 from __future__ import annotations
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import option
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_journal import clip_line
 
 # The `nodes` field's options, declared once (services.SERVICE_FIELDS and the role's argument spec use them).
 NODE_FIELDS = {
@@ -402,7 +403,7 @@ def rank_check(host: str, rank: int, properties: dict, lines: list, fatal_matche
         "state": "%s/%s" % (properties.get("ActiveState"), properties.get("SubState")),
         "restarts": restarts,
         "fatal": [match.get("line") for match in fatal_matches or []],
-        "journal": list((lines or [])[-20:]),
+        "journal": [clip_line(line) for line in (lines or [])[-20:]],
     }
 
 

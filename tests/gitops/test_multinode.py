@@ -11,7 +11,8 @@ In order, each test starting from the state the one before left:
 3. a release whose rank 1 crashes after the join (lab fault crash_rank:1): the gate fails naming ct129's
    rank and its journal, and both nodes roll back to the release before;
 4. the controller killed mid-switch (rank 1 restarted on the new release, the head not yet): the re-run
-   converges, both nodes on the new release, passed.
+   converges, both nodes on the new release, passed;
+5. a second run changes nothing (changed=0 on both nodes).
 
 Each step writes both nodes' releases before and after, and the run's report, to ARTIFACTS (multinode-*.json).
 Run by `scripts/test multinode` (DDTREE_TEST_MULTINODE=1).
@@ -218,3 +219,13 @@ def test_4_a_controller_killed_mid_switch_converges_on_the_rerun(bed):
     assert head["verdict"] == worker["verdict"] == "passed", after
     assert head["unit"] == worker["unit"] == "active", after
     assert head_health(bed) == "200"
+
+
+def test_5_a_second_run_changes_nothing(bed):
+    if "good" not in bed:
+        pytest.skip("the healthy rollout did not pass")
+    proc, before, after = rollout(bed, "no-op")
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    recap = [line for line in proc.stdout.splitlines() if line.startswith(HOSTS) and "changed=" in line]
+    assert len(recap) == 2 and all(" changed=0 " in line for line in recap), recap
+    assert after == before

@@ -305,6 +305,9 @@ def test_rank_check_counts_restarts_and_fatal_lines():
     lines = ["Rank 1 joined", "sglang-kimi.service: Scheduled restart job, restart counter is at 1."]
     check = service_nodes.rank_check("ct129", 1, {"ActiveState": "active", "SubState": "running"}, lines, [])
     assert check["active"] and check["restarts"] == 1 and check["state"] == "active/running"
+    # A start-up line of thousands of characters (SGLang's server_args=) is clipped in the evidence.
+    long = service_nodes.rank_check("ct129", 1, {}, ["server_args=" + "x" * 20000], [])
+    assert len(long["journal"][0]) < 1000
 
 
 def test_ip_addresses_read_ip_json_loopback_included():
