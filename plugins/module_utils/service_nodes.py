@@ -196,6 +196,8 @@ def node_group_problems(service_name: str, declared_hosts: list, nodes_facts: di
                 "all %d nodes (e.g. batches: [%d, ...])"
                 % (label, " and ".join(outside), len(declared_hosts), len(declared_hosts))
             )
+        # A node of another batch has no facts of this run yet: compare the nodes of this batch.
+        present = [host for host in present if host in batch]
     if not present:
         return problems
     head = present[0]

@@ -178,6 +178,13 @@ def test_group_problems_name_the_node_and_the_fix(nodes_facts, batch, expected):
     assert any(expected in problem for problem in found), found
 
 
+def test_a_node_of_another_batch_is_named_once_and_not_compared():
+    found = service_nodes.node_group_problems(
+        "kimi", KIMI["nodes"]["hosts"], {"ct200": facts(), "ct129": facts(stack=None, release=None)}, ["ct200"]
+    )
+    assert len(found) == 1 and "ct129 not in the same rollout batch" in found[0], found
+
+
 def test_workers_start_before_the_head():
     entries = [{"name": "kimi", "node_rank": 0}, {"name": "chat"}, {"name": "kimi", "node_rank": 1}]
     workers, rest = service_nodes.split_start_order(entries)
