@@ -30,8 +30,12 @@ def node_start_order(restart, start, hostvars, batch):
 
 def node_group_problems(entries, host, hostvars, play_hosts, batch):
     """The problems of this host's services across hosts against their other nodes (service_nodes.group_problems)."""
-    facts = service_nodes.group_facts(hostvars, play_hosts)
-    return service_nodes.group_problems(host, entries, facts, play_hosts, batch)
+    heads = [entry for entry in entries or [] if (entry.get("node_hosts") or [None])[0] == host]
+    if not heads:
+        return []  # no service across hosts is headed here: no other host's variables to read
+    nodes = sorted({node for entry in heads for node in entry["node_hosts"]})
+    facts = service_nodes.group_facts(hostvars, [node for node in nodes if node in (play_hosts or [])])
+    return service_nodes.group_problems(host, heads, facts, play_hosts, batch)
 
 
 def node_gate_results(gate_results, gate_entries, verdicts):
