@@ -6,8 +6,6 @@
 
 from __future__ import annotations
 
-from ansible.errors import AnsibleFilterError
-
 from ansible_collections.ddtree.sglang.plugins.module_utils import service_nodes
 
 
@@ -24,7 +22,9 @@ def _restart_names(hostvars, hosts):
 def node_start_order(restart, start, hostvars, batch):
     """What this host (re)starts, worker ranks first (service_nodes.node_start_order)."""
     if not isinstance(restart, list) or not isinstance(start, list):
-        raise AnsibleFilterError("node_start_order: the restart and start lists must be lists of plan entries")
+        # A plain error (Ansible reports a filter's exception with the task): importing ansible.errors here would
+        # load the controller's warning handling into every test process that imports this filter.
+        raise TypeError("node_start_order: the restart and start lists must be lists of plan entries")
     return service_nodes.node_start_order(restart, start, _restart_names(hostvars, batch))
 
 
