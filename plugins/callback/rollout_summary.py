@@ -77,6 +77,8 @@ ACTIONS = {
     "ddtree.sglang.release": "release",
     "ddtree.sglang.service_link": "link",
     "ddtree.sglang.sglang_health": "gate",
+    # A service across hosts: the verdict of the whole service, after its head's gate, on every node.
+    "ddtree.sglang.service_node_verdict": "gate",
     "ddtree.sglang.service_gate_status": "verdicts",
     "ddtree.sglang.service_release_choice": "choice",
     "ddtree.sglang.service_shadow_compare": "shadow",

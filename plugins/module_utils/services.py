@@ -20,6 +20,14 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import 
     option,
     settings_spec,
 )
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import (
+    NODE_FIELDS,
+    node_environment,
+    node_flags,
+    node_problems,
+    node_rank,
+    spans_nodes,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
     CANDIDATE,
     OVERLAY_ALGORITHMS,
@@ -72,6 +80,7 @@ SERVICE_FIELDS = {
     "health": option(
         "dict", "This service's own health-gate settings (sglang_health's options of the same name)", default={}
     ),
+    "nodes": option("dict", "The hosts one server spans, in rank order (docs/services.md, Services across hosts)"),
 }
 
 
@@ -79,6 +88,7 @@ def service_spec() -> dict:
     """service_plan's argument spec of one service: the declared fields, `health` with the gate's settings."""
     spec = argument_spec(SERVICE_FIELDS)
     spec["health"]["options"] = settings_spec()
+    spec["nodes"]["options"] = argument_spec(NODE_FIELDS)
     return spec
 
 
@@ -97,8 +107,9 @@ ATTENTION_BACKEND_FLAGS = {
 }
 
 
-def service_problems(services, gpu_indices, host="host"):
-    """Every rule the services break on this host, each naming the service, the field and the value."""
+def service_problems(services, gpu_indices, host="host", interfaces=None, addresses=None):
+    """Every rule the services break on this host, each naming the service, the field and the value.
+    interfaces and addresses: the host's own, for the rules of services across hosts (None: not checked)."""
     problems = []
     seen_names, ports, gpu_owner = {}, {}, {}
     spare = spare_gpus(services, gpu_indices)
@@ -138,12 +149,13 @@ def service_problems(services, gpu_indices, host="host"):
         if len(set(gpus)) != len(gpus):
             problems.append("%s: gpus %s lists a GPU twice" % (label, gpus))
         tp_size = service.get("tp_size", 1)
-        if gpus and tp_size and len(gpus) % tp_size:
+        if gpus and tp_size and len(gpus) % tp_size and not spans_nodes(service):
             problems.append("%s: tp_size %s does not divide the %d GPU(s) %s" % (label, tp_size, len(gpus), gpus))
         problems.extend(_speculative_problems(label, service))
         problems.extend(_secret_flag_problems(label, service))
         problems.extend(attention_backend_problems(label, service))
         problems.extend(release_pin_problems(label, service))
+        problems.extend(node_problems(label, service, host, services, interfaces, addresses))
     problems.extend(shadow_problems(services, host))
     problems.extend(autotune_host_problems(services, gpu_indices, host))
     return problems
@@ -365,9 +377,10 @@ def _speculative_problems(label, service):
     return problems
 
 
-def service_flags(service):
+def service_flags(service, host=None):
     """The launch_server flags of a service, which end up in its argv: never the API key (the unit hands
-    it to the server on standard input; roles/sglang_service/files/sglang_launch.py)."""
+    it to the server on standard input; roles/sglang_service/files/sglang_launch.py). On a service across
+    hosts, host's rank in it (service_nodes.node_flags)."""
     spec = service.get("speculative") or {}
     if spec.get("autotune") is not None:
         # Its budget and top_k, even its algorithm, are the tuning's: autotune.tuned_service resolves them.
@@ -386,7 +399,7 @@ def service_flags(service):
         str(service["port"]),
         "--tp-size",
         str(service.get("tp_size", 1)),
-    ]
+    ] + node_flags(service, host)
     if service.get("metrics", True) and "--enable-metrics" not in (service.get("extra_args") or []):
         # /metrics for the monitoring (docs/monitoring.md); opted out per service with metrics: false.
         flags.append("--enable-metrics")
@@ -418,6 +431,7 @@ def service_environment(service):
     """The environment file's variables: the GPUs, then the service's own. Never the API key: it has a
     file of its own, written by the role, so the secret never passes through a module's result."""
     env = {"CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in service.get("gpus") or [])}
+    env.update(node_environment(service))
     env.update({str(key): str(value) for key, value in (service.get("environment") or {}).items()})
     return env
 
@@ -451,11 +465,12 @@ def systemd_quote(arg):
     return '"%s"' % arg.replace("\\", "\\\\").replace('"', '\\"')
 
 
-def unit_entry(service):
+def unit_entry(service, host=None):
     """The fields the unit and environment templates read for one service (the service plan's entry, and
     an autotune trial's temporary instance): its unit name, flags and their ExecStart form, environment,
-    algorithm and whether it loads the overlay, where it listens and on which GPUs."""
-    flags = service_flags(service)
+    algorithm and whether it loads the overlay, where it listens and on which GPUs; on a service across hosts,
+    host's rank (0: the head, which serves HTTP) and the group's hosts."""
+    flags = service_flags(service, host)
     algorithm = (service.get("speculative") or {}).get("algorithm", "NONE")
     return {
         "name": service["name"],
@@ -470,4 +485,6 @@ def unit_entry(service):
         "host": service.get("host") or "127.0.0.1",
         "has_api_key": bool(service.get("api_key")),
         "served_model_name": service.get("served_model_name") or service["name"],
+        "node_rank": node_rank(service, host) or 0,
+        "node_hosts": list((service.get("nodes") or {}).get("hosts") or []),
     }

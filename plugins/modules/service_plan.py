@@ -96,6 +96,21 @@ options:
           min_accept_length: {description: Floor for the acceptance length, type: float}
           max_regression: {description: Largest allowed drop from the previous release's numbers, type: float}
           baseline_tolerance: {description: Share of a baseline's length allowed to differ at its end, type: float}
+      nodes:
+        description:
+          - The hosts one server spans (SGLang's C(--nnodes), C(--node-rank), C(--dist-init-addr)), declared the
+            same on each of them. Unset, the service runs on this host alone.
+        type: dict
+        suboptions:
+          hosts:
+            description: The service's hosts in rank order; the first is the head (rank 0).
+            type: list
+            elements: str
+          dist_init_addr: {description: The head's address the other nodes reach, type: str}
+          dist_init_port: {description: The rendezvous port on the head, type: int, default: 20000}
+          interface:
+            description: The network interface between the nodes (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).
+            type: str
   gpu_indices:
     description: The host's GPU indices (from M(ddtree.sglang.gpu_facts)).
     type: list
@@ -124,9 +139,21 @@ options:
     choices: [fail, defer]
     default: fail
   host:
-    description: The host's name, for messages.
+    description: The host's name, for messages, and its rank in a service across hosts (O(services[].nodes)).
     type: str
     default: host
+  interfaces:
+    description:
+      - The host's network interfaces; a service across hosts must name one of them.
+      - Unset, the module reads them on the host when a service spans hosts.
+    type: list
+    elements: str
+  addresses:
+    description:
+      - The host's addresses (loopback included); the head of a service across hosts must own its dist_init_addr.
+      - Unset, the module reads them on the host (C(ip -j address)) when a service spans hosts.
+    type: list
+    elements: str
 extends_documentation_fragment:
   - ddtree.sglang.attributes.read_only
 """
@@ -182,10 +209,12 @@ untuned:
 """
 
 import copy
+import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import declared, tuned_service
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import ip_addresses, spans_nodes
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import CANDIDATE
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
     gate_settings,
@@ -208,11 +237,21 @@ def main():
             tuned=dict(type="dict", default={}),
             untuned=dict(type="str", default="fail", choices=["fail", "defer"]),
             host=dict(type="str", default="host"),
+            interfaces=dict(type="list", elements="str"),
+            addresses=dict(type="list", elements="str"),
         ),
         supports_check_mode=True,
     )
     services, host = module.params["services"], module.params["host"]
-    problems = service_problems(services, module.params["gpu_indices"], host)
+    interfaces, addresses = module.params["interfaces"], module.params["addresses"]
+    if any(spans_nodes(service) for service in services):
+        if interfaces is None:
+            interfaces = [name for _index, name in socket.if_nameindex()]
+        if addresses is None:
+            ip = module.get_bin_path("ip")
+            rc, out, _err = module.run_command([ip, "-j", "address"]) if ip else (1, "", "")
+            addresses = ip_addresses(out) if rc == 0 else None
+    problems = service_problems(services, module.params["gpu_indices"], host, interfaces, addresses)
     if problems:
         module.fail_json(
             msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)),
@@ -237,7 +276,7 @@ def main():
     for service, tuning in services:
         plan.append(
             dict(
-                unit_entry(service),
+                unit_entry(service, host),
                 release=service.get("release") or CANDIDATE,
                 shadow_of=service.get("shadow_of"),
                 shadow_max_slowdown=service.get("shadow_max_slowdown"),

@@ -18,6 +18,9 @@
                             so a fallback to DFLASH on the same release recovers the speed
 ``bad_flag``                SGLang's own parser is handed an unknown flag: argparse's "unrecognized
                             arguments", exit 2 (as a release that renders a flag SGLang lacks)
+``crash_rank:R[:S]``        on a server across nodes (``--nnodes``), rank R takes the fatal path S
+                            seconds (default 3) after every rank joined; its peers see it gone and
+                            follow (ranks.py). Other ranks than R, and single-node servers, ignore it
 ==========================  ==========================================================================
 
 A fault can also travel *inside a release*: a module ``sglang_overlay/release_fault.py`` in the
@@ -29,7 +32,8 @@ itself has no such module. ``LAB_RUNTIME_FAULT`` wins over the file.
 
 Tunables: ``LAB_RUNTIME_LOAD_SECONDS`` (simulated weight loading, default 1.5),
 ``LAB_RUNTIME_DRAIN_SECONDS`` (SIGTERM: how long in-flight requests may finish, default 15, as
-SGLang's scheduler stop), ``SGLANG_HEALTH_CHECK_TIMEOUT`` (SGLang's own, default 20 s).
+SGLang's scheduler stop), ``LAB_RUNTIME_JOIN_SECONDS`` (how long the ranks of a server across nodes
+wait for each other, default 120), ``SGLANG_HEALTH_CHECK_TIMEOUT`` (SGLang's own, default 20 s).
 A malformed value is an error naming the variable (the runtime exits 1 before loading).
 """
 
@@ -43,10 +47,13 @@ ENV_FAULT = "LAB_RUNTIME_FAULT"
 ENV_LOAD_SECONDS = "LAB_RUNTIME_LOAD_SECONDS"
 ENV_DRAIN_SECONDS = "LAB_RUNTIME_DRAIN_SECONDS"
 ENV_HEALTH_TIMEOUT = "SGLANG_HEALTH_CHECK_TIMEOUT"
+ENV_JOIN_SECONDS = "LAB_RUNTIME_JOIN_SECONDS"
 
 DEFAULT_LOAD_SECONDS = 1.5
 DEFAULT_DRAIN_SECONDS = 15.0
 DEFAULT_HEALTH_TIMEOUT = 20.0
+DEFAULT_JOIN_SECONDS = 120.0
+DEFAULT_CRASH_RANK_SECONDS = 3.0
 
 
 class LabConfigError(ValueError):
@@ -62,6 +69,8 @@ class Faults:
     degenerate: Optional[str] = None  # the repeated character, when set
     bad_flag: bool = False
     accept_collapse: bool = False
+    crash_rank: Optional[int] = None  # the rank that crashes, when set
+    crash_rank_seconds: float = DEFAULT_CRASH_RANK_SECONDS
 
     def describe(self) -> str:
         parts = []
@@ -79,6 +88,8 @@ class Faults:
             parts.append("bad_flag")
         if self.accept_collapse:
             parts.append("accept_collapse")
+        if self.crash_rank is not None:
+            parts.append(f"crash_rank:{self.crash_rank}:{self.crash_rank_seconds:g}")
         return ",".join(parts) or "none"
 
 
@@ -119,6 +130,13 @@ def parse_faults(raw: Optional[str]) -> Faults:
                 values["bad_flag"] = True
             elif name == "accept_collapse":
                 values["accept_collapse"] = True
+            elif name == "crash_rank":
+                rank, _, seconds = arg.partition(":")
+                values["crash_rank"] = int(rank)
+                if seconds:
+                    values["crash_rank_seconds"] = float(seconds)
+                if values["crash_rank"] < 0 or values.get("crash_rank_seconds", 0) < 0:
+                    raise ValueError
             elif name == "slow":
                 values["slow_ms"] = float(arg)
                 if values["slow_ms"] < 0:
@@ -133,7 +151,8 @@ def parse_faults(raw: Optional[str]) -> Faults:
         except ValueError:
             raise LabConfigError(
                 f"{ENV_FAULT}: bad switch {item!r}; expected crash_at_start[:MSG], crash_after:N, hang, "
-                "slow:MS, degenerate[:C] (C one ASCII character), accept_collapse or bad_flag, comma-separated"
+                "slow:MS, degenerate[:C] (C one ASCII character), accept_collapse, bad_flag or crash_rank:R[:S], "
+                "comma-separated"
             ) from None
     return Faults(**values)
 
@@ -157,6 +176,7 @@ class LabEnv:
     load_seconds: float
     drain_seconds: float
     health_timeout: float
+    join_seconds: float = DEFAULT_JOIN_SECONDS
 
     @classmethod
     def from_environ(cls, environ: Optional[Mapping[str, str]] = None) -> "LabEnv":
@@ -166,4 +186,5 @@ class LabEnv:
             load_seconds=_seconds(environ, ENV_LOAD_SECONDS, DEFAULT_LOAD_SECONDS),
             drain_seconds=_seconds(environ, ENV_DRAIN_SECONDS, DEFAULT_DRAIN_SECONDS),
             health_timeout=_seconds(environ, ENV_HEALTH_TIMEOUT, DEFAULT_HEALTH_TIMEOUT),
+            join_seconds=_seconds(environ, ENV_JOIN_SECONDS, DEFAULT_JOIN_SECONDS),
         )

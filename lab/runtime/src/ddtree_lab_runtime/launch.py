@@ -7,6 +7,8 @@ target and the draft; 5. the scheduler thread; 6. uvicorn ("Uvicorn running on h
 7. the warm-up request (``/model_info``, then ``/generate`` as SGLang's warm-up does), then "The
 server is fired up and ready to roll!". SIGTERM: uvicorn stops accepting, in-flight requests
 finish (up to LAB_RUNTIME_DRAIN_SECONDS), exit 0. Fatal errors: SGLang's SIGQUIT path, SIGKILL.
+With ``--nnodes N`` (N > 1) the ranks form their group before loading (ranks.py); only rank 0 goes on to
+serve HTTP, the other ranks load their part and wait (SGLang 0.5.23: non-zero ranks run no HTTP server).
 """
 
 from __future__ import annotations
@@ -64,6 +66,60 @@ def _crash_at_start(message: str) -> None:
         raise RuntimeError(message)
     except RuntimeError:
         fatal(f"Scheduler hit an exception: {traceback.format_exc()}")
+
+
+def _join_group(server_args, lab_env):
+    """Form the group of a server across nodes (None for one node): fatal when it cannot form; a peer that
+    dies later is fatal too, a peer that leaves on purpose ends this rank cleanly (ranks.py)."""
+    nnodes = int(getattr(server_args, "nnodes", 1) or 1)
+    if nnodes <= 1:
+        return None
+    from .ranks import RankError, RankGroup
+    from .scheduler import fatal
+
+    def peer_left(message: str) -> None:
+        logger.info("%s: this rank shuts down too", message)
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        os._exit(0)
+
+    def peer_lost(message: str) -> None:
+        try:
+            raise RuntimeError(f"the group lost a rank: {message}")
+        except RuntimeError:
+            fatal(f"Scheduler hit an exception: {traceback.format_exc()}")
+
+    group = RankGroup(
+        nnodes,
+        int(getattr(server_args, "node_rank", 0) or 0),
+        str(getattr(server_args, "dist_init_addr", "") or ""),
+        join_seconds=lab_env.join_seconds,
+        on_peer_lost=peer_lost,
+        on_peer_left=peer_left,
+    )
+    try:
+        group.join()
+    except RankError as err:
+        _crash_at_start(f"torch.distributed rendezvous failed (lab): {err}")
+    faults = lab_env.faults
+    if faults.crash_rank == group.rank:
+        threading.Timer(
+            faults.crash_rank_seconds, _crash_at_start, args=(f"lab fault crash_rank: rank {group.rank} failed",)
+        ).start()
+    return group
+
+
+def _serve_as_worker(group, load) -> None:
+    """A rank other than 0: load its part, then wait; SIGTERM says goodbye to the group and exits 0."""
+    load()
+    logger.info("Rank %d is ready: rank 0 serves HTTP, this rank serves none", group.rank)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        pass
+    group.close()
+    logger.info("lab runtime: rank %d stopped", group.rank)
 
 
 def _load(what: str, path: str, seconds: float, build):
@@ -166,16 +222,28 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         logger.info("Load weight begin. avail mem=%.2f GB", _avail_mem_gb())
         time.sleep(min(lab_env.load_seconds, 0.5))
         _crash_at_start(faults.crash_at_start)
+    group = _join_group(server_args, lab_env)
 
     share = 0.5 if plan.speculative else 1.0
     model_config = LabModelConfig.from_path(cfg.model_path, context_length=cfg.context_length)
-    target = _load("LabNgramForCausalLM", cfg.model_path, lab_env.load_seconds * share, lambda: LabLM(model_config))
-    draft_config = None
-    if plan.speculative:
-        draft_path = plan.draft_path or cfg.model_path
-        draft_config = _load(
-            "LabDrafter", draft_path, lab_env.load_seconds * (1 - share), lambda: LabDraftConfig.from_path(draft_path)
-        )
+
+    def load_models():
+        target = _load("LabNgramForCausalLM", cfg.model_path, lab_env.load_seconds * share, lambda: LabLM(model_config))
+        draft_config = None
+        if plan.speculative:
+            draft_path = plan.draft_path or cfg.model_path
+            draft_config = _load(
+                "LabDrafter",
+                draft_path,
+                lab_env.load_seconds * (1 - share),
+                lambda: LabDraftConfig.from_path(draft_path),
+            )
+        return target, draft_config
+
+    if group is not None and group.rank > 0:
+        _serve_as_worker(group, load_models)
+        return
+    target, draft_config = load_models()
     tokenizer = ByteTokenizer()
     degenerate_token = tokenizer.encode(faults.degenerate)[0] if faults.degenerate is not None else None
     decoder = Decoder(
@@ -241,6 +309,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         def handle_exit(self, sig, frame) -> None:  # SIGTERM / SIGINT
             if not state.gracefully_exit:
                 state.gracefully_exit = True
+                if group is not None:
+                    group.close()
                 logger.info(
                     "Gracefully exiting... Remaining number of requests %d.",
                     scheduler.running + scheduler.queue_size(),
@@ -276,6 +346,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     signal.signal(signal.SIGINT, lambda *_: None)
     server.run()
     if not server.started:
-        sys.exit(1)  # e.g. the port is taken (uvicorn logged why)
+        sys.exit(1)  # e.g. the port is taken (uvicorn logged why); the other ranks see this rank gone
     scheduler.stop(timeout=2.0)
     logger.info("lab runtime: server stopped")
