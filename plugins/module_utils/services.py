@@ -20,6 +20,8 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import 
     option,
     settings_spec,
 )
+from ansible_collections.ddtree.sglang.plugins.module_utils.guard import guard_problems
+from ansible_collections.ddtree.sglang.plugins.module_utils.guard import settings_spec as guard_settings_spec
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import (
     CANDIDATE,
     OVERLAY_ALGORITHMS,
@@ -69,6 +71,7 @@ SERVICE_FIELDS = {
     "health": option(
         "dict", "This service's own health-gate settings (sglang_health's options of the same name)", default={}
     ),
+    "guard": option("dict", "The guard's settings after rollouts (docs/guard.md)", default={}),
 }
 
 
@@ -76,6 +79,7 @@ def service_spec() -> dict:
     """service_plan's argument spec of one service: the declared fields, `health` with the gate's settings."""
     spec = argument_spec(SERVICE_FIELDS)
     spec["health"]["options"] = settings_spec()
+    spec["guard"]["options"] = guard_settings_spec()
     return spec
 
 
@@ -359,6 +363,7 @@ def _speculative_problems(label, service):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             problems.append("%s: speculative.%s is %r; it must be an integer >= 1" % (label, key, value))
     problems.extend("%s: %s" % (label, problem) for problem in autotune_problems(spec))
+    problems.extend(guard_problems(service, label))
     return problems
 
 

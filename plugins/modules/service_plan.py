@@ -92,6 +92,19 @@ options:
           min_accept_length: {description: Floor for the acceptance length, type: float}
           max_regression: {description: Largest allowed drop from the previous release's numbers, type: float}
           baseline_tolerance: {description: Share of a baseline's length allowed to differ at its end, type: float}
+      guard:
+        description: The guard's settings after rollouts (docs/guard.md); unset, its defaults.
+        type: dict
+        default: {}
+        suboptions:
+          enabled: {description: Watch this DDTREE service after rollouts (default true), type: bool}
+          window: {description: Seconds one watch spans (default 60), type: float}
+          probe_requests: {description: Greedy /generate requests of the probe (default 4), type: int}
+          max_tokens: {description: max_new_tokens of each probe request (default 64), type: int}
+          margin: {description: Allowed share below DFLASH's recorded tokens/s at this load (default 0.05), type: float}
+          collapse_ratio: {description: Share of the recorded acceptance below which it collapsed (default 0.5), type: float}
+          hold_down: {description: Seconds after a switch during which the guard changes nothing (default 3600), type: float}
+          fallback: {description: What a switch runs (default dflash), type: str, choices: [dflash]}
   gpu_indices:
     description: The host's GPU indices (from M(ddtree.sglang.gpu_facts)).
     type: list
