@@ -49,18 +49,20 @@ ACTIONS = ("switch", "hold", "keep", "unknown")
 
 
 def settings_spec() -> dict:
-    """The `guard` sub-options of a service: types and choices, no defaults (guard_settings fills them, so a
-    service that sets none has the same plan entry as before the guard existed)."""
-    return {
-        name: {key: value for key, value in spec.items() if key != "default"}
-        for name, spec in argument_spec(GUARD_SETTINGS).items()
-    }
+    """The `guard` sub-options of a service: their types only (guard_settings fills the defaults, so a service
+    that sets none has the same plan entry as before; guard_problems checks the values, choices included:
+    ansible-core refuses an unset sub-option that has choices)."""
+    return {name: {"type": spec["type"]} for name, spec in argument_spec(GUARD_SETTINGS).items()}
 
 
 def guard_settings(service: dict) -> dict:
     """A service's guard settings with the declared defaults filled in."""
     declared = dict((service or {}).get("guard") or {})
-    return {name: declared.get(name, spec.get("default")) for name, spec in GUARD_SETTINGS.items()}
+    # None is unset: ansible-core fills every sub-option a service did not give with None.
+    return {
+        name: spec.get("default") if declared.get(name) is None else declared[name]
+        for name, spec in GUARD_SETTINGS.items()
+    }
 
 
 def guard_problems(service: dict, label: str) -> list:
@@ -72,6 +74,10 @@ def guard_problems(service: dict, label: str) -> list:
             problems.append("%s: guard.%s is %r; it must be a number of seconds >= 0" % (label, name, settings[name]))
     if settings["probe_requests"] is None or settings["probe_requests"] < 1:
         problems.append("%s: guard.probe_requests is %r; it must be >= 1" % (label, settings["probe_requests"]))
+    if settings["fallback"] not in FALLBACKS:
+        problems.append(
+            "%s: guard.fallback is %r; it must be one of %s" % (label, settings["fallback"], ", ".join(FALLBACKS))
+        )
     for name in ("margin", "collapse_ratio"):
         value = settings[name]
         if value is None or not 0 <= value < 1:

@@ -55,6 +55,8 @@ def test_the_defaults_are_the_declared_ones_and_a_service_may_set_each():
     assert SETTINGS == {name: spec.get("default") for name, spec in GUARD_SETTINGS.items()}
     assert guard_settings({"guard": {"hold_down": 60}})["hold_down"] == 60
     assert guard_settings({"guard": {"hold_down": 60}})["margin"] == GUARD_SETTINGS["margin"]["default"]
+    # As ansible-core hands them over: every sub-option a service did not set is None.
+    assert guard_settings({"guard": dict.fromkeys(GUARD_SETTINGS)}) == SETTINGS
 
 
 @pytest.mark.parametrize(
@@ -64,6 +66,8 @@ def test_the_defaults_are_the_declared_ones_and_a_service_may_set_each():
         ({"margin": 1.0}, ["x: guard.margin is 1.0; it must be a number from 0 up to, not including, 1"]),
         ({"collapse_ratio": -0.1}, ["x: guard.collapse_ratio is -0.1; it must be a number from 0 up to, not including, 1"]),
         ({"hold_down": -1}, ["x: guard.hold_down is -1; it must be a number of seconds >= 0"]),
+        (dict.fromkeys(GUARD_SETTINGS), []),
+        ({"fallback": "previous"}, ["x: guard.fallback is 'previous'; it must be one of dflash"]),
         ({"probe_requests": 0}, ["x: guard.probe_requests is 0; it must be >= 1"]),
     ],
 )
