@@ -32,7 +32,9 @@ def nice_ceiling(value: float) -> float:
 
 
 def _label(value: float) -> str:
-    return ("%.2f" % value).rstrip("0").rstrip(".") if value < 10 else "%.0f" % value
+    """2 decimals under 10, 1 under 100, none above; no trailing zeros."""
+    digits = 2 if abs(value) < 10 else 1 if abs(value) < 100 else 0
+    return ("%.*f" % (digits, value)).rstrip("0").rstrip(".") if digits else "%.0f" % value
 
 
 def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> str:
