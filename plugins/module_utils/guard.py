@@ -81,7 +81,9 @@ def guard_problems(service: dict, label: str) -> list:
     for name in ("margin", "collapse_ratio"):
         value = settings[name]
         if value is None or not 0 <= value < 1:
-            problems.append("%s: guard.%s is %r; it must be a number from 0 up to, not including, 1" % (label, name, value))
+            problems.append(
+                "%s: guard.%s is %r; it must be a number from 0 up to, not including, 1" % (label, name, value)
+            )
     return problems
 
 
@@ -240,7 +242,9 @@ def decide(
         why = " (the guard switched it at %s: %s)" % (fallback.get("at"), fallback.get("reason")) if fallback else ""
         return {
             "action": "keep",
-            "reasons": ["the service runs %s, not DDTREE%s; the guard never switches back" % (live.get("algorithm"), why)],
+            "reasons": [
+                "the service runs %s, not DDTREE%s; the guard never switches back" % (live.get("algorithm"), why)
+            ],
             "hold_until": None,
         }
     problems = []
@@ -251,7 +255,14 @@ def decide(
             problems.append(
                 "tokens/s %.1f per request is below DFLASH's %.1f recorded on this host at concurrency %d (load %d) "
                 "less the margin %.0f%% (%.1f)"
-                % (speed, dflash["tokens_per_second"], dflash["concurrency"], live["load"], settings["margin"] * 100, floor)
+                % (
+                    speed,
+                    dflash["tokens_per_second"],
+                    dflash["concurrency"],
+                    live["load"],
+                    settings["margin"] * 100,
+                    floor,
+                )
             )
     accept = live.get("accept_length")
     recorded_accept = (release or {}).get("accept_length") or (dflash or {}).get("accept_length")
@@ -261,7 +272,14 @@ def decide(
             whose = "this release's gate" if (release or {}).get("accept_length") else "DFLASH's tuning"
             problems.append(
                 "acceptance length %.2f (%s) collapsed below %.0f%% of the %.2f %s recorded (%.2f)"
-                % (accept, live.get("accept_length_source"), settings["collapse_ratio"] * 100, recorded_accept, whose, floor)
+                % (
+                    accept,
+                    live.get("accept_length_source"),
+                    settings["collapse_ratio"] * 100,
+                    recorded_accept,
+                    whose,
+                    floor,
+                )
             )
     if speed is None and accept is None:
         return {
@@ -270,7 +288,11 @@ def decide(
             "hold_until": None,
         }
     if not problems:
-        held = [] if dflash or recorded_accept else ["nothing recorded to compare with (no autotune.json, no gate metrics)"]
+        held = (
+            []
+            if dflash or recorded_accept
+            else ["nothing recorded to compare with (no autotune.json, no gate metrics)"]
+        )
         return {"action": "keep", "reasons": ["DDTREE holds up"] + held, "hold_until": None}
     last = ((state or {}).get("last_switch") or {}).get("epoch")
     if last is not None and now - last < settings["hold_down"]:
@@ -293,10 +315,7 @@ def fallback_service(service: dict) -> dict:
 def fallback_services(services: list, switched: list) -> list:
     """sglang_services with each service named in `switched` replaced by its fallback (fallback_service)."""
     names = set(switched or [])
-    return [
-        fallback_service(service) if service.get("name") in names else service
-        for service in services or []
-    ]
+    return [fallback_service(service) if service.get("name") in names else service for service in services or []]
 
 
 def guard_state(previous: dict | None, decision: dict, live: dict, now: float, release_id: str | None) -> dict:
@@ -312,7 +331,9 @@ def guard_state(previous: dict | None, decision: dict, live: dict, now: float, r
     return {"format": GUARD_STATE_FORMAT, "last_switch": fallback, "fallback": fallback, "switches": switches}
 
 
-def history_record(service: str, decision: dict, live: dict, references: dict, release_id: str | None, now: float) -> dict:
+def history_record(
+    service: str, decision: dict, live: dict, references: dict, release_id: str | None, now: float
+) -> dict:
     """The line the watch playbook appends to the service's history.jsonl when the guard switches it."""
     return {
         "event": "guard",

@@ -43,7 +43,8 @@ options:
     type: int
     required: true
   api_key:
-    description: "The service's API key, sent as C(Authorization: Bearer) to C(/server_info) and C(/generate). Never returned."
+    description:
+      - "The service's API key, sent as C(Authorization: Bearer) to C(/server_info) and C(/generate). Never returned."
     type: str
   speculative:
     description:
@@ -123,7 +124,8 @@ probe:
   returned: when watched
   type: dict
 recorded:
-  description: C(dflash) (autotune.json's DFLASH at the nearest load) and C(release) (the gate's numbers for this release).
+  description:
+    - C(dflash) (autotune.json's DFLASH at the nearest load) and C(release) (the gate's numbers for this release).
   returned: when watched
   type: dict
 release_id:
@@ -159,7 +161,12 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
     summarize_probe,
     watched,
 )
-from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO, connect_host, describe, unit_name
+from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import (
+    ServiceIO,
+    connect_host,
+    describe,
+    unit_name,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_records import read_json
 
 
@@ -171,7 +178,10 @@ def probe(io, settings: dict, timeout: float, sleep=time.sleep) -> list:
     for index in range(count):
         if index:
             sleep(pause)
-        body = {"text": PROMPTS[index % len(PROMPTS)], "sampling_params": {"max_new_tokens": settings["max_tokens"], "temperature": 0}}
+        body = {
+            "text": PROMPTS[index % len(PROMPTS)],
+            "sampling_params": {"max_new_tokens": settings["max_tokens"], "temperature": 0},
+        }
         answer = io.request("POST", "/generate", body, timeout=timeout, auth=True)
         meta = answer["data"].get("meta_info") if answer["status"] == 200 and isinstance(answer["data"], dict) else None
         if not isinstance(meta, dict):
@@ -229,7 +239,13 @@ def main():
     service = {key: module.params[key] for key in ("name", "host", "port", "api_key", "speculative", "guard")}
     name = service["name"]
     if not watched(service):
-        module.exit_json(changed=False, watched=False, action="keep", switch=False, reasons=["%s is not a watched DDTREE service" % name])
+        module.exit_json(
+            changed=False,
+            watched=False,
+            action="keep",
+            switch=False,
+            reasons=["%s is not a watched DDTREE service" % name],
+        )
     settings = guard_settings(service)
     state_dir = module.params["state_dir"]
     io = ServiceIO(
@@ -246,7 +262,9 @@ def main():
     release_id = os.path.basename(os.path.realpath(current)) if os.path.islink(current) else None
 
     info = io.request("GET", "/server_info", timeout=timeout, auth=True)
-    unreachable = None if info["status"] == 200 and isinstance(info["data"], dict) else "GET /server_info: %s" % describe(info)
+    unreachable = (
+        None if info["status"] == 200 and isinstance(info["data"], dict) else "GET /server_info: %s" % describe(info)
+    )
     metrics_text = fetch_metrics(service.get("host") or "127.0.0.1", int(service["port"]), timeout)
     metrics = parse_metrics(metrics_text) if metrics_text is not None else None
     probe_summary = {"requests": 0}
@@ -256,7 +274,9 @@ def main():
             unreachable = "every probe request failed: %s" % "; ".join(probe_summary["errors"])
     live = None if unreachable else live_numbers(info["data"], metrics, probe_summary)
     recorded = {
-        "dflash": dflash_reference(read_state(module, os.path.join(state_dir, "autotune.json")), (live or {}).get("load", 1)),
+        "dflash": dflash_reference(
+            read_state(module, os.path.join(state_dir, "autotune.json")), (live or {}).get("load", 1)
+        ),
         "release": release_reference(read_state(module, os.path.join(state_dir, "metrics.json")), release_id),
     }
     previous = read_state(module, os.path.join(state_dir, "guard.json"))

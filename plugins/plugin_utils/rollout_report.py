@@ -565,7 +565,10 @@ def report_charts(report):
         for service in row["services"]
         if service.get("gate") and service["gate"].get("tokens_per_second") is not None
     ]
-    for field, what, unit in (("tokens_per_second", "tokens/s", "tokens/s"), ("accept_length", "acceptance length", "tokens per step")):
+    for field, what, unit in (
+        ("tokens_per_second", "tokens/s", "tokens/s"),
+        ("accept_length", "acceptance length", "tokens per step"),
+    ):
         labels = [label for label, gate in gated if gate.get(field) is not None]
         if not labels:
             continue
@@ -578,7 +581,9 @@ def report_charts(report):
             {
                 "name": "before-after-" + field.replace("_", "-"),
                 "title": "%s per host, before and after" % what.capitalize(),
-                "svg": grouped_bars("%s per host and service, before and after" % what.capitalize(), labels, series, unit),
+                "svg": grouped_bars(
+                    "%s per host and service, before and after" % what.capitalize(), labels, series, unit
+                ),
             }
         )
     for row in report["hosts"]:
@@ -588,11 +593,16 @@ def report_charts(report):
                 continue
             settings = list(dict.fromkeys(item["setting"] for item in measured))
             levels = sorted({item["concurrency"] for item in measured}, key=lambda level: int(level or 0))
-            for field, what, unit in (("tokens_per_second", "tokens/s", "tokens/s"), ("accept_length", "acceptance length", "tokens per step")):
+            for field, what, unit in (
+                ("tokens_per_second", "tokens/s", "tokens/s"),
+                ("accept_length", "acceptance length", "tokens per step"),
+            ):
                 values = {(item["setting"], item["concurrency"]): item.get(field) for item in measured}
                 if not any(value is not None for value in values.values()):
                     continue
-                series = [("concurrency %s" % level, [values.get((name, level)) for name in settings]) for level in levels]
+                series = [
+                    ("concurrency %s" % level, [values.get((name, level)) for name in settings]) for level in levels
+                ]
                 title = "%s/%s tuning: %s per setting and concurrency" % (row["host"], service["name"], what)
                 charts["tuning"].append(
                     {

@@ -51,8 +51,13 @@ def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> 
     width = LEFT + RIGHT + max(group_width * len(categories), 240)
     height = TOP + PLOT_HEIGHT + BOTTOM + 18 * ((len(series) + 3) // 4)
     svg = ET.Element(
-        "svg", xmlns=SVG_NS, width=str(width), height=str(height), viewBox="0 0 %d %d" % (width, height),
-        role="img", **{"font-family": "DejaVu Sans, Arial, sans-serif", "font-size": "11"}
+        "svg",
+        xmlns=SVG_NS,
+        width=str(width),
+        height=str(height),
+        viewBox="0 0 %d %d" % (width, height),
+        role="img",
+        **{"font-family": "DejaVu Sans, Arial, sans-serif", "font-size": "11"},
     )
     ET.SubElement(svg, "title").text = title
     ET.SubElement(svg, "rect", x="0", y="0", width=str(width), height=str(height), fill="#ffffff")
@@ -75,13 +80,21 @@ def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> 
             bar = PLOT_HEIGHT * value / top
             x = x0 + position * BAR_WIDTH
             rect = ET.SubElement(
-                svg, "rect", x="%.1f" % x, y="%.1f" % (base - bar), width=str(BAR_WIDTH - 3), height="%.1f" % bar,
+                svg,
+                "rect",
+                x="%.1f" % x,
+                y="%.1f" % (base - bar),
+                width=str(BAR_WIDTH - 3),
+                height="%.1f" % bar,
                 fill=PALETTE[position % len(PALETTE)],
             )
             ET.SubElement(rect, "title").text = "%s, %s: %s %s" % (category, name, _label(value), unit)
             ET.SubElement(
-                svg, "text", x="%.1f" % (x + (BAR_WIDTH - 3) / 2), y="%.1f" % (base - bar - 3),
-                **{"text-anchor": "middle", "font-size": "9"}
+                svg,
+                "text",
+                x="%.1f" % (x + (BAR_WIDTH - 3) / 2),
+                y="%.1f" % (base - bar - 3),
+                **{"text-anchor": "middle", "font-size": "9"},
             ).text = _label(value)
         centre = x0 + (BAR_WIDTH * len(series)) / 2
         label = ET.SubElement(svg, "text", x="%.1f" % centre, y=str(base + 14), **{"text-anchor": "end"})
@@ -90,6 +103,8 @@ def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> 
     for position, (name, _row) in enumerate(series):
         x = LEFT + (position % 4) * 150
         y = base + BOTTOM - 10 + 18 * (position // 4)
-        ET.SubElement(svg, "rect", x=str(x), y=str(y - 9), width="10", height="10", fill=PALETTE[position % len(PALETTE)])
+        ET.SubElement(
+            svg, "rect", x=str(x), y=str(y - 9), width="10", height="10", fill=PALETTE[position % len(PALETTE)]
+        )
         ET.SubElement(svg, "text", x=str(x + 14), y=str(y)).text = str(name)
     return ET.tostring(svg, encoding="unicode") + "\n"

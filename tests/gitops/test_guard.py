@@ -19,7 +19,9 @@ import yaml
 from conftest import ARTIFACTS, REPO, on_lab_host, run
 
 pytestmark = [
-    pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman and the controller venv (scripts/test guard)"),
+    pytest.mark.skipif(
+        shutil.which("podman") is None, reason="needs podman and the controller venv (scripts/test guard)"
+    ),
     pytest.mark.skipif(not os.environ.get("DDTREE_TEST_GUARD"), reason="a lab test: scripts/test guard (or gitops)"),
 ]
 
@@ -65,13 +67,17 @@ def faulted_inventory(lab):
 def watch(lab, inventory=None):
     sources = ["-i", str(REPO / "inventories" / "lab" / "hosts.yml")] + (["-i", str(inventory)] if inventory else [])
     start = time.monotonic()
-    proc = run([LAB_RUN, "ansible-playbook", "playbooks/watch.yml", "-l", "blackwell"] + sources, lab["env"], check=False)
+    proc = run(
+        [LAB_RUN, "ansible-playbook", "playbooks/watch.yml", "-l", "blackwell"] + sources, lab["env"], check=False
+    )
     return proc, round(time.monotonic() - start, 1)
 
 
 def decided(proc):
     """The guard's 'coder: <action> - <reasons>' line."""
-    match = re.search(r'"msg": "coder: (\w+) - ([^"]*)"', proc.stdout) or re.search(r"msg: 'coder: (\w+) - (.*)'", proc.stdout)
+    match = re.search(r'"msg": "coder: (\w+) - ([^"]*)"', proc.stdout) or re.search(
+        r"msg: 'coder: (\w+) - (.*)'", proc.stdout
+    )
     assert match, proc.stdout[-4000:]
     return match.group(1), match.group(2)
 
@@ -82,7 +88,15 @@ def recap(proc):
 
 
 def server_info(lab):
-    return json.loads(on_lab_host(lab["env"], "ct200", "python3", "-c", "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:30000/server_info').read().decode())"))
+    return json.loads(
+        on_lab_host(
+            lab["env"],
+            "ct200",
+            "python3",
+            "-c",
+            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:30000/server_info').read().decode())",
+        )
+    )
 
 
 def history(lab):
@@ -117,7 +131,13 @@ def test_1_deploy_and_a_watch_keeps_a_healthy_ddtree(lab):
 def test_2_a_collapsed_ddtree_is_switched_to_dflash_through_the_gate_and_recorded(lab):
     env = lab["env"]
     # After the rollout, DDTREE's drafts stop fitting: the fault in the unit's environment file, and a restart.
-    on_lab_host(env, "ct200", "sh", "-c", "echo '%s=\"accept_collapse\"' >> %s && systemctl restart sglang-coder.service" % (FAULT, ENV_FILE))
+    on_lab_host(
+        env,
+        "ct200",
+        "sh",
+        "-c",
+        "echo '%s=\"accept_collapse\"' >> %s && systemctl restart sglang-coder.service" % (FAULT, ENV_FILE),
+    )
     health = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30000/health', timeout=30)"
     for _ in range(60):
         if _healthy(env, health):

@@ -64,7 +64,10 @@ def test_the_defaults_are_the_declared_ones_and_a_service_may_set_each():
     [
         ({}, []),
         ({"margin": 1.0}, ["x: guard.margin is 1.0; it must be a number from 0 up to, not including, 1"]),
-        ({"collapse_ratio": -0.1}, ["x: guard.collapse_ratio is -0.1; it must be a number from 0 up to, not including, 1"]),
+        (
+            {"collapse_ratio": -0.1},
+            ["x: guard.collapse_ratio is -0.1; it must be a number from 0 up to, not including, 1"],
+        ),
         ({"hold_down": -1}, ["x: guard.hold_down is -1; it must be a number of seconds >= 0"]),
         (dict.fromkeys(GUARD_SETTINGS), []),
         ({"fallback": "previous"}, ["x: guard.fallback is 'previous'; it must be one of dflash"]),
@@ -89,7 +92,9 @@ def test_dflash_reference_is_the_nearest_declared_load_at_or_below_per_request()
     at16 = dflash_reference(AUTOTUNE, 20)
     assert (at16["concurrency"], at16["tokens_per_second"], at16["accept_length"]) == (16, 60.0, 3.8)
     assert dflash_reference(None, 1) is None
-    failed = {"current": {"measurements": [{"algorithm": "DFLASH", "concurrency": 1, "error": "x", "tokens_per_second": 9}]}}
+    failed = {
+        "current": {"measurements": [{"algorithm": "DFLASH", "concurrency": 1, "error": "x", "tokens_per_second": 9}]}
+    }
     assert dflash_reference(failed, 1) is None
     only16 = {"current": {"measurements": [{"algorithm": "DFLASH", "concurrency": 16, "tokens_per_second": 320.0}]}}
     assert dflash_reference(only16, 1)["concurrency"] == 16
@@ -137,22 +142,34 @@ def test_live_numbers_prefer_the_probes_acceptance_then_metrics_then_server_info
     assert live_numbers(info, metrics, probe)["load"] == 4
     assert live_numbers(info, metrics, {"tokens_per_second": 80.0})["accept_length"] == 2.0
     no_metrics = live_numbers(info, None, {"tokens_per_second": 80.0})
-    assert (no_metrics["accept_length"], no_metrics["accept_length_source"], no_metrics["load"]) == (4.0, "server_info", 1)
+    assert (no_metrics["accept_length"], no_metrics["accept_length_source"], no_metrics["load"]) == (
+        4.0,
+        "server_info",
+        1,
+    )
     assert live_numbers({"speculative_algorithm": None}, None, probe)["algorithm"] == "NONE"
 
 
 def test_a_healthy_ddtree_is_kept():
-    decision = decide(SETTINGS, live(), dflash_reference(AUTOTUNE, 1), release_reference(METRICS, "0123456789ab"), None, NOW)
+    decision = decide(
+        SETTINGS, live(), dflash_reference(AUTOTUNE, 1), release_reference(METRICS, "0123456789ab"), None, NOW
+    )
     assert decision["action"] == "keep"
 
 
 def test_ddtree_below_dflash_by_more_than_the_margin_switches():
     decision = decide(SETTINGS, live(tokens_per_second=94.0), dflash_reference(AUTOTUNE, 1), None, None, NOW)
     assert decision["action"] == "switch"
-    assert "tokens/s 94.0 per request is below DFLASH's 100.0 recorded on this host at concurrency 1" in decision["reasons"][0]
+    assert (
+        "tokens/s 94.0 per request is below DFLASH's 100.0 recorded on this host at concurrency 1"
+        in decision["reasons"][0]
+    )
     assert decision["hold_until"] == NOW + SETTINGS["hold_down"]
     # Within the margin: kept.
-    assert decide(SETTINGS, live(tokens_per_second=95.5), dflash_reference(AUTOTUNE, 1), None, None, NOW)["action"] == "keep"
+    assert (
+        decide(SETTINGS, live(tokens_per_second=95.5), dflash_reference(AUTOTUNE, 1), None, None, NOW)["action"]
+        == "keep"
+    )
 
 
 def test_the_load_picks_dflashs_numbers_at_that_concurrency():
@@ -164,15 +181,23 @@ def test_the_load_picks_dflashs_numbers_at_that_concurrency():
 
 
 def test_a_collapsed_acceptance_switches_against_the_releases_own_record():
-    decision = decide(SETTINGS, live(tokens_per_second=None, accept=1.05), None, release_reference(METRICS, "0123456789ab"), None, NOW)
+    decision = decide(
+        SETTINGS, live(tokens_per_second=None, accept=1.05), None, release_reference(METRICS, "0123456789ab"), None, NOW
+    )
     assert decision["action"] == "switch"
     assert decision["reasons"] == [
         "acceptance length 1.05 (probe) collapsed below 50% of the 4.40 this release's gate recorded (2.20)"
     ]
     # Without the release's record, DFLASH's recorded acceptance is the yardstick.
-    assert "DFLASH's tuning" in decide(SETTINGS, live(accept=1.05), dflash_reference(AUTOTUNE, 1), None, None, NOW)["reasons"][-1]
+    assert (
+        "DFLASH's tuning"
+        in decide(SETTINGS, live(accept=1.05), dflash_reference(AUTOTUNE, 1), None, None, NOW)["reasons"][-1]
+    )
     # Above the ratio: kept.
-    assert decide(SETTINGS, live(accept=2.3), None, release_reference(METRICS, "0123456789ab"), None, NOW)["action"] == "keep"
+    assert (
+        decide(SETTINGS, live(accept=2.3), None, release_reference(METRICS, "0123456789ab"), None, NOW)["action"]
+        == "keep"
+    )
 
 
 def test_unreachable_metrics_change_nothing_and_say_so():
@@ -197,7 +222,10 @@ def test_the_hold_down_stops_a_second_switch_and_ends():
     assert held["action"] == "hold"
     assert held["hold_until"] == NOW + 3000
     assert held["reasons"][-1].startswith("held down: the guard switched this service at ")
-    assert decide(dict(SETTINGS, hold_down=300), bad, dflash_reference(AUTOTUNE, 1), None, state, NOW)["action"] == "switch"
+    assert (
+        decide(dict(SETTINGS, hold_down=300), bad, dflash_reference(AUTOTUNE, 1), None, state, NOW)["action"]
+        == "switch"
+    )
 
 
 def test_nothing_recorded_keeps_and_says_there_is_no_yardstick():
@@ -208,7 +236,12 @@ def test_nothing_recorded_keeps_and_says_there_is_no_yardstick():
 
 def test_the_fallback_runs_dflash_with_everything_else_as_declared():
     services = [
-        {"name": "coder", "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8}, "release": "abcdef1", "port": 1},
+        {
+            "name": "coder",
+            "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8},
+            "release": "abcdef1",
+            "port": 1,
+        },
         {"name": "chat", "speculative": {"algorithm": "NEXTN"}, "port": 2},
     ]
     switched = fallback_services(services, ["coder"])

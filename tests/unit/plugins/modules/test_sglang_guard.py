@@ -41,7 +41,17 @@ class Handler(JSONHandler):
         self.server.generates.append(body)
         tokens = body["sampling_params"]["max_new_tokens"]
         steps = round(tokens / self.server.accept)
-        self.reply(200, {"text": "x", "meta_info": {"completion_tokens": tokens, "spec_verify_ct": steps, "spec_accept_length": tokens / steps}})
+        self.reply(
+            200,
+            {
+                "text": "x",
+                "meta_info": {
+                    "completion_tokens": tokens,
+                    "spec_verify_ct": steps,
+                    "spec_accept_length": tokens / steps,
+                },
+            },
+        )
 
 
 @pytest.fixture
@@ -65,7 +75,10 @@ def records(tmp_path, accept=4.0):
     (tmp_path / "services" / "coder").mkdir(parents=True)
     (tmp_path / "releases" / "0123456789ab").mkdir(parents=True)
     os.symlink(str(tmp_path / "releases" / "0123456789ab"), str(tmp_path / "services" / "coder" / "current"))
-    metrics = {"format": 2, "records": [{"release_id": "0123456789ab", "tokens_per_second": 50.0, "accept_length": accept}]}
+    metrics = {
+        "format": 2,
+        "records": [{"release_id": "0123456789ab", "tokens_per_second": 50.0, "accept_length": accept}],
+    }
     (tmp_path / "metrics.json").write_text(json.dumps(metrics))
 
 

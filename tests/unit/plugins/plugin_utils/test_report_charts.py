@@ -43,7 +43,9 @@ def test_a_grouped_bar_chart_has_a_bar_per_value_scaled_to_the_axis_and_escapes_
     assert bars(svg) == ["a, before: 10 tokens/s", "a, after: 20 tokens/s", "b, after: 5 tokens/s"]
     assert heights(svg) == [100.0, 200.0, 50.0]  # the axis tops at 20: 200 px of plot
     assert "<script" not in svg and "href" not in svg
-    assert svg == grouped_bars("tokens/s <&>", ["a", "b"], [("before", [10.0, None]), ("after", [20.0, 5.0])], "tokens/s")
+    assert svg == grouped_bars(
+        "tokens/s <&>", ["a", "b"], [("before", [10.0, None]), ("after", [20.0, 5.0])], "tokens/s"
+    )
 
 
 def test_a_chart_refuses_a_series_of_the_wrong_length():
@@ -81,7 +83,14 @@ def test_a_tuning_is_charted_per_setting_and_concurrency():
     measurements = [
         {"algorithm": "DFLASH", "concurrency": 1, "tokens_per_second": 100.0, "accept_length": 4.0},
         {"algorithm": "DFLASH", "concurrency": 16, "tokens_per_second": 900.0, "accept_length": 3.9},
-        {"algorithm": "DDTREE", "budget": 8, "top_k": 4, "concurrency": 1, "tokens_per_second": 112.0, "accept_length": 4.6},
+        {
+            "algorithm": "DDTREE",
+            "budget": 8,
+            "top_k": 4,
+            "concurrency": 1,
+            "tokens_per_second": 112.0,
+            "accept_length": 4.6,
+        },
         {"algorithm": "DDTREE", "budget": 8, "top_k": 4, "concurrency": 16, "error": "exited"},
     ]
     decided = tuning(True, tuned=True, choice=DDTREE_CHOICE)
