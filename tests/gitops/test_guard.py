@@ -50,6 +50,9 @@ def lab(tmp_path_factory):
         run([str(REPO / "lab" / "down")], env, check=False)
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "guard.json").write_text(json.dumps(NUMBERS, indent=2) + "\n")
+        # The reports of the deploy and of the guard's switch (rollout.md with its before/after charts).
+        if (base / "reports").is_dir():
+            shutil.copytree(base / "reports", ARTIFACTS / "guard-reports", dirs_exist_ok=True)
 
 
 def faulted_inventory(lab):
