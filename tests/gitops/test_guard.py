@@ -43,6 +43,7 @@ def lab(tmp_path_factory):
         ANSIBLE_NOCOLOR="1",
         ANSIBLE_FORCE_COLOR="0",
         DDTREE_ROLLOUT_REPORT_DIR=str(base / "reports"),
+        DDTREE_ROLLOUT_REPORT_HISTORY="1",  # every run's report: the deploy, each watch, the switch
     )
     try:
         yield {"env": env, "base": base}
