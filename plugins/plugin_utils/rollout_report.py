@@ -615,7 +615,8 @@ def report_charts(report):
 
 
 def _chart_links(charts, prefix):
-    return ["![%s](%s%s.svg)" % (chart["title"], prefix, chart["name"]) for chart in charts] + ([""] if charts else [])
+    """A paragraph per chart: an image of its own line each."""
+    return [line for chart in charts for line in ("![%s](%s%s.svg)" % (chart["title"], prefix, chart["name"]), "")]
 
 
 def render_markdown(report, charts=None, chart_prefix=""):
