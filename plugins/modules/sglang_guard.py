@@ -23,7 +23,7 @@ description:
     its acceptance collapsed below C(guard.collapse_ratio) of the recorded one; C(hold) - it would switch, but
     the guard switched this service less than C(guard.hold_down) seconds ago (O(state_dir)C(/guard.json));
     C(keep) - DDTREE holds up, or the service does not run DDTREE (the guard never switches back);
-    C(unknown) - the live numbers could not be read: nothing changes, and RV(reasons) says why.
+    C(unknown) - the live numbers could not be read, so nothing changes, and RV(reasons) says why.
   - The module changes nothing itself; the watch playbook switches a service whose RV(action) is C(switch)
     through the service role and its health gate, then writes RV(state) and appends RV(record) to the
     service's C(history.jsonl).
