@@ -104,7 +104,7 @@ options:
           margin: {description: Allowed share below DFLASH's tokens/s at this load (default 0.05), type: float}
           collapse_ratio: {description: Share of the recorded acceptance below which it fell (default 0.5), type: float}
           hold_down: {description: Seconds after a switch with no other switch (default 3600), type: float}
-          fallback: {description: What a switch runs (dflash, the default), type: str}
+          fallback: {description: "What a switch runs (dflash, the default)", type: str}
   gpu_indices:
     description: The host's GPU indices (from M(ddtree.sglang.gpu_facts)).
     type: list
