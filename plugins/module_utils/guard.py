@@ -33,7 +33,7 @@ GUARD_SETTINGS = {
     "enabled": option("bool", "Watch this DDTREE service after rollouts (playbooks/watch.yml)", default=True),
     "window": option("float", "Seconds one watch spans: the probe's requests are spread over it", default=60.0),
     "probe_requests": option("int", "Greedy /generate requests of the probe (the prompts of autotune)", default=4),
-    "max_tokens": option("int", "max_new_tokens of each probe request", default=64),
+    "max_tokens": option("int", "max_new_tokens of each probe request", default=64, no_log=False),
     "margin": option(
         "float", "Switch when tokens/s falls below (1 - margin) x DFLASH's recorded tokens/s at this load", default=0.05
     ),
@@ -52,7 +52,10 @@ def settings_spec() -> dict:
     """The `guard` sub-options of a service: their types only (guard_settings fills the defaults, so a service
     that sets none has the same plan entry as before; guard_problems checks the values, choices included:
     ansible-core refuses an unset sub-option that has choices)."""
-    return {name: {"type": spec["type"]} for name, spec in argument_spec(GUARD_SETTINGS).items()}
+    return {
+        name: {key: value for key, value in spec.items() if key in ("type", "no_log")}
+        for name, spec in argument_spec(GUARD_SETTINGS).items()
+    }
 
 
 def guard_settings(service: dict) -> dict:

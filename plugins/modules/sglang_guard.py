@@ -13,7 +13,7 @@ short_description: Watch a deployed DDTREE service and say whether to fall back 
 version_added: 0.3.0
 description:
   - Runs on the GPU host after a rollout, on a schedule (C(playbooks/watch.yml), an AWX schedule or a timer).
-    Over O(service)'s C(guard.window) seconds it sends C(guard.probe_requests) greedy C(POST /generate)
+    Over C(guard.window) seconds (O(guard)) it sends C(guard.probe_requests) greedy C(POST /generate)
     requests (the tuning's prompts), spread over the window, and reads C(/server_info) and C(/metrics) (when
     the server exposes it).
   - It compares what it saw with what was recorded on this host - DFLASH's tokens/s and acceptance at the

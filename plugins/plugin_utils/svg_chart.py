@@ -77,15 +77,15 @@ def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> 
             value = row[index]
             if value is None:
                 continue
-            bar = PLOT_HEIGHT * value / top
+            bar_height = PLOT_HEIGHT * value / top
             x = x0 + position * BAR_WIDTH
             rect = ET.SubElement(
                 svg,
                 "rect",
                 x="%.1f" % x,
-                y="%.1f" % (base - bar),
+                y="%.1f" % (base - bar_height),
                 width=str(BAR_WIDTH - 3),
-                height="%.1f" % bar,
+                height="%.1f" % bar_height,
                 fill=PALETTE[position % len(PALETTE)],
             )
             ET.SubElement(rect, "title").text = "%s, %s: %s %s" % (category, name, _label(value), unit)
@@ -93,7 +93,7 @@ def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> 
                 svg,
                 "text",
                 x="%.1f" % (x + (BAR_WIDTH - 3) / 2),
-                y="%.1f" % (base - bar - 3),
+                y="%.1f" % (base - bar_height - 3),
                 **{"text-anchor": "middle", "font-size": "9"},
             ).text = _label(value)
         centre = x0 + (BAR_WIDTH * len(series)) / 2

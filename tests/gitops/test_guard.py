@@ -143,7 +143,7 @@ def test_2_a_collapsed_ddtree_is_switched_to_dflash_through_the_gate_and_recorde
         "echo '%s=\"accept_collapse\"' >> %s && systemctl restart sglang-coder.service" % (FAULT, ENV_FILE),
     )
     health = "import urllib.request; urllib.request.urlopen('http://127.0.0.1:30000/health', timeout=30)"
-    for _ in range(60):
+    for _attempt in range(60):
         if _healthy(env, health):
             break
         time.sleep(2)
