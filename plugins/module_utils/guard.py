@@ -186,8 +186,29 @@ def summarize_probe(replies: list) -> dict:
     }
 
 
-def live_numbers(server_info: dict | None, metrics: dict | None, probe: dict | None) -> dict:
-    """What the service runs and how fast, from /server_info's answer, /metrics (parse_metrics) and the probe.
+def unit_algorithm(exec_start: str | None) -> str | None:
+    """The speculative algorithm a unit runs, from `systemctl show -p ExecStart --value` (its argv): the value of
+    --speculative-algorithm (NONE without it), or None when the unit has no ExecStart.
+
+    /server_info cannot tell: the overlay resolves DDTREE as DFLASH inside SGLang (DFLASH's setup, the DDTree
+    worker), so SGLang's record says DFLASH for both; the unit's flags are what the role rendered.
+    """
+    words = (exec_start or "").replace(";", " ").split()
+    if not words:
+        return None
+    for index, word in enumerate(words):
+        if word.startswith("--speculative-algorithm="):
+            return word.split("=", 1)[1].upper()
+        if word == "--speculative-algorithm" and index + 1 < len(words):
+            return words[index + 1].upper()
+    return "NONE"
+
+
+def live_numbers(
+    server_info: dict | None, metrics: dict | None, probe: dict | None, algorithm: str | None = None
+) -> dict:
+    """What the service runs and how fast, from /server_info's answer, /metrics (parse_metrics) and the probe;
+    algorithm: what the unit runs (unit_algorithm), else /server_info's.
 
     The acceptance length is the probe's (this window's own requests) when it has one, else /metrics'
     sglang:spec_accept_length (SGLang's last logged window), else /server_info's average since the start.
@@ -196,6 +217,9 @@ def live_numbers(server_info: dict | None, metrics: dict | None, probe: dict | N
     internal = (info.get("internal_states") or [{}])[0] if isinstance(info.get("internal_states"), list) else {}
     metrics = metrics or {}
     probe = probe or {}
+    # What the unit runs (unit_algorithm) when known; /server_info's record says DFLASH for DDTREE too.
+    if algorithm is None and info:
+        algorithm = str(info.get("speculative_algorithm") or "NONE").upper()
     sources = (
         ("probe", probe.get("accept_length")),
         ("metrics", metrics.get("sglang:spec_accept_length")),
@@ -204,7 +228,7 @@ def live_numbers(server_info: dict | None, metrics: dict | None, probe: dict | N
     source, accept = next(((name, value) for name, value in sources if value), (None, None))
     running = metrics.get("sglang:num_running_reqs")
     return {
-        "algorithm": str(info.get("speculative_algorithm") or "NONE").upper() if info else None,
+        "algorithm": algorithm,
         "tokens_per_second": probe.get("tokens_per_second"),
         "accept_length": accept,
         "accept_length_source": source,

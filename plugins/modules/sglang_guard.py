@@ -128,6 +128,12 @@ recorded:
     - C(dflash) (autotune.json's DFLASH at the nearest load) and C(release) (the gate's numbers for this release).
   returned: when watched
   type: dict
+unit_algorithm:
+  description:
+    - The speculative algorithm the unit's flags name (C(systemctl show -p ExecStart)); SGLang's C(/server_info) says
+      C(DFLASH) for a DDTREE server too (the overlay resolves DDTREE as DFLASH with its own worker).
+  returned: when watched
+  type: str
 release_id:
   description: The release the service's C(current) link names.
   returned: when watched
@@ -159,6 +165,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
     parse_metrics,
     release_reference,
     summarize_probe,
+    unit_algorithm,
     watched,
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import (
@@ -272,7 +279,12 @@ def main():
         probe_summary = summarize_probe(probe(io, settings, timeout))
         if probe_summary["failed"] == probe_summary["requests"]:
             unreachable = "every probe request failed: %s" % "; ".join(probe_summary["errors"])
-    live = None if unreachable else live_numbers(info["data"], metrics, probe_summary)
+    systemctl = module.get_bin_path("systemctl")
+    algorithm = None
+    if systemctl:
+        rc, exec_start, _err = module.run_command([systemctl, "show", "-p", "ExecStart", "--value", unit_name(name)])
+        algorithm = unit_algorithm(exec_start) if rc == 0 else None
+    live = None if unreachable else live_numbers(info["data"], metrics, probe_summary, algorithm)
     recorded = {
         "dflash": dflash_reference(
             read_state(module, os.path.join(state_dir, "autotune.json")), (live or {}).get("load", 1)
@@ -292,6 +304,7 @@ def main():
         recorded=recorded,
         release_id=release_id,
         metrics_exposed=metrics is not None,
+        unit_algorithm=algorithm,
     )
     if live is not None:
         result["live"] = live

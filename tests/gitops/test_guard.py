@@ -18,6 +18,8 @@ import pytest
 import yaml
 from conftest import ARTIFACTS, REPO, on_lab_host, run
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.guard import unit_algorithm
+
 pytestmark = [
     pytest.mark.skipif(
         shutil.which("podman") is None, reason="needs podman and the controller venv (scripts/test guard)"
@@ -121,7 +123,7 @@ def test_1_deploy_and_a_watch_keeps_a_healthy_ddtree(lab):
     start = time.monotonic()
     run(DEPLOY, lab["env"])
     NUMBERS["deploy_s"] = round(time.monotonic() - start, 1)
-    assert server_info(lab)["speculative_algorithm"] == "DDTREE"
+    assert running(lab) == "DDTREE"
     proc, seconds = watch(lab)
     NUMBERS["healthy_watch_s"] = seconds
     assert proc.returncode == 0, proc.stdout[-4000:]
@@ -158,8 +160,7 @@ def test_2_a_collapsed_ddtree_is_switched_to_dflash_through_the_gate_and_recorde
     assert "collapsed below 50% of the" in reasons and "this release's gate recorded" in reasons
     # Through the service role: the plan, the unit, the switch and the health gate, which passed.
     assert "Gate each service on its release" in proc.stdout or "sglang_health" in proc.stdout
-    info = server_info(lab)
-    assert info["speculative_algorithm"] == "DFLASH"
+    assert running(lab) == "DFLASH"
     assert '%s="accept_collapse"' % FAULT in on_lab_host(env, "ct200", "cat", ENV_FILE)
     records = [line for line in history(lab) if line.get("event") == "guard"]
     assert len(records) == 1
@@ -187,5 +188,5 @@ def test_3_a_second_watch_does_not_flap(lab):
     assert action == "keep" and "runs DFLASH, not DDTREE (the guard switched it at" in reasons
     assert recap(proc)["changed"] == 0
     assert main_pid(lab) == lab["pid"]
-    assert server_info(lab)["speculative_algorithm"] == "DFLASH"
+    assert running(lab) == "DFLASH"
     assert len([line for line in history(lab) if line.get("event") == "guard"]) == 1

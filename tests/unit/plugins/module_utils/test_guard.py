@@ -16,6 +16,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
     parse_metrics,
     release_reference,
     summarize_probe,
+    unit_algorithm,
     watched,
 )
 
@@ -259,3 +260,18 @@ def test_the_state_and_the_history_line_say_when_from_what_and_why():
     assert len(state["switches"]) == 20
     record = history_record("coder", decision, live(), {"dflash": None}, "0123456789ab", NOW)
     assert (record["event"], record["to"], record["reasons"]) == ("guard", {"algorithm": "DFLASH"}, ["a", "b"])
+
+
+def test_the_units_flags_say_what_it_runs_where_sglangs_record_says_dflash_for_ddtree():
+    exec_start = (
+        "{ path=/opt/sglang/services/coder/current/stack/bin/python ; argv[]=/opt/sglang/services/coder/current/stack/"
+        "bin/python /opt/sglang/libexec/sglang_launch.py sglang.launch_server --model-path /m --speculative-algorithm "
+        "DDTREE --speculative-ddtree-budget 15 ; ignore_errors=no ; start_time=[n/a] }"
+    )
+    assert unit_algorithm(exec_start) == "DDTREE"
+    assert unit_algorithm("{ argv[]=python x --speculative-algorithm=dflash }") == "DFLASH"
+    assert unit_algorithm("{ argv[]=python x --port 1 }") == "NONE"
+    assert unit_algorithm("") is None
+    info = {"speculative_algorithm": "DFLASH"}
+    assert live_numbers(info, None, {}, "DDTREE")["algorithm"] == "DDTREE"
+    assert live_numbers(info, None, {})["algorithm"] == "DFLASH"

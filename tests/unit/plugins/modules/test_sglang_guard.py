@@ -55,8 +55,20 @@ class Handler(JSONHandler):
 
 
 @pytest.fixture
-def server():
+def server(tmp_path, monkeypatch):
+    """The fake SGLang, and a systemctl whose unit runs DDTREE (SGLang's record says DFLASH for it, as the
+    overlay resolves it)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    systemctl = bin_dir / "systemctl"
+    systemctl.write_text(
+        "#!/bin/sh\n"
+        'echo "{ path=/p ; argv[]=/p launch.py sglang.launch_server --speculative-algorithm ${ALGORITHM:-DDTREE} ; }"\n'
+    )
+    systemctl.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (bin_dir, os.environ["PATH"]))
     with serving(FakeSGLang()) as fake:
+        fake.algorithm = "DFLASH"
         yield fake
 
 
@@ -87,6 +99,7 @@ def test_a_healthy_service_is_kept_after_a_probe_with_the_key(server, tmp_path, 
     code, result = run_module(sglang_guard, args(server.server_address[1], tmp_path), capsys)
     assert code == 0, result
     assert (result["watched"], result["action"], result["switch"], result["changed"]) == (True, "keep", False, False)
+    assert result["unit_algorithm"] == "DDTREE" and result["live"]["algorithm"] == "DDTREE"
     assert result["release_id"] == "0123456789ab"
     assert result["live"]["accept_length"] == 4.0 and result["live"]["accept_length_source"] == "probe"
     assert result["live"]["metrics_accept_length"] == 3.5 and result["metrics_exposed"] is True
@@ -131,3 +144,12 @@ def test_a_service_the_guard_does_not_watch_is_not_probed(server, tmp_path, caps
     code, result = run_module(sglang_guard, module_args, capsys)
     assert (code, result["watched"], result["action"]) == (0, False, "keep")
     assert server.generates == []
+
+
+def test_a_service_whose_unit_runs_its_fallback_is_kept(server, tmp_path, capsys, monkeypatch):
+    records(tmp_path)
+    server.accept = 1.0
+    monkeypatch.setenv("ALGORITHM", "DFLASH")
+    code, result = run_module(sglang_guard, args(server.server_address[1], tmp_path), capsys)
+    assert (code, result["action"], result["unit_algorithm"]) == (0, "keep", "DFLASH")
+    assert "runs DFLASH, not DDTREE" in result["reasons"][0]
