@@ -93,16 +93,12 @@ def recap(proc):
     return {name: int(value) for name, value in re.findall(r"(\w+)=(\d+)", line)}
 
 
-def server_info(lab):
-    return json.loads(
-        on_lab_host(
-            lab["env"],
-            "ct200",
-            "python3",
-            "-c",
-            "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:30000/server_info').read().decode())",
-        )
+def running(lab):
+    """The algorithm coder's unit runs (its flags: SGLang's /server_info says DFLASH for DDTREE too)."""
+    exec_start = on_lab_host(
+        lab["env"], "ct200", "systemctl", "show", "-p", "ExecStart", "--value", "sglang-coder.service"
     )
+    return unit_algorithm(exec_start)
 
 
 def history(lab):
