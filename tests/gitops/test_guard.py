@@ -73,19 +73,17 @@ def faulted_inventory(lab):
 def watch(lab, inventory=None):
     sources = ["-i", str(REPO / "inventories" / "lab" / "hosts.yml")] + (["-i", str(inventory)] if inventory else [])
     start = time.monotonic()
-    proc = run(
-        [LAB_RUN, "ansible-playbook", "playbooks/watch.yml", "-l", "blackwell"] + sources, lab["env"], check=False
-    )
+    # Results as JSON: the guard's line is one string, however long (YAML folds it over lines).
+    env = dict(lab["env"], ANSIBLE_CALLBACK_RESULT_FORMAT="json")
+    proc = run([LAB_RUN, "ansible-playbook", "playbooks/watch.yml", "-l", "blackwell"] + sources, env, check=False)
     return proc, round(time.monotonic() - start, 1)
 
 
 def decided(proc):
     """The guard's 'coder: <action> - <reasons>' line."""
-    match = re.search(r'"msg": "coder: (\w+) - ([^"]*)"', proc.stdout) or re.search(
-        r"msg: 'coder: (\w+) - (.*)'", proc.stdout
-    )
+    match = re.search(r'"msg": "coder: (\w+) - ((?:[^"\\]|\\.)*)"', proc.stdout)
     assert match, proc.stdout[-4000:]
-    return match.group(1), match.group(2)
+    return match.group(1), json.loads('"%s"' % match.group(2))
 
 
 def recap(proc):
