@@ -21,6 +21,9 @@ GROUP_GAP = 26
 LEFT, RIGHT, TOP, BOTTOM = 64, 16, 40, 86
 PLOT_HEIGHT = 200
 SVG_NS = "http://www.w3.org/2000/svg"
+# Estimated text widths (px per character) of the 11 px labels and the 14 px bold title, for the chart's width.
+CHAR_WIDTH, TITLE_CHAR_WIDTH = 6.5, 8.5
+LEGEND_GAP = 30
 
 
 def nice_ceiling(value: float) -> float:
@@ -48,8 +51,16 @@ def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> 
     values = [value for _name, row in series for value in row if value is not None]
     top = nice_ceiling(max(values) if values else 1.0)
     group_width = BAR_WIDTH * len(series) + GROUP_GAP
-    width = LEFT + RIGHT + max(group_width * len(categories), 240)
-    height = TOP + PLOT_HEIGHT + BOTTOM + 18 * ((len(series) + 3) // 4)
+    # Wide enough for the bars, the title and one row of the legend (text widths estimated per character).
+    legend = [(name, LEGEND_GAP + CHAR_WIDTH * len(str(name))) for name, _row in series]
+    width = int(
+        max(
+            LEFT + RIGHT + group_width * len(categories),
+            LEFT + RIGHT + TITLE_CHAR_WIDTH * len(title),
+            LEFT + RIGHT + sum(item for _name, item in legend),
+        )
+    )
+    height = TOP + PLOT_HEIGHT + BOTTOM
     svg = ET.Element(
         "svg",
         xmlns=SVG_NS,
@@ -100,11 +111,11 @@ def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> 
         label = ET.SubElement(svg, "text", x="%.1f" % centre, y=str(base + 14), **{"text-anchor": "end"})
         label.set("transform", "rotate(-30 %.1f %d)" % (centre, base + 14))
         label.text = str(category)
-    for position, (name, _row) in enumerate(series):
-        x = LEFT + (position % 4) * 150
-        y = base + BOTTOM - 10 + 18 * (position // 4)
-        ET.SubElement(
-            svg, "rect", x=str(x), y=str(y - 9), width="10", height="10", fill=PALETTE[position % len(PALETTE)]
-        )
-        ET.SubElement(svg, "text", x=str(x + 14), y=str(y)).text = str(name)
+    x = LEFT
+    y = base + BOTTOM - 10
+    for position, (name, item_width) in enumerate(legend):
+        colour = PALETTE[position % len(PALETTE)]
+        ET.SubElement(svg, "rect", x="%.1f" % x, y=str(y - 9), width="10", height="10", fill=colour)
+        ET.SubElement(svg, "text", x="%.1f" % (x + 14), y=str(y)).text = str(name)
+        x += item_width
     return ET.tostring(svg, encoding="unicode") + "\n"

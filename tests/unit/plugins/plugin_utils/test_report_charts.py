@@ -112,3 +112,17 @@ def test_a_tuning_is_charted_per_setting_and_concurrency():
     assert text.index("(rollout-tuning-ct200-coder-tokens-per-second.svg)") > tuning_at
     # An unchanged tuning measured nothing: no chart.
     assert report_charts(rollout_with(tuning(False, choice=DDTREE_CHOICE, key_changes=())))["tuning"] == []
+
+
+def test_a_chart_of_one_category_is_wide_enough_for_its_title_and_legend():
+    title = "Tokens/s per host and service, before and after"
+    svg = grouped_bars(
+        title, ["ct200/coder"], [("before (previous release)", [885.0]), ("after", [2909.0])], "tokens/s"
+    )
+    root = ET.fromstring(svg)
+    width = float(root.get("width"))
+    assert width >= 8.5 * len(title)
+    legend = [text for text in root.iter(SVG + "text") if text.text in ("before (previous release)", "after")]
+    first, second = sorted(legend, key=lambda text: float(text.get("x")))
+    assert float(second.get("x")) >= float(first.get("x")) + 6.5 * len(first.text)
+    assert float(second.get("x")) < width
