@@ -19,6 +19,8 @@ description:
   - With I(report_dir) set, writes the report there as JSON (for machines) and Markdown (for a
     pull-request comment or a CI job summary), C(rollout.json) and C(rollout.md), or C(plan.json) and
     C(plan.md) for a check-mode run, which lists each host's pending changes with their diffs.
+  - Beside the Markdown, its charts as SVG files it links to (C(rollout-*.svg)) - each gated service's tokens/s
+    and acceptance length before and after, and each tuning's per setting and concurrency.
   - Stays silent in runs that use none of the collection's rollout modules.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
@@ -68,6 +70,7 @@ from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report impor
     build_report,
     gate_kind,
     render_markdown,
+    report_charts,
     summary_lines,
 )
 
@@ -116,6 +119,12 @@ def _write(path, text):
     with open(temporary, "w") as handle:
         handle.write(text)
     os.replace(temporary, path)
+
+
+def _write_charts(directory, prefix, charts):
+    """The report's charts (rollout_report.report_charts) as <prefix><name>.svg beside its Markdown."""
+    for chart in [chart for section in charts.values() for chart in section]:
+        _write(os.path.join(directory, prefix + chart["name"] + ".svg"), chart["svg"])
 
 
 class CallbackModule(CallbackBase):
@@ -308,15 +317,18 @@ class CallbackModule(CallbackBase):
         report_dir = self.get_option("report_dir")
         if report_dir:
             os.makedirs(report_dir, exist_ok=True)
-            markdown = render_markdown(report)
+            charts = report_charts(report)
+            markdown = render_markdown(report, charts, kind + "-")
             _write(os.path.join(report_dir, kind + ".json"), document)
             _write(os.path.join(report_dir, kind + ".md"), markdown)
+            _write_charts(report_dir, kind + "-", charts)
             if self.get_option("history"):
                 history = os.path.join(report_dir, "history")
                 os.makedirs(history, exist_ok=True)
                 stem = "%s-%s-%s" % (meta["finished"].replace(":", ""), (meta["revision"] or "unknown")[:12], kind)
                 _write(os.path.join(history, stem + ".json"), document)
-                _write(os.path.join(history, stem + ".md"), markdown)
+                _write(os.path.join(history, stem + ".md"), render_markdown(report, charts, stem + "-"))
+                _write_charts(history, stem + "-", charts)
             self._display.display("reports: %s.{json,md}" % os.path.join(report_dir, kind))
         if self.get_option("report"):
             _write(os.path.expanduser(self.get_option("report")), document)

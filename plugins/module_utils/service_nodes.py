@@ -352,6 +352,7 @@ def node_start_order(start: list, restarts_by_host: dict) -> dict:
     workers, rest = split_start_order(ordered)
     return {"workers": workers, "rest": rest}
 
+
 def group_facts(hostvars, hosts: list) -> dict:
     """{host: {services: {name: declaration}, stack_id, release_ids: {name: id}}} of the given hosts, from their
     variables (hostvars, or any mapping of host to its variables); a host without them is left out."""

@@ -20,6 +20,8 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import 
     option,
     settings_spec,
 )
+from ansible_collections.ddtree.sglang.plugins.module_utils.guard import guard_problems
+from ansible_collections.ddtree.sglang.plugins.module_utils.guard import settings_spec as guard_settings_spec
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import (
     NODE_FIELDS,
     node_environment,
@@ -81,6 +83,7 @@ SERVICE_FIELDS = {
         "dict", "This service's own health-gate settings (sglang_health's options of the same name)", default={}
     ),
     "nodes": option("dict", "The hosts one server spans, in rank order (docs/services.md, Services across hosts)"),
+    "guard": option("dict", "The guard's settings after rollouts (docs/guard.md)", default={}),
 }
 
 
@@ -89,6 +92,7 @@ def service_spec() -> dict:
     spec = argument_spec(SERVICE_FIELDS)
     spec["health"]["options"] = settings_spec()
     spec["nodes"]["options"] = argument_spec(NODE_FIELDS)
+    spec["guard"]["options"] = guard_settings_spec()
     return spec
 
 
@@ -374,6 +378,7 @@ def _speculative_problems(label, service):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             problems.append("%s: speculative.%s is %r; it must be an integer >= 1" % (label, key, value))
     problems.extend("%s: %s" % (label, problem) for problem in autotune_problems(spec))
+    problems.extend(guard_problems(service, label))
     return problems
 
 

@@ -239,6 +239,11 @@ choice:
     gain_over_none: {}
     speed_floor: 128.8
     floor_margin: 0.2
+measurements:
+  description: The measurements this call decided from, as given (the rollout report charts them).
+  returned: when RV(tuned)
+  type: list
+  elements: dict
 key:
   description: The tuning key - C(digest) and the C(parts) it is computed from.
   returned: always
@@ -508,6 +513,7 @@ def main():
         choice=record["choice"],
         plan_choice=record["choice"],
         history=history_record(record["choice"], result, params["release_id"]),
+        measurements=record["measurements"],
     )
     result["msg"] = "%s: %s" % (name, record["choice"].get("reason") or "")
     if module._diff:

@@ -111,6 +111,19 @@ options:
           interface:
             description: The network interface between the nodes (NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME).
             type: str
+      guard:
+        description: The guard's settings after rollouts (docs/guard.md); unset, its defaults.
+        type: dict
+        default: {}
+        suboptions:
+          enabled: {description: Watch this DDTREE service after rollouts (default true), type: bool}
+          window: {description: Seconds one watch spans (default 60), type: float}
+          probe_requests: {description: Greedy /generate requests of the probe (default 4), type: int}
+          max_tokens: {description: max_new_tokens of each probe request (default 64), type: int}
+          margin: {description: Allowed share below DFLASH's tokens/s at this load (default 0.05), type: float}
+          collapse_ratio: {description: Share of the recorded acceptance below which it fell (default 0.5), type: float}
+          hold_down: {description: Seconds after a switch with no other switch (default 3600), type: float}
+          fallback: {description: "What a switch runs (dflash, the default)", type: str}
   gpu_indices:
     description: The host's GPU indices (from M(ddtree.sglang.gpu_facts)).
     type: list

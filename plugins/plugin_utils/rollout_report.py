@@ -36,6 +36,7 @@ Event: {"host", "kind", "task", "service", "result"} with kind one of
 from __future__ import annotations
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy import bake_verdict
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.svg_chart import grouped_bars
 
 # 2: every release id is named release_id, or <qualifier>_release_id where an object holds several
 # (before_release_id/after_release_id, failed_release_id/rolled_back_to_release_id; the host's
@@ -242,7 +243,24 @@ def tuning_summary(result, plan=False):
         "reason": choice.get("reason"),
         "gain_over_dflash": {concurrency: gains[concurrency] for concurrency in sorted(gains, key=int)},
         "key_changes": list(result.get("key_changes") or []) if result.get("needs_tuning") else [],
+        # What a tuning measured (only the call that tuned has it): the tuning's charts.
+        "measurements": [
+            {
+                "setting": _setting_label(item),
+                "concurrency": item.get("concurrency"),
+                "tokens_per_second": item.get("tokens_per_second"),
+                "accept_length": item.get("accept_length"),
+            }
+            for item in result.get("measurements") or []
+            if not item.get("error")
+        ],
     }
+
+
+def _setting_label(item):
+    if str(item.get("algorithm")).upper() == "DDTREE":
+        return "DDTREE b%s k%s" % (item.get("budget"), item.get("top_k"))
+    return str(item.get("algorithm"))
 
 
 def tuning_text(tuning):
@@ -534,8 +552,77 @@ def _headline(report):
     )
 
 
-def render_markdown(report):
-    """The report as Markdown for a pull-request comment or a CI job summary."""
+def report_charts(report):
+    """The report's charts as SVG: {"before_after": [chart], "tuning": [chart]}, each chart {"name", "title",
+    "svg"}. Before/after: each gated service's tokens/s and acceptance length against the previous release's
+    recorded numbers; tuning: each tuning's tokens/s and acceptance length per setting and concurrency."""
+    charts = {"before_after": [], "tuning": []}
+    if report.get("kind") == "plan":
+        return charts
+    gated = [
+        ("%s/%s" % (row["host"], service["name"]), service["gate"])
+        for row in report["hosts"]
+        for service in row["services"]
+        if service.get("gate") and service["gate"].get("tokens_per_second") is not None
+    ]
+    for field, what, unit in (
+        ("tokens_per_second", "tokens/s", "tokens/s"),
+        ("accept_length", "acceptance length", "tokens per step"),
+    ):
+        labels = [label for label, gate in gated if gate.get(field) is not None]
+        if not labels:
+            continue
+        rows = [gate for _label, gate in gated if gate.get(field) is not None]
+        series = [
+            ("before (previous release)", [gate.get("previous_" + field) for gate in rows]),
+            ("after", [gate.get(field) for gate in rows]),
+        ]
+        charts["before_after"].append(
+            {
+                "name": "before-after-" + field.replace("_", "-"),
+                "title": "%s per host, before and after" % what.capitalize(),
+                "svg": grouped_bars(
+                    "%s per host and service, before and after" % what.capitalize(), labels, series, unit
+                ),
+            }
+        )
+    for row in report["hosts"]:
+        for service in row["services"]:
+            measured = (service.get("tuning") or {}).get("measurements") or []
+            if not measured:
+                continue
+            settings = list(dict.fromkeys(item["setting"] for item in measured))
+            levels = sorted({item["concurrency"] for item in measured}, key=lambda level: int(level or 0))
+            for field, what, unit in (
+                ("tokens_per_second", "tokens/s", "tokens/s"),
+                ("accept_length", "acceptance length", "tokens per step"),
+            ):
+                values = {(item["setting"], item["concurrency"]): item.get(field) for item in measured}
+                if not any(value is not None for value in values.values()):
+                    continue
+                series = [
+                    ("concurrency %s" % level, [values.get((name, level)) for name in settings]) for level in levels
+                ]
+                title = "%s/%s tuning: %s per setting and concurrency" % (row["host"], service["name"], what)
+                charts["tuning"].append(
+                    {
+                        "name": "tuning-%s-%s-%s" % (row["host"], service["name"], field.replace("_", "-")),
+                        "title": title,
+                        "svg": grouped_bars(title, settings, series, unit),
+                    }
+                )
+    return charts
+
+
+def _chart_links(charts, prefix):
+    """A paragraph per chart: an image of its own line each."""
+    return [line for chart in charts for line in ("![%s](%s%s.svg)" % (chart["title"], prefix, chart["name"]), "")]
+
+
+def render_markdown(report, charts=None, chart_prefix=""):
+    """The report as Markdown for a pull-request comment or a CI job summary. charts: report_charts(report),
+    written beside the Markdown as <chart_prefix><name>.svg, which it links to (none: no charts)."""
+    charts = charts or {}
     out = [_headline(report), ""]
     facts = []
     if report.get("revision"):
@@ -575,6 +662,7 @@ def render_markdown(report):
                 )
             )
     out.append("")
+    out += _chart_links(charts.get("before_after") or [], chart_prefix)
 
     recoveries = [
         (row["host"], service) for row in report["hosts"] for service in row["services"] if service.get("recovery")
@@ -762,6 +850,7 @@ def render_markdown(report):
                 )
             )
         out.append("")
+        out += _chart_links(charts.get("tuning") or [], chart_prefix)
     not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
     if not_reached:
         out += [
