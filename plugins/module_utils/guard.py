@@ -25,6 +25,7 @@ import re
 import time
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import argument_spec, option
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import spans_nodes
 
 GUARD_STATE_FORMAT = 1
 FALLBACKS = ("dflash",)
@@ -91,8 +92,12 @@ def guard_problems(service: dict, label: str) -> list:
 
 
 def watched(service: dict) -> bool:
-    """Whether the guard watches a service: a DDTREE service (declared or tuned) with the guard enabled."""
+    """Whether the guard watches a service: a DDTREE service (declared or tuned) with the guard enabled, on one
+    host. A service across hosts switches on all its nodes at once, which a rollout does and one host's guard
+    cannot (docs/guard.md)."""
     speculative = (service or {}).get("speculative") or {}
+    if spans_nodes(service or {}):
+        return False
     return str(speculative.get("algorithm", "NONE")).upper() == "DDTREE" and bool(guard_settings(service)["enabled"])
 
 

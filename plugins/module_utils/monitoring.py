@@ -17,6 +17,8 @@ Two documents, both made from the inventory and what the hosts recorded:
 
 from __future__ import annotations
 
+from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import node_rank
+
 # The series the gate's records become (the shipped rules and dashboard read these names).
 GATE_TOKENS_PER_SECOND = "ddtree:gate_tokens_per_second"
 THROUGHPUT_FLOOR = "ddtree:throughput_floor_tokens_per_second"
@@ -31,9 +33,14 @@ def _algorithm(service: dict) -> str:
     return str((service.get("speculative") or {}).get("algorithm") or "NONE")
 
 
-def scraped_services(services: list | None) -> list:
-    """The services that export metrics (metrics: true, the default), in declaration order."""
-    return [service for service in services or [] if service.get("metrics", True)]
+def scraped_services(services: list | None, host: str | None = None) -> list:
+    """The services that export metrics (metrics: true, the default) on host, in declaration order. A service
+    across hosts serves HTTP, /metrics included, on its head only: its worker ranks have nothing to scrape."""
+    return [
+        service
+        for service in services or []
+        if service.get("metrics", True) and not (node_rank(service, host) or 0) > 0
+    ]
 
 
 def target_groups(hosts: dict, status: dict, address: str = "") -> list:
@@ -45,7 +52,7 @@ def target_groups(hosts: dict, status: dict, address: str = "") -> list:
     """
     groups = []
     for host in sorted(hosts):
-        for service in scraped_services(hosts[host]):
+        for service in scraped_services(hosts[host], host):
             name = service["name"]
             labels = {"host": host, "service": name, "algorithm": _algorithm(service)}
             release_id = ((status.get(host) or {}).get(name) or {}).get("release_id")
@@ -77,7 +84,7 @@ def gate_records(hosts: dict, status: dict, throughput_margin: float, accept_len
         raise ValueError("accept_length_floor must be at least 1 (no draft accepted), got %r" % (accept_length_floor,))
     rules = []
     for host in sorted(hosts):
-        for service in scraped_services(hosts[host]):
+        for service in scraped_services(hosts[host], host):
             name = service["name"]
             labels = {"host": host, "service": name}
             if _algorithm(service) != "NONE":

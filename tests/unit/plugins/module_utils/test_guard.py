@@ -84,6 +84,8 @@ def test_only_ddtree_services_with_the_guard_on_are_watched():
     assert watched({"speculative": {"algorithm": "DDTREE", "autotune": {}}})
     assert not watched({"speculative": {"algorithm": "DDTREE"}, "guard": {"enabled": False}})
     assert not watched({"speculative": {"algorithm": "DFLASH"}})
+    # A service across hosts switches on every node at once (a rollout); one host's guard leaves it alone.
+    assert not watched({"speculative": {"algorithm": "DDTREE"}, "nodes": {"hosts": ["ct200", "ct129"]}})
     assert not watched({})
 
 

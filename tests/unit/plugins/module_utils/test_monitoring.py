@@ -35,6 +35,19 @@ def test_targets_at_one_address_and_without_a_release_before_the_first_deploy():
     ]
 
 
+def test_a_service_across_hosts_is_scraped_on_its_head_only():
+    kimi = {
+        "name": "kimi",
+        "port": 30010,
+        "nodes": {"hosts": ["ct200", "ct129"]},
+        "speculative": {"algorithm": "DDTREE"},
+    }
+    groups = monitoring.target_groups({"ct200": [kimi], "ct129": [kimi]}, {})
+    assert [group["targets"] for group in groups] == [["ct200:30010"]]
+    records = monitoring.gate_records({"ct200": [kimi], "ct129": [kimi]}, {}, 0.2, 1.5)
+    assert {rule["labels"]["host"] for rule in records["groups"][0]["rules"]} == {"ct200"}
+
+
 def rules_by_name(document):
     found = {}
     for rule in document["groups"][0]["rules"]:
