@@ -338,6 +338,36 @@ def decide(
     return {"action": "switch", "reasons": problems, "hold_until": now + settings["hold_down"]}
 
 
+def declared_speculative(service: dict) -> dict:
+    """The service's declared speculative settings as the guard records and compares them (unset keys dropped)."""
+    return {key: value for key, value in ((service or {}).get("speculative") or {}).items() if value is not None}
+
+
+def fallback_holds(state: dict | None, service: dict, path: str = "guard.json") -> str | None:
+    """Why a rollout runs the service's fallback instead of its declaration, or None (it runs as declared).
+
+    A guard's switch holds across rollouts while the service's speculative settings are those it switched away
+    from: a rollout of the same declaration would bring back the DDTREE that no longer paid, and the guard's
+    hold-down would then leave it running. A changed declaration (another budget, a schedule, autotune) is
+    DDTREE worth trying again, under the guard's watch; removing the guard's record (path) does the same.
+    """
+    fallback = (state or {}).get("fallback") or {}
+    if not fallback or not watched(service):
+        return None
+    switched_from = (fallback.get("from") or {}).get("speculative")
+    if switched_from is not None and switched_from != declared_speculative(service):
+        return None
+    return (
+        "the guard switched it to DFLASH at %s (%s); it stays on DFLASH until its speculative settings change "
+        "or %s is removed"
+        % (
+            fallback.get("at") or "?",
+            fallback.get("reason") or "no reason recorded",
+            path,
+        )
+    )
+
+
 def fallback_service(service: dict) -> dict:
     """The service as its fallback runs it: DFLASH (no DDTREE flags, no tuning, no pin: DFLASH runs the stack's
     base release, docs/services.md), everything else as declared."""
@@ -350,12 +380,20 @@ def fallback_services(services: list, switched: list) -> list:
     return [fallback_service(service) if service.get("name") in names else service for service in services or []]
 
 
-def guard_state(previous: dict | None, decision: dict, live: dict, now: float, release_id: str | None) -> dict:
-    """guard.json after a switch: the switch's time (the hold-down counts from it), from what, to what, why."""
+def guard_state(
+    previous: dict | None,
+    decision: dict,
+    live: dict,
+    now: float,
+    release_id: str | None,
+    speculative: dict | None = None,
+) -> dict:
+    """guard.json after a switch: the switch's time (the hold-down counts from it), from what (the algorithm, the
+    release and the declared speculative settings, which fallback_holds compares), to what, why."""
     fallback = {
         "at": _stamp(now),
         "epoch": now,
-        "from": {"algorithm": live.get("algorithm"), "release_id": release_id},
+        "from": {"algorithm": live.get("algorithm"), "release_id": release_id, "speculative": speculative},
         "to": {"algorithm": "DFLASH"},
         "reason": "; ".join(decision["reasons"]),
     }

@@ -167,6 +167,12 @@ options:
       - Unset, the module reads them on the host (C(ip -j address)) when a service spans hosts.
     type: list
     elements: str
+  state_root:
+    description:
+      - The services' state directory on the host (C(<state_root>/<name>/guard.json)). A DDTREE service the guard
+        switched to DFLASH runs DFLASH in the plan while its speculative settings are those it was switched away
+        from (RV(guarded); docs/guard.md). Unset, every service runs as declared.
+    type: path
 extends_documentation_fragment:
   - ddtree.sglang.attributes.read_only
 """
@@ -212,6 +218,14 @@ needs_base_release:
       service still to tune, whose DFLASH runs there).
   returned: success
   type: bool
+guarded:
+  description:
+    - The services that run their fallback (DFLASH) instead of their declaration because the guard switched them
+      (C(guard.json) under O(state_root)) and their speculative settings are unchanged since, each with why
+      (docs/guard.md).
+  returned: success
+  type: dict
+  sample: {coder: "the guard switched it to DFLASH at 2026-12-04T18:08:18Z (...); it stays on DFLASH until ..."}
 untuned:
   description: The services that declare C(speculative.autotune) and have no choice in O(tuned) yet (O(untuned=defer)),
     in order.
@@ -222,11 +236,14 @@ untuned:
 """
 
 import copy
+import json
+import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import declared, tuned_service
+from ansible_collections.ddtree.sglang.plugins.module_utils.guard import fallback_holds, fallback_services
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import ip_addresses, spans_nodes
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import CANDIDATE
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
@@ -252,6 +269,7 @@ def main():
             host=dict(type="str", default="host"),
             interfaces=dict(type="list", elements="str"),
             addresses=dict(type="list", elements="str"),
+            state_root=dict(type="path"),
         ),
         supports_check_mode=True,
     )
@@ -270,6 +288,8 @@ def main():
             msg="%d problem(s) in sglang_services, nothing was changed: %s" % (len(problems), " | ".join(problems)),
             problems=problems,
         )
+    guarded = _guarded(module, services)
+    services = fallback_services(services, list(guarded))
     untuned = []
     if module.params["untuned"] == "defer":
         untuned = [
@@ -299,7 +319,33 @@ def main():
         )
     # The stack's base release: what a service without the overlay runs, and a tuned service's DFLASH.
     needs_base_release = bool(untuned) or any(not entry["loads_overlay"] for entry in plan)
-    module.exit_json(changed=False, services=plan, untuned=untuned, needs_base_release=needs_base_release)
+    module.exit_json(
+        changed=False, services=plan, untuned=untuned, needs_base_release=needs_base_release, guarded=guarded
+    )
+
+
+def _guarded(module, services):
+    """{name: why} of the services whose guard's switch holds (guard.fallback_holds), read from O(state_root)."""
+    root = module.params["state_root"]
+    guarded = {}
+    for service in services if root else []:
+        path = os.path.join(root, service["name"], "guard.json")
+        try:
+            with open(path) as handle:
+                state = json.load(handle)
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError) as exc:
+            module.warn(
+                "%s: the guard's record %s is unreadable (%s); the service runs as declared"
+                % (service["name"], path, exc)
+            )
+            continue
+        why = fallback_holds(state, service, path)
+        if why:
+            guarded[service["name"]] = why
+            module.warn("%s: %s" % (service["name"], why))
+    return guarded
 
 
 def _with_tuned_choices(services, tuned, host):

@@ -157,6 +157,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import PROMPTS
 from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
     decide,
+    declared_speculative,
     dflash_reference,
     guard_settings,
     guard_state,
@@ -309,7 +310,7 @@ def main():
     if live is not None:
         result["live"] = live
     if decision["action"] == "switch":
-        result["state"] = guard_state(previous, decision, live, now, release_id)
+        result["state"] = guard_state(previous, decision, live, now, release_id, declared_speculative(service))
         result["record"] = history_record(name, decision, live, recorded, release_id, now)
     if decision["action"] == "unknown":
         module.warn("%s: %s" % (name, decision["reasons"][0]))

@@ -184,3 +184,17 @@ def test_3_a_second_watch_does_not_flap(lab):
     assert main_pid(lab) == lab["pid"]
     assert running(lab) == "DFLASH"
     assert len([line for line in history(lab) if line.get("event") == "guard"]) == 1
+
+
+def test_4_a_rollout_of_the_same_declaration_keeps_the_guards_dflash(lab):
+    # service_plan reads guard.json: the declaration the guard switched away from is planned as DFLASH, so the
+    # rollout leaves the service as the guard left it (no restart) and says why.
+    sources = ["-i", str(REPO / "inventories" / "lab" / "hosts.yml"), "-i", str(lab["inventory"])]
+    start = time.monotonic()
+    proc = run(DEPLOY + sources, lab["env"], check=False)
+    NUMBERS["rollout_after_switch_s"] = round(time.monotonic() - start, 1)
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    NUMBERS["rollout_after_switch_recap"] = recap(proc)
+    assert "stays on DFLASH until its speculative settings change" in proc.stdout
+    assert running(lab) == "DFLASH"
+    assert main_pid(lab) == lab["pid"]

@@ -6,7 +6,9 @@ import pytest
 from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
     GUARD_SETTINGS,
     decide,
+    declared_speculative,
     dflash_reference,
+    fallback_holds,
     fallback_services,
     guard_problems,
     guard_settings,
@@ -258,7 +260,7 @@ def test_the_state_and_the_history_line_say_when_from_what_and_why():
     state = guard_state({"switches": [{"at": "old"}] * 25}, decision, live(), NOW, "0123456789ab")
     assert state["last_switch"]["epoch"] == NOW
     assert state["last_switch"]["reason"] == "a; b"
-    assert state["last_switch"]["from"] == {"algorithm": "DDTREE", "release_id": "0123456789ab"}
+    assert state["last_switch"]["from"] == {"algorithm": "DDTREE", "release_id": "0123456789ab", "speculative": None}
     assert len(state["switches"]) == 20
     record = history_record("coder", decision, live(), {"dflash": None}, "0123456789ab", NOW)
     assert (record["event"], record["to"], record["reasons"]) == ("guard", {"algorithm": "DFLASH"}, ["a", "b"])
@@ -277,3 +279,20 @@ def test_the_units_flags_say_what_it_runs_where_sglangs_record_says_dflash_for_d
     info = {"speculative_algorithm": "DFLASH"}
     assert live_numbers(info, None, {}, "DDTREE")["algorithm"] == "DDTREE"
     assert live_numbers(info, None, {})["algorithm"] == "DFLASH"
+
+
+def test_a_switch_holds_across_rollouts_while_the_declaration_is_the_one_it_switched_away_from():
+    coder = {"name": "coder", "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8, "autotune": None}}
+    decision = {"action": "switch", "reasons": ["collapsed"]}
+    state = guard_state(None, decision, live(), NOW, "0123456789ab", declared_speculative(coder))
+    assert state["fallback"]["from"]["speculative"] == {"algorithm": "DDTREE", "budget": 15, "top_k": 8}
+    why = fallback_holds(state, coder, "/var/lib/sglang/coder/guard.json")
+    assert "stays on DFLASH until its speculative settings change or /var/lib/sglang/coder/guard.json" in why
+    assert "(collapsed)" in why
+    # Another declaration is DDTREE worth trying again; no switch, or a guard turned off, leaves it as declared.
+    assert fallback_holds(state, dict(coder, speculative={"algorithm": "DDTREE", "budget": 31, "top_k": 8})) is None
+    assert fallback_holds(None, coder) is None and fallback_holds({"switches": []}, coder) is None
+    assert fallback_holds(state, dict(coder, guard={"enabled": False})) is None
+    # A record without the declaration (written before it was kept) holds for any DDTREE declaration.
+    old = {"fallback": {"at": "then", "from": {"algorithm": "DDTREE"}, "reason": "slow"}}
+    assert fallback_holds(old, coder)
