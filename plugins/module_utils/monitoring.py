@@ -39,7 +39,7 @@ def scraped_services(services: list | None, host: str | None = None) -> list:
     return [
         service
         for service in services or []
-        if service.get("metrics", True) and not (node_rank(service, host) or 0) > 0
+        if service.get("metrics", True) and (node_rank(service, host) or 0) == 0
     ]
 
 
