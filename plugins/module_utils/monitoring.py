@@ -37,9 +37,7 @@ def scraped_services(services: list | None, host: str | None = None) -> list:
     """The services that export metrics (metrics: true, the default) on host, in declaration order. A service
     across hosts serves HTTP, /metrics included, on its head only: its worker ranks have nothing to scrape."""
     return [
-        service
-        for service in services or []
-        if service.get("metrics", True) and (node_rank(service, host) or 0) == 0
+        service for service in services or [] if service.get("metrics", True) and (node_rank(service, host) or 0) == 0
     ]
 
 
