@@ -6,7 +6,8 @@
 #   tp2     the TP=2 scenario (scenario.py tp2, kind nvidia-h200-x2) -> results-tp2.json
 #   topk    the fused draft top-k benchmark (sglang_overlay/benchmarks/draft_topk.py) -> results-topk.json
 #   perf    tokens/s of NONE, DFLASH, DDTREE before and after (perf.py) -> results-perf.json;
-#           PERF_TARGET=qwen3-8b: on a Qwen3-8B-shaped random target (make_shaped.py writes its configs);
+#           PERF_TARGET=qwen3-8b | qwen3-30b-a3b: on a production-shaped random target (make_shaped.py writes
+#           its configs);
 #           PERF_TARGET=embedded-qwen3-8b | embedded-qwen3-30b-a3b: on the embedded test bed (step embed, run
 #           first when the bed is missing; PERF_DRAFTER picks the drafter level)
 #   embed   the embedded test bed for EMBED_SHAPE (default qwen3-8b; qwen3-30b-a3b): trains the drafter levels
@@ -20,7 +21,7 @@
 #   stage   the graphed tree stage == the eager one, and its time (sglang_overlay/tests/adapter/
 #           gpu_stage_check.py) -> results-stage.json
 #   profile GPU time per decode step, DFLASH against DDTREE, kernel by kernel (profile_step.py, SGLang's
-#           torch profiler; PERF_TARGET as for perf, default qwen3-8b) -> results-profile.json
+#           torch profiler; PERF_TARGET as for perf, default qwen3-8b) -> results-profile-TARGET.json
 #   weak    a drafter less sure of itself (train_models.py --drafter-only, stops at offline acceptance
 #           WEAK_ACCEPT, default 5) for the trained target -> MODELS/tiny-qwen3-dflash-weak, weak-drafter.tgz
 #   autotune the autotune grid measured and chosen with the collection's code (autotune_real.py), once per
@@ -46,10 +47,13 @@ MODELS=$REPO/.cache/gpu-sglang/models; [ -d "$MODELS" ] || MODELS=$W/models
 if [ ! -d "$MODELS" ] && [ -f "$REPO/docs/evidence/gpu-sglang/models.tgz" ]; then
   tar xzf "$REPO/docs/evidence/gpu-sglang/models.tgz" -C "$W"; MODELS=$W/models
 fi
-# Drafters kept beside the carry (.cache/gpu-sglang/drafters/NAME.tgz, e.g. a `weak` step's
-# weak-drafter.tgz) join MODELS, so a later call needs no training.
-if [ -d "$REPO/.cache/gpu-sglang/drafters" ] && [ "$MODELS" = "$W/models" ]; then
-  for tgz in "$REPO"/.cache/gpu-sglang/drafters/*.tgz; do [ -f "$tgz" ] && tar xzf "$tgz" -C "$MODELS"; done
+# Drafters kept with the evidence (docs/evidence/gpu-sglang/drafters/NAME.tgz, tracked) or beside the carry
+# (.cache/gpu-sglang/drafters/NAME.tgz, e.g. a `weak` step's weak-drafter.tgz) join MODELS, so a later call
+# needs no training.
+if [ "$MODELS" = "$W/models" ]; then
+  for tgz in "$REPO"/docs/evidence/gpu-sglang/drafters/*.tgz "$REPO"/.cache/gpu-sglang/drafters/*.tgz; do
+    [ -f "$tgz" ] && tar xzf "$tgz" -C "$MODELS"
+  done
 fi
 # The embedded test bed's drafters besides the trained tiny-qwen3-dflash (in-server acceptance ~12): levels
 # saved by one training run when its offline acceptance first reaches each threshold (in server: ~3-4, ~6-7).
@@ -103,7 +107,7 @@ for step in "$@"; do
     embed) embed_bed "${EMBED_SHAPE:-qwen3-8b}" ;;
     perf|profile) [ "$step" = profile ] && export PERF_TARGET=${PERF_TARGET:-qwen3-8b}
           perf_models=$(python3 "$H/models_for_target.py" "${PERF_TARGET:-tiny}" "$MODELS" "$W") || continue
-          if [ "${PERF_TARGET:-tiny}" = qwen3-8b ]; then
+          if [ "$perf_models" = "$W/shaped" ]; then
             python3 "$H/make_shaped.py" "$W/shaped" > "$W/logs/make-shaped.log" 2>&1 || { cat "$W/logs/make-shaped.log"; continue; }
           fi
           case ${PERF_TARGET:-tiny} in

@@ -1,6 +1,7 @@
-"""Write a Qwen3-8B-shaped target and a DFlash drafter for it as config + tokenizer only (no weights).
+"""Write production-shaped targets and DFlash drafters for them as config + tokenizer only (no weights).
 
-Usage: python make_shaped.py OUTDIR  -> OUTDIR/qwen3-8b-shaped, OUTDIR/qwen3-8b-shaped-dflash.
+Usage: python make_shaped.py OUTDIR  -> OUTDIR/SHAPE-shaped and OUTDIR/SHAPE-shaped-dflash for each shape of
+`SHAPES` (qwen3-8b; qwen3-30b-a3b, the MoE at its full 48 layers).
 The production shapes live here (`SHAPES`: qwen3-8b, qwen3-30b-a3b); embed_models.py embeds the trained tiny
 pair into them with real weights.
 The servers load them with ``--load-format dummy`` (target) and ``--speculative-draft-load-format dummy``
@@ -148,14 +149,21 @@ def save_tokenizer(path):
     ).save_pretrained(path)
 
 
+def shaped_names(shape: str) -> tuple:
+    """The target's and the drafter's directory names of a random-weight shape."""
+    return "%s-shaped" % shape, "%s-shaped-dflash" % shape
+
+
 def main(out):
-    for name, cfg in ((TARGET, target_config()), (DRAFTER, drafter_config())):
-        path = os.path.join(out, name)
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "config.json"), "w") as fh:
-            json.dump(cfg, fh, indent=1)
-        save_tokenizer(path)
-    print("[make_shaped] %s, %s in %s" % (TARGET, DRAFTER, out), flush=True)
+    for shape in SHAPES:
+        target, drafter = shaped_names(shape)
+        for name, cfg in ((target, target_config(shape)), (drafter, drafter_config(shape))):
+            path = os.path.join(out, name)
+            os.makedirs(path, exist_ok=True)
+            with open(os.path.join(path, "config.json"), "w") as fh:
+                json.dump(cfg, fh, indent=1)
+            save_tokenizer(path)
+        print("[make_shaped] %s, %s in %s" % (target, drafter, out), flush=True)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Usage (device-run.sh): python models_for_target.py PERF_TARGET MODELS WORK  -> prints the models directory:
   tiny                      MODELS (the trained tiny pair)
-  qwen3-8b                  WORK/shaped (make_shaped.py's configs, random weights)
+  qwen3-8b, qwen3-30b-a3b   WORK/shaped (make_shaped.py's configs, random weights)
   embedded-<shape>          WORK/embedded-<shape> (embed_models.py: the trained tiny pair inside <shape>'s weights)
 scenario.SHAPES takes the embedded entries from embedded_shapes().
 """
@@ -13,6 +13,7 @@ import sys
 TINY_TARGET, TINY_DRAFTER = "tiny-qwen3", "tiny-qwen3-dflash"
 TARGET_DIR = "target"  # embed_models.py's target directory inside WORK/embedded-<shape>
 EMBED_SHAPES = ("qwen3-8b", "qwen3-30b-a3b")
+RANDOM_SHAPES = EMBED_SHAPES  # make_shaped.py's shapes, served with random weights
 EMBEDDED_PREFIX = "embedded-"
 # A smaller KV pool than the tiny pair's, so that several production-shaped servers share one H200.
 EMBEDDED_SERVER_FLAGS = ["--max-total-tokens", "32768"]
@@ -34,12 +35,12 @@ def embed_shape(target: str) -> str:
 def models_for_target(target: str, models: str, work: str) -> str:
     if target == "tiny":
         return models
-    if target == "qwen3-8b":
+    if target in RANDOM_SHAPES:
         return os.path.join(work, "shaped")
     if embed_shape(target) in EMBED_SHAPES:
         return os.path.join(work, target)
     raise ValueError(
-        "unknown target %r (tiny, qwen3-8b, %s)" % (target, ", ".join(EMBEDDED_PREFIX + s for s in EMBED_SHAPES))
+        "unknown target %r (tiny, %s, %s)" % (target, ", ".join(RANDOM_SHAPES), ", ".join(EMBEDDED_PREFIX + s for s in EMBED_SHAPES))
     )
 
 

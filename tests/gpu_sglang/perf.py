@@ -15,8 +15,9 @@ PERF_DRAFTER names the drafter directory under MODELS for every speculative serv
 PERF_STEP_TIMING=N sets DDTREE_STEP_TIMING=N on both DDTREE servers (host ms per part of the tree step,
 logged every N steps; the last lines land in results-perf.json). NONE starts first (it
 fills the JIT cache), then the other three together; then the measurements run one server at a time
-(the others idle), ROUNDS rounds (default 3) of 1, 16 and 64 concurrent greedy requests (T = 0, 64 new
-tokens, ignore_eos) on the held-out prompts: 6, 32 and 64 requests, each list PERF_REPEAT times (default 1;
+(the others idle), ROUNDS rounds (default 3) of 1, 16 and 64 concurrent greedy requests (T = 0,
+PERF_NEW_TOKENS new tokens, default scenario.GREEDY_NEW = 64, ignore_eos; longer outputs weigh the decode steps
+more and each request's fixed cost, its prefill and HTTP round trip, less) on the held-out prompts: 6, 32 and 64 requests, each list PERF_REPEAT times (default 1;
 longer rounds average out the scheduler's jitter, which moves a 0.1 s round by 20 %). tokens/s = completion tokens / wall
 seconds of the round. Greedy outputs of the first round are kept to compare servers (graphs vs eager).
 Writes OUT/results-perf.json and OUT/server-perf-NAME.log.
@@ -34,10 +35,11 @@ import scenario as sc  # noqa: E402
 import synth_lang as sl  # noqa: E402
 
 CONCURRENCY = {1: 6, 16: 32, 64: 64}  # concurrent requests -> requests per measurement
+NEW_TOKENS = int(os.environ.get("PERF_NEW_TOKENS") or sc.GREEDY_NEW)
 
 
 def measure(server, prompts, conc):
-    params = {"temperature": 0, "max_new_tokens": sc.GREEDY_NEW, "ignore_eos": True}
+    params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
     repeat = int(os.environ.get("PERF_REPEAT", "1"))
     jobs = prompts[: CONCURRENCY[conc]] * repeat
     t = time.time()
@@ -108,7 +110,7 @@ def main():
         "drafter": drafter,
         "rounds": rounds,
         "requests": CONCURRENCY,
-        "new_tokens": sc.GREEDY_NEW,
+        "new_tokens": NEW_TOKENS,
         "repeat": int(os.environ.get("PERF_REPEAT", "1")),
         "servers": {s.name: s.info for s in servers},
         "runs": [],

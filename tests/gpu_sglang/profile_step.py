@@ -13,8 +13,15 @@ PROFILE_DDTREE_ENV=NAME=VALUE[,NAME=VALUE] sets variables on the DDTREE server o
 its log then names the places in the tree step that synchronize).
 PROFILE_CPU=1: host activity too (CPU ops and, with stacks, Python functions), and per step the host work
 that ran while the GPU was idle ("host_during_gpu_idle": each event's own time inside the GPU's idle gaps,
-children's time excluded), which says what keeps the GPU waiting at low concurrency.
+children's time excluded), which says what keeps the GPU waiting at low concurrency. The Python profiler
+slows the host, so spans and idle times of such a pass are not those of a plain one; PROFILE_CPU=both
+profiles each server twice, GPU only and then with the host (keys NAME/cCONC and NAME/cCONC+cpu).
 PROFILE_CONCS (default 1,16) picks the concurrencies.
+PROFILE_DDTREE sets the DDTREE server's budget (an int or a schedule, e.g. 63 or "1:63,16:15"; default 15, top-k
+8; another budget takes the overlay's top-k for it).
+PROFILE_ONE_AT_A_TIME=1 starts, profiles and stops one server before the next (a shape whose weights leave
+room for one server, e.g. qwen3-30b-a3b's 61 GB at random weights).
+The result lands in OUT/results-profile-TARGET.json, or results-profile-TARGET-TAG.json with PROFILE_TAG=TAG.
 """
 
 import bisect
@@ -33,8 +40,9 @@ import scenario as sc  # noqa: E402
 import synth_lang as sl  # noqa: E402
 
 STEPS = int(os.environ.get("PROFILE_STEPS", "40"))
-PROFILE_CPU = os.environ.get("PROFILE_CPU") == "1"
-TOP = 25
+# The profiled passes per server and concurrency: GPU activity only, host activity too, or one of each.
+PASSES = {"1": ("cpu",), "both": ("gpu", "cpu")}.get(os.environ.get("PROFILE_CPU", ""), ("gpu",))
+TOP = 40
 
 
 def wave(server, prompts, conc):
@@ -122,7 +130,7 @@ def host_during_idle(events, gaps, steps):
     ]
 
 
-def summarize(trace_path, steps):
+def summarize(trace_path, steps, with_host=False):
     with gzip.open(trace_path, "rt") as fh:
         events = json.load(fh).get("traceEvents", [])
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
@@ -150,7 +158,7 @@ def summarize(trace_path, steps):
             waits[name] = (t + e["dur"], n + 1)
     ms = 1000.0 * steps
     extra = {}
-    if PROFILE_CPU:
+    if with_host:
         gaps = idle_gaps([(e["ts"], e["ts"] + e["dur"]) for e in gpu], start, end)
         extra = {
             "idle_gaps_per_step": round(len(gaps) / steps, 1),
@@ -178,51 +186,65 @@ def main():
     shape = os.environ.get("PERF_TARGET", "qwen3-8b")
     prompts = sl.greedy_prompts(sl.Language())
     prompts = (prompts * (64 // len(prompts) + 1))[:64]
+    budget = os.environ.get("PROFILE_DDTREE")
+    ddtree = {"budget": budget, "top_k": None} if budget else {}
     servers = [
         sc.Server("prof-dflash", "DFLASH", sc.RELEASE, 30111, out, models, shape=shape),
-        sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape),
+        sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape, **ddtree),
     ]
     if os.environ.get("PROFILE_DDTREE_ENV"):
         servers[1].set_env(os.environ["PROFILE_DDTREE_ENV"])
-    doc = {"plan": "profile", "target": shape, "steps": STEPS, "results": {}}
+    one_at_a_time = os.environ.get("PROFILE_ONE_AT_A_TIME") == "1"
+    tag = os.environ.get("PROFILE_TAG")
+    doc = {"plan": "profile", "target": shape, "ddtree_setting": budget or "15", "steps": STEPS, "results": {}}
     t0 = time.time()
-    try:
-        for s in servers:
+
+    def start(group):
+        for s in group:
             s.start()
-        for s in servers:
+        for s in group:
             s.wait_ready()
         print(
-            "[profile] ready after %.0f s: %s" % (time.time() - t0, [s.info.get("ready_s") for s in servers]),
+            "[profile] ready after %.0f s: %s" % (time.time() - t0, [s.info.get("ready_s") for s in group]),
             flush=True,
         )
+
+    try:
+        if not one_at_a_time:
+            start(servers)
         for s in servers:
+            if one_at_a_time:
+                start([s])
             for conc in [int(c) for c in os.environ.get("PROFILE_CONCS", "1,16").split(",")]:
                 wave(s, prompts, conc)  # warm-up at this batch size
-                pdir = os.path.join(out, "prof", "%s-c%d" % (s.name, conc))
-                os.makedirs(pdir, exist_ok=True)
-                start_profile(
-                    s,
-                    {
-                        "output_dir": pdir,
-                        "num_steps": STEPS,
-                        "activities": ["CPU", "GPU"] if PROFILE_CPU else ["GPU"],
-                        "with_stack": PROFILE_CPU,
-                        "profile_id": "%s-c%d" % (s.name, conc),
-                    },
-                )
-                outs = wave(s, prompts, conc)
-                deadline = time.time() + 60
-                files = []
-                while time.time() < deadline and not files:
-                    time.sleep(1)
-                    files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
-                time.sleep(2)  # the exporter may still be writing
-                key = "%s/c%d" % (s.name, conc)
-                doc["results"][key] = summarize(files[0], STEPS) if files else {"error": "no trace in %s" % pdir}
-                doc["results"][key]["mean_accept"] = sum(o["accept"] or 0 for o in outs) / len(outs)
-                print(
-                    "[profile] %s %s" % (key, {k: v for k, v in doc["results"][key].items() if k != "top"}), flush=True
-                )
+                for kind in PASSES:
+                    with_host = kind == "cpu"
+                    key = "%s/c%d%s" % (s.name, conc, "+cpu" if with_host and len(PASSES) > 1 else "")
+                    pdir = os.path.join(out, "prof", key.replace("/", "-"))
+                    os.makedirs(pdir, exist_ok=True)
+                    start_profile(
+                        s,
+                        {
+                            "output_dir": pdir,
+                            "num_steps": STEPS,
+                            "activities": ["CPU", "GPU"] if with_host else ["GPU"],
+                            "with_stack": with_host,
+                            "profile_id": key.replace("/", "-"),
+                        },
+                    )
+                    outs = wave(s, prompts, conc)
+                    deadline = time.time() + 60
+                    files = []
+                    while time.time() < deadline and not files:
+                        time.sleep(1)
+                        files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
+                    time.sleep(2)  # the exporter may still be writing
+                    result = summarize(files[0], STEPS, with_host) if files else {"error": "no trace in %s" % pdir}
+                    result["mean_accept"] = sum(o["accept"] or 0 for o in outs) / len(outs)
+                    doc["results"][key] = result
+                    print("[profile] %s %s" % (key, {k: v for k, v in result.items() if k != "top"}), flush=True)
+            if one_at_a_time:
+                s.stop()
     finally:
         for s in servers:
             s.stop()
@@ -234,7 +256,8 @@ def main():
             except OSError:
                 pass
         doc["servers"] = {s.name: s.info for s in servers}
-        with open(os.path.join(out, "results-profile.json"), "w") as fh:
+        name = "results-profile-%s%s.json" % (shape, "-" + tag if tag else "")
+        with open(os.path.join(out, name), "w") as fh:
             json.dump(doc, fh, indent=1)
     for key, r in doc["results"].items():
         print(
@@ -248,7 +271,7 @@ def main():
                 r.get("host_waits"),
             )
         )
-        for k in (r.get("top") or [])[:12]:
+        for k in (r.get("top") or [])[:20]:
             print("[profile]    %8.4f ms x%-6s %s" % (k["ms_per_step"], k["per_step"], k["name"][:90]))
         for k in (r.get("host_during_gpu_idle") or [])[:20]:
             print("[profile]    idle-host %8.4f ms %s" % (k["ms_per_step"], k["name"][:100]))

@@ -36,17 +36,19 @@ T0 = [time.time()]
 
 # Target shapes (PERF_TARGET in perf.py): the target and drafter directories under MODELS, flags for every
 # server, flags for a speculative one. "tiny": the trained tiny pair (train_models.py) or make_tiny's.
-# "qwen3-8b": make_shaped.py's configs, random weights (SGLang's dummy load format), a smaller KV pool so
-# that four servers share one GPU of the device (each ~17 GB of weights; 32768 tokens of KV are 4.8 GB).
+# "qwen3-8b", "qwen3-30b-a3b": make_shaped.py's configs, random weights (SGLang's dummy load format: equal
+# acceptance), a smaller KV pool so that four 8B servers share one GPU of the device (each ~17 GB of weights;
+# 32768 tokens of KV are 4.8 GB); the 30B-A3B's ~61 GB of weights leave room for one server at a time.
 SHAPES = {
     "tiny": ("tiny-qwen3", "tiny-qwen3-dflash", ["--max-total-tokens", "131072"], []),
-    "qwen3-8b": (
-        "qwen3-8b-shaped",
-        "qwen3-8b-shaped-dflash",
+}
+for _shape in models_for_target.RANDOM_SHAPES:
+    SHAPES[_shape] = (
+        "%s-shaped" % _shape,
+        "%s-shaped-dflash" % _shape,
         ["--load-format", "dummy", "--max-total-tokens", "32768"],
         ["--speculative-draft-load-format", "dummy"],
-    ),
-}
+    )
 # "embedded-qwen3-8b", "embedded-qwen3-30b-a3b": the trained tiny pair inside those shapes' weights
 # (embed_models.py; MODELS is WORK/embedded-<shape>, PERF_DRAFTER picks a drafter level).
 SHAPES.update(models_for_target.embedded_shapes())

@@ -67,6 +67,7 @@ def rows_from_perf(
                     or _flag(info.get("flags", []), "--speculative-ddtree-budget"),
                     "top_k": _flag(info.get("flags", []), "--speculative-ddtree-top-k") or "auto",
                     "concurrency": concurrency,
+                    "new_tokens": doc.get("new_tokens"),
                     "tokens_per_s": {
                         "NONE": _median(_by(runs, "perf-none", concurrency, "tokens_per_s")),
                         "DFLASH": _median(dflash),
