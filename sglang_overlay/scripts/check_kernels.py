@@ -39,6 +39,8 @@ import time
 BUDGETS = (15, 63, 255, 511)
 TOP_KS = (8, 15, 32)
 DEPTH_LIMIT = 15
+# The longest accepted path: the drafter's block (the root and one node per draft position).
+DRAFTER_BLOCK = DEPTH_LIMIT + 1
 # The models the inventories serve, by the name of their directory (model_path's last part): attention heads,
 # KV heads, head dim (config.json) and the vocabulary the drafter's top-k runs over.
 MODEL_SHAPES = {
@@ -175,7 +177,7 @@ def launch_cases(models: list[dict]):
     for name, tp_size in shapes:
         shape = MODEL_SHAPES[name]
         q_heads, kv_heads = shape["q_heads"] // tp_size, max(1, shape["kv_heads"] // tp_size)
-        for window in [w for w in [16, 32, 64] if w <= tree_attention.MAX_WINDOW]:
+        for window in [w for w in [16, 32, 64, 128, 512] if w <= tree_attention.MAX_WINDOW]:
             cases.append(
                 (
                     "tree_attention",
@@ -197,7 +199,7 @@ def launch_cases(models: list[dict]):
                     "%s/tp%d %d B/slot W%d" % (name, tp_size, stride, window),
                     (
                         lambda p=ptrs, s=strides, o=loc, i=index, n=lens, c=copy_config: kv_move.move_path_kv(
-                            p, s, o, i, n, c
+                            p, s, o, i, n, c, max_path=DRAFTER_BLOCK
                         )
                     ),
                 )

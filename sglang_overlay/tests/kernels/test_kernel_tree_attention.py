@@ -105,13 +105,15 @@ def reference(c):
 
 # (prefix lengths, window, q heads, kv heads, head dim): Qwen3-8B's grouping (4 query heads a KV head)
 # and window 16 at two requests; a prefix longer than one tile and one of 0; no grouping; a window
-# that is not a power of 2; a group of 8 split over two programs (64 rows each); grouping 2 with dim 64.
+# that is not a power of 2; a group of 8 split over two programs (64 rows each); grouping 2 with dim 64;
+# a window wider than a tile's 64 rows (two row blocks, the second partly past the window).
 CASES = [
     ([5, 70], 16, 8, 2, 128),
     ([0, 3, 130], 8, 4, 4, 64),
     ([9], 5, 4, 1, 64),
     ([17, 1], 16, 16, 2, 64),
     ([33, 64], 4, 4, 2, 32),
+    ([3, 20], 80, 4, 2, 32),
 ]
 
 
@@ -153,6 +155,10 @@ def test_launch_shape_groups_heads_of_one_kv_head():
     assert ta.launch_shape(12, 4, 16, 64) == (1, 16)  # group 3: no power of 2 > 1 divides it
     assert ta.launch_shape(8, 8, 4, 64) == (1, 16)  # no grouping: rows padded to tl.dot's 16
     assert ta.launch_shape(32, 8, 5, 64) == (4, 8)
+    # A window wider than the tile: one head, the tile's rows, row blocks over the window.
+    assert ta.launch_shape(32, 8, 128, 64) == (1, 64)
+    assert ta.launch_shape(32, 8, 256, 48) == (1, 32)
+    assert (ta.row_blocks(128, 64), ta.row_blocks(80, 64), ta.row_blocks(16, 16), ta.row_blocks(5, 16)) == (2, 2, 1, 1)
 
 
 def test_config_from_env():

@@ -717,6 +717,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 accept_index,
                 step.accept_lens,
                 pool._kv_copy_config,
+                max_path=self.ddtree.block,
             )
         else:
             move_accept_tokens_to_target_kvcache(

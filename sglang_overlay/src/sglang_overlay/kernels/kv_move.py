@@ -48,7 +48,7 @@ if triton is not None:
         accept_index_ptr,  # [bs, W] flat verify rows of each path, -1 after it
         accept_lens_ptr,  # [bs] nodes on each path (root included)
         W,
-        W_POW2: tl.constexpr,
+        W_POW2: tl.constexpr,  # a power of 2 >= the longest path (at most the window)
         BYTES_PER_TILE: tl.constexpr,
     ):
         b = tl.program_id(0).to(tl.int64)
@@ -79,17 +79,22 @@ def move_path_kv(
     accept_index: torch.Tensor,
     accept_lens: torch.Tensor,
     config: dict,
+    max_path: int = 0,
 ) -> None:
     """Move each request's accepted path to its window's front slots in every buffer.
 
     ``data_ptrs``/``strides``: the pool's (one entry per layer's K or V buffer, strides in bytes);
     ``out_cache_loc``: ``[bs * W]`` window slots; ``accept_index``: ``[bs, W]`` verify rows of each
     path (-1 after it); ``accept_lens``: ``[bs]``; ``config``: the pool's ``_kv_copy_config``
-    (``bytes_per_tile``, ``byte_tiles``, ``num_warps``).
+    (``bytes_per_tile``, ``byte_tiles``, ``num_warps``); ``max_path``: the longest path a step can
+    accept (the drafter's block: the root and one node per draft position), 0 for the window. A program
+    holds ``max_path`` rows of its byte tile, not the window's: a wide tree's window stays out of its
+    registers.
     """
     bs, window = (int(d) for d in accept_index.shape)
     if bs == 0:
         return
+    rows = min(window, int(max_path)) if max_path and int(max_path) > 0 else window
     grid = (bs, int(data_ptrs.numel()), int(config["byte_tiles"]))
     _move_path_kv_kernel[grid](
         data_ptrs,
@@ -98,7 +103,7 @@ def move_path_kv(
         accept_index,
         accept_lens,
         window,
-        W_POW2=_next_power_of_2(window),
+        W_POW2=_next_power_of_2(rows),
         BYTES_PER_TILE=int(config["bytes_per_tile"]),
         num_warps=int(config.get("num_warps", 4)),
     )

@@ -18,7 +18,8 @@ of the ``tl.dot`` tiles (``benchmarks/tree_attention.py`` compares the two bit f
 ``extend_fn(original)`` wraps SGLang's ``extend_attention_fwd`` (the backend's
 ``extend_attention_fwd`` attribute): calls this kernel can serve (a custom mask in SGLang's FULL
 layout read from the window only, page size 1, no sliding window, sinks, soft cap, score mod, LSE
-or fp8 cache, ``W <= MAX_WINDOW``) run here; every other call runs the original unchanged.
+or fp8 cache, ``W <= MAX_WINDOW``) run here; every other call runs the original unchanged. A window longer
+than a tile's rows (``max_rows``) is split into row blocks, one program each (the third grid axis).
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ __all__ = [
 # Switched by ``knobs.TREE_ATTENTION`` (read by ``adapter.hooks.install_tree_attention``); the tile by
 # ``knobs.TREE_ATTENTION_CONFIG`` (``config_from_env``), default ``DEFAULT_CONFIG``.
 
-#: Longest verify window served (query rows per request); longer ones run SGLang's kernel.
-MAX_WINDOW = 64
+#: Longest verify window served (query rows per request): the widest tree (``adapter.settings.MAX_BUDGET``
+#: nodes and the root). Longer ones run SGLang's kernel.
+MAX_WINDOW = 512
 
 
 class TreeAttentionConfig(tuple):
@@ -93,19 +95,25 @@ def _pow2(n: int) -> int:
 
 
 def launch_shape(num_q_heads: int, num_kv_heads: int, window: int, max_rows: int) -> tuple[int, int]:
-    """``(heads per program, rows per head)``: heads divide the KV group, rows a power of 2 >= window.
+    """``(heads per program, rows per head)``: heads divide the KV group, rows a power of 2.
 
     Heads per program: the largest power of 2 dividing the group with ``heads x rows <= max_rows``
-    (at least 1). Rows per head: ``window`` rounded up to a power of 2, and up to ``16 / heads`` so a
-    tile has the 16 rows ``tl.dot`` needs.
+    (at least 1). Rows per head: ``window`` rounded up to a power of 2 but at most ``max_rows`` (a
+    longer window takes ``row_blocks`` programs per head group), and at least ``16 / heads`` so a tile
+    has the 16 rows ``tl.dot`` needs.
     """
     group = int(num_q_heads) // int(num_kv_heads)
-    rows = _pow2(max(1, int(window)))
+    rows = min(_pow2(max(1, int(window))), max(1, _pow2(int(max_rows) + 1) // 2))
     heads = 1
     while group % (heads * 2) == 0 and heads * 2 * rows <= int(max_rows):
         heads *= 2
     rows = max(rows, 16 // heads)
     return heads, rows
+
+
+def row_blocks(window: int, rows: int) -> int:
+    """Programs per (request, head group): the window's rows in blocks of ``rows``."""
+    return max(1, -(-int(window) // int(rows)))
 
 
 if triton is not None:
@@ -140,7 +148,7 @@ if triton is not None:
         stride_buf_vh,
         GROUP: tl.constexpr,  # query heads per KV head
         HEADS: tl.constexpr,  # query heads per program (divides GROUP)
-        ROWS: tl.constexpr,  # rows per head (power of 2 >= the window)
+        ROWS: tl.constexpr,  # rows per head and program (power of 2; the window in row blocks of it)
         Lq: tl.constexpr,
         Lv: tl.constexpr,
         BLOCK_DMODEL: tl.constexpr,
@@ -149,6 +157,7 @@ if triton is not None:
     ):
         cur_seq = tl.program_id(0)
         head0 = tl.program_id(1) * HEADS
+        row0 = tl.program_id(2) * ROWS
         kv_head = head0 // GROUP
 
         q_start = tl.load(qo_indptr + cur_seq)
@@ -160,7 +169,7 @@ if triton is not None:
 
         offs_r = tl.arange(0, HEADS * ROWS)
         head = head0 + offs_r // ROWS
-        row = offs_r % ROWS
+        row = row0 + offs_r % ROWS
         mask_m = row < q_len
         offs_d = tl.arange(0, BLOCK_DMODEL)
         offs_dv = tl.arange(0, BLOCK_DV)
@@ -274,7 +283,7 @@ def tree_verify_attention(
     ``k_extend``/``v_extend`` ``[tokens, kv_heads, L]``, ``o`` ``[tokens, q_heads, Lv]``, the layer's
     cache buffers ``[slots, kv_heads, L]``, ``qo_indptr``/``kv_indptr``/``mask_indptr`` ``[bs + 1]``,
     ``kv_indices`` the prefix slots, ``custom_mask`` the flat FULL mask (bool or uint8). One launch,
-    grid ``(bs, q_heads / heads per program)``; no host synchronisation (CUDA-graph safe).
+    grid ``(bs, q_heads / heads per program, row blocks)``; no host synchronisation (CUDA-graph safe).
     """
     if triton is None:
         raise RuntimeError("tree_verify_attention needs triton")
@@ -285,7 +294,7 @@ def tree_verify_attention(
         return
     heads, rows = launch_shape(q_heads, kv_heads, max_len_extend, config.max_rows)
     mask = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
-    _tree_verify_attn_kernel[(bs, q_heads // heads)](
+    _tree_verify_attn_kernel[(bs, q_heads // heads, row_blocks(max_len_extend, rows))](
         q,
         k_extend,
         v_extend,
