@@ -133,7 +133,9 @@ def role_variables(capsys, services=(SLOW,)):
         sglang_service_restart_since={"stdout": "2026-11-30 10:00:00"},
         sglang_service_since={"stdout": "2026-11-30 10:00:00"},
         sglang_service_failed=[failed],
-        sglang_service_rolled_back={"results": [{"release_id": "old", "before": {"release_id": "new"}, "item": failed}]},
+        sglang_service_rolled_back={
+            "results": [{"release_id": "old", "before": {"release_id": "new"}, "item": failed}]
+        },
         sglang_service_promotions={"promote": [dict(entry, release_id="candidate")]},
         # Off here: collection lookups do not load in pytest's process (the tour's lab test gates with the file).
         sglang_service_fleet_baselines_file="",
