@@ -7,7 +7,7 @@
 The measuring step's client: it waits for a freshly started server, then talks to it through the health
 gate's own HTTP client (health_gate.ServiceIO.request: plain http.client, the API key, nothing to install
 on the host) and returns measurements in the shape ddtree.sglang.service_autotune takes. Starting a
-server per setting is the role's part (roles/sglang_service/tasks/autotune_trial.yml).
+server per setting is service_autotune_trial's part (autotune_trials.py says which files and commands).
 
 Requests are SGLang's native /generate, greedy: its meta_info has each request's completion tokens and
 verify steps, so the acceptance length is measured on the same requests as the speed (the OpenAI routes
@@ -175,3 +175,26 @@ def measure_setting(
             )
         )
     return measurements
+
+
+def measure_instance(
+    request,
+    unit_state,
+    setting: dict,
+    concurrencies: list,
+    max_tokens: int,
+    warmup: int,
+    start_timeout: float,
+    request_timeout: float,
+    clock=time.monotonic,
+) -> dict:
+    """A freshly started server of one setting, waited for and measured -> {measurements, ready_s}. A server
+    that is not ready (wait_ready says why) is a failed setting at every concurrency, not an error: it is never
+    chosen, and the other settings are still measured. ready_s: seconds until /health answered 200, or None."""
+    started = clock()
+    problem = wait_ready(request, unit_state, start_timeout)
+    if problem:
+        return {"measurements": failed_setting(setting, concurrencies, problem), "ready_s": None}
+    ready_s = round(clock() - started, 1)
+    measurements = measure_setting(request, setting, concurrencies, PROMPTS, max_tokens, request_timeout, warmup)
+    return {"measurements": measurements, "ready_s": ready_s}

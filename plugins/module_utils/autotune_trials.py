@@ -145,3 +145,27 @@ def window_start_commands(service: str, unit_active: bool, restore_active: bool)
     if not unit_active:
         commands.append(["systemctl", "start", units["unit"]])
     return commands
+
+
+def trial_files(name: str, unit: str, services_root: str, config_dir: str, state_root: str, systemd_dir: str) -> dict:
+    """Where a temporary instance's files live, as the services' own (units.yml): {unit, environment, api_key,
+    unit_dir (its current link inside), state_dir}. All of them are removed after its measurement."""
+    return {
+        "unit": "%s/%s" % (systemd_dir, unit),
+        "environment": "%s/%s.env" % (config_dir, name),
+        "api_key": "%s/%s.api-key" % (config_dir, name),
+        "unit_dir": "%s/%s" % (services_root, name),
+        "state_dir": "%s/%s" % (state_root, name),
+    }
+
+
+def trial_start_commands(unit: str) -> list:
+    """What starts a temporary instance once its files are written: systemd reads the new unit, then starts it
+    (restarted: one left running by a run that died mid-measurement starts afresh on this setting)."""
+    return [["systemctl", "daemon-reload"], ["systemctl", "restart", unit]]
+
+
+def trial_stop_commands(unit: str) -> list:
+    """What ends a temporary instance: stopped (before its files are removed), and, after, systemd told to
+    forget its unit."""
+    return [["systemctl", "stop", unit], ["systemctl", "daemon-reload"]]

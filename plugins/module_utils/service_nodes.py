@@ -428,7 +428,7 @@ def node_gate_results(gate_results: list, gate_entries: list, verdicts: list) ->
 
 def verdict_inputs(entry: dict, hostvars) -> dict:
     """{head_gate, rank_checks, hosts} of one service across hosts, from the nodes' variables: the head's gate
-    result (its `sglang_service_gate_run`) and each node's rank check (its `sglang_service_rank_checks`)."""
+    result (its `sglang_service_gate_run`) and each node's rank check (its `sglang_service_rank_run`)."""
     name, hosts = entry["name"], entry.get("node_hosts") or []
     head_gate, checks = None, []
     for host in hosts:
@@ -436,7 +436,7 @@ def verdict_inputs(entry: dict, hostvars) -> dict:
             variables = hostvars[host]
         except KeyError:
             continue
-        for result in variables.get("sglang_service_rank_checks") or []:
+        for result in (variables.get("sglang_service_rank_run") or {}).get("results") or []:
             if (result.get("item") or {}).get("name") == name and "rank" in result:
                 checks.append(
                     {

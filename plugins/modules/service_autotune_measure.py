@@ -109,17 +109,10 @@ workload:
   sample: {prompts: autotune-v1, max_tokens: 128, warmup: 1, rounds: 2}
 """
 
-import time
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import (
-    PROMPTS,
-    failed_setting,
-    measure_setting,
-    wait_ready,
-    workload,
-)
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import measure_instance, workload
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import default as gate_default
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
 
@@ -174,25 +167,20 @@ def main():
         return out.strip()
 
     setting = {key: params["setting"][key] for key in ("algorithm", "budget", "top_k")}
-    started = time.monotonic()
-    problem = wait_ready(io.request, unit_state, params["start_timeout"])
-    ready_s = None if problem else round(time.monotonic() - started, 1)
-    if problem:
-        measurements = failed_setting(setting, params["concurrency"], problem)
-    else:
-        measurements = measure_setting(
-            io.request,
-            setting,
-            params["concurrency"],
-            PROMPTS,
-            params["max_tokens"],
-            params["request_timeout"],
-            params["warmup"],
-        )
+    measured = measure_instance(
+        io.request,
+        unit_state,
+        setting,
+        params["concurrency"],
+        params["max_tokens"],
+        params["warmup"],
+        params["start_timeout"],
+        params["request_timeout"],
+    )
     module.exit_json(
         changed=False,
-        measurements=measurements,
-        ready_s=ready_s,
+        measurements=measured["measurements"],
+        ready_s=measured["ready_s"],
         workload=workload(params["max_tokens"], params["warmup"]),
     )
 

@@ -427,7 +427,7 @@ def test_a_run_killed_while_coder_is_tuned_on_its_own_gpus_leaves_ct200_serving_
             bed,
             "playbooks/services.yml",
             bed["base"] / "killed-own-window.json",
-            kill_at="Measure it: ",
+            kill_at="Measure each setting on a temporary instance: ",
             kill_after=1,
             extra=extra,
         )

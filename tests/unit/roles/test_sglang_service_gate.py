@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 from conftest import run_module
 
+from ansible_collections.ddtree.sglang.plugins.module_utils import service_nodes
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import quick_params, with_gate
 from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy import bake_checks
 from ansible_collections.ddtree.sglang.plugins.modules import service_plan, sglang_health
@@ -59,14 +60,18 @@ def gate_task():
     return next(task for task in tasks(SHARED) if GATE in task)
 
 
-def gate_calls(task_file, task_name, variables):
-    """The sglang_health arguments of `task_name`'s include of restart_and_gate.yml: [arguments per service gated]."""
+def gate_calls(task_file, task_name, variables, given=()):
+    """The sglang_health arguments of `task_name`'s include of restart_and_gate.yml: [arguments per service gated].
+
+    given: include variables the caller computed (those that use the collection's filters, which do not load in
+    pytest's process), taken from `variables` instead of rendered."""
     task = next(task for task in tasks(task_file) if task.get("name") == task_name)
     included = task[INCLUDE]["file"] if isinstance(task[INCLUDE], dict) else task[INCLUDE]
     assert included == SHARED
     from ansible.errors import AnsibleUndefinedVariable  # imported late, as render() says why
 
-    inner, pending = dict(variables), dict(task.get("vars") or {})
+    inner = dict(variables)
+    pending = {key: value for key, value in (task.get("vars") or {}).items() if key not in given}
     while pending:  # as Ansible does, lazily: a variable may use one declared after it
         for key, value in list(pending.items()):
             try:
@@ -115,6 +120,7 @@ def plan(services, capsys):
 def role_variables(capsys, services=(SLOW,)):
     defaults, entries = plan(list(services), capsys)
     entry = entries[0]
+    failed = {"item": dict(entry, release_id="new"), "passed": False, "msg": "failed"}
     return dict(
         defaults,
         omit=OMIT,
@@ -126,8 +132,10 @@ def role_variables(capsys, services=(SLOW,)):
         },
         sglang_service_restart_since={"stdout": "2026-11-30 10:00:00"},
         sglang_service_since={"stdout": "2026-11-30 10:00:00"},
-        sglang_service_rolled_back={"release_id": "old", "before": {"release_id": "new"}},
-        sglang_service_failed={"item": dict(entry, release_id="new"), "passed": False, "msg": "failed"},
+        sglang_service_failed=[failed],
+        sglang_service_rolled_back={
+            "results": [{"release_id": "old", "before": {"release_id": "new"}, "item": failed}]
+        },
         sglang_service_promotions={"promote": [dict(entry, release_id="candidate")]},
         # Off here: collection lookups do not load in pytest's process (the tour's lab test gates with the file).
         sglang_service_fleet_baselines_file="",
@@ -144,8 +152,13 @@ def test_deploy_rollback_and_promotion_gates_use_the_services_own_settings(capsy
     [deploy] = gate_calls(
         "switch.yml", "Restart what changed, keep every service running, and gate what was (re)started", variables
     )
+    # The rollback's gate entries, as its node_rollback_gates filter computes them from the links' results.
+    rollback_gates = service_nodes.rollback_gates(variables["sglang_service_rolled_back"]["results"])
     [rollback] = gate_calls(
-        "rollback.yml", "Start the previous release and gate it: {{ sglang_service_failed.item.name }}", variables
+        "rollback.yml",
+        "Start the previous releases and gate them",
+        dict(variables, sglang_service_gate=rollback_gates),
+        given=("sglang_service_gate",),
     )
     [promote] = gate_calls(
         "settle.yml", "Restart each promoted production service on the candidate and gate it", variables

@@ -11,7 +11,7 @@ from fake_http import JSONHandler, serving
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import autotune, autotune_measure
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
-from ansible_collections.ddtree.sglang.plugins.modules import service_autotune_measure
+from ansible_collections.ddtree.sglang.plugins.modules import service_autotune_measure, service_autotune_trial
 
 DDTREE_8_4 = {"algorithm": "DDTREE", "budget": 8, "top_k": 4}
 
@@ -210,3 +210,92 @@ def test_a_server_that_exits_at_start_is_a_failed_setting_not_a_failed_task(serv
     assert code == 0 and result["ready_s"] is None and server.count == 0
     assert [(m["concurrency"], m["tokens_per_second"]) for m in result["measurements"]] == [(1, None), (2, None)]
     assert result["measurements"][0]["error"].startswith("the server exited before it was ready (unit failed")
+
+
+def fake_trial_host(tmp_path, monkeypatch, fail_restart=False):
+    """A host for service_autotune_trial: its directories under tmp_path, and a systemctl that logs every call
+    and, when the instance starts, what it starts with (unit, current link, key, modes)."""
+    root = tmp_path / "host"
+    for name in ("services", "config", "state", "systemd"):
+        (root / name).mkdir(parents=True)
+    log = root / "systemctl.log"
+    seen = root / "seen"
+    body = (
+        'echo "$*" >> %(log)s\n'
+        'case "$1" in\n'
+        "  restart)\n"
+        "    { cat %(root)s/systemd/$2; readlink %(root)s/services/coder-autotune/current;\n"
+        "      cat %(root)s/config/coder-autotune.api-key; stat -c %%a %(root)s/config/coder-autotune.env\n"
+        "      stat -c %%a %(root)s/state/coder-autotune; } > %(seen)s\n"
+        "    exit %(rc)d ;;\n"
+        "  is-active) echo active ;;\n"
+        "esac\n"
+    ) % {"log": log, "root": root, "seen": seen, "rc": 1 if fail_restart else 0}
+    for name, text in (("systemctl", body), ("journalctl", "true\n")):
+        tool = tmp_path / name
+        tool.write_text("#!/bin/sh\n" + text)
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", "%s:%s" % (tmp_path, os.environ["PATH"]))
+    return root, log, seen
+
+
+def trial_args(server, root, **extra):
+    import grp
+    import pwd
+
+    return dict(
+        module_args(server),
+        name="coder-autotune",
+        release_dir="/opt/sglang/releases/r1",
+        services_root=str(root / "services"),
+        config_dir=str(root / "config"),
+        state_root=str(root / "state"),
+        systemd_dir=str(root / "systemd"),
+        owner=pwd.getpwuid(os.getuid()).pw_name,
+        group=grp.getgrgid(os.getgid()).gr_name,
+        unit_file="[Service]\nExecStart=/bin/true\n",
+        environment_file="TOKEN=t0ken\n",
+        **extra,
+    )
+
+
+def test_a_trial_writes_the_instance_as_a_service_measures_it_and_removes_it(server, tmp_path, monkeypatch, capsys):
+    root, log, seen = fake_trial_host(tmp_path, monkeypatch)
+    code, result = run_module(service_autotune_trial, trial_args(server, root), capsys)
+    assert code == 0 and result["changed"] is True and result["ready_s"] is not None
+    assert [(m["concurrency"], m["error"]) for m in result["measurements"]] == [(1, None), (2, None)]
+    # It started on the unit given, its current link naming the setting's release, with the key root's alone.
+    assert seen.read_text().splitlines() == [
+        "[Service]",
+        "ExecStart=/bin/true",
+        "/opt/sglang/releases/r1",
+        "s3cret",
+        "600",
+        "750",
+    ]
+    calls = log.read_text().splitlines()
+    assert calls[:2] == ["daemon-reload", "restart sglang-coder-autotune.service"]
+    assert calls[-2:] == ["stop sglang-coder-autotune.service", "daemon-reload"]
+    # Nothing of it is left, and neither the key nor the environment is in the result.
+    assert sorted(path.name for path in root.rglob("*")) == sorted(
+        ["services", "config", "state", "systemd", "systemctl.log", "seen"]
+    )
+    assert "s3cret" not in json.dumps(result) and "t0ken" not in json.dumps(result)
+
+
+def test_a_trial_that_cannot_start_fails_after_the_instance_is_removed(server, tmp_path, monkeypatch, capsys):
+    root, log, _seen = fake_trial_host(tmp_path, monkeypatch, fail_restart=True)
+    code, result = run_module(service_autotune_trial, trial_args(server, root, api_key=None), capsys)
+    assert code == 1 and result["msg"].startswith("coder-autotune: systemctl restart sglang-coder-autotune.service")
+    assert log.read_text().splitlines()[-2:] == ["stop sglang-coder-autotune.service", "daemon-reload"]
+    assert sorted(path.name for path in root.rglob("*")) == sorted(
+        ["services", "config", "state", "systemd", "systemctl.log", "seen"]
+    )
+    assert server.count == 0
+
+
+def test_a_trial_in_check_mode_writes_and_runs_nothing(server, tmp_path, monkeypatch, capsys):
+    root, log, _seen = fake_trial_host(tmp_path, monkeypatch)
+    code, result = run_module(service_autotune_trial, dict(trial_args(server, root), _ansible_check_mode=True), capsys)
+    assert code == 0 and result["measurements"] == [] and not log.exists()
+    assert result["files"]["unit"] == str(root / "systemd" / "sglang-coder-autotune.service")

@@ -217,3 +217,30 @@ def test_the_hosts_own_restore_waits_for_every_trial_and_one_more(trials, start,
 def test_a_restore_that_could_fire_at_once_is_refused(trials, start, allowance):
     with pytest.raises(ValueError, match="at least one trial and positive timeouts"):
         autotune_trials.window_restore_after(trials, start, allowance)
+
+
+def test_a_trial_instances_files_are_where_the_services_own_are_and_it_is_stopped_before_they_go():
+    files = autotune_trials.trial_files(
+        "coder-autotune",
+        "sglang-coder-autotune.service",
+        "/opt/sglang/services",
+        "/etc/sglang",
+        "/var/lib/sglang",
+        "/etc/systemd/system",
+    )
+    assert files == {
+        "unit": "/etc/systemd/system/sglang-coder-autotune.service",
+        "environment": "/etc/sglang/coder-autotune.env",
+        "api_key": "/etc/sglang/coder-autotune.api-key",
+        "unit_dir": "/opt/sglang/services/coder-autotune",
+        "state_dir": "/var/lib/sglang/coder-autotune",
+    }
+    assert autotune_trials.trial_start_commands("sglang-coder-autotune.service") == [
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "restart", "sglang-coder-autotune.service"],
+    ]
+    assert autotune_trials.trial_stop_commands("sglang-coder-autotune.service")[0] == [
+        "systemctl",
+        "stop",
+        "sglang-coder-autotune.service",
+    ]

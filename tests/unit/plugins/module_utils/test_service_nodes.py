@@ -281,9 +281,9 @@ def test_verdict_inputs_come_from_the_heads_gate_and_every_nodes_rank_check():
     hostvars = {
         "ct200": {
             "sglang_service_gate_run": {"results": [{"item": HEAD, "passed": True, "msg": "ok"}]},
-            "sglang_service_rank_checks": [dict(rank("ct200", 0), item=HEAD)],
+            "sglang_service_rank_run": {"results": [dict(rank("ct200", 0), item=HEAD)]},
         },
-        "ct129": {"sglang_service_rank_checks": [dict(rank("ct129", 1, active=False), item=WORKER)]},
+        "ct129": {"sglang_service_rank_run": {"results": [dict(rank("ct129", 1, active=False), item=WORKER)]}},
     }
     inputs = service_nodes.verdict_inputs(WORKER, hostvars)
     assert inputs["head_gate"]["passed"] is True and inputs["hosts"] == ["ct200", "ct129"]
