@@ -4,10 +4,15 @@ Usage: python make_shaped.py OUTDIR  -> OUTDIR/SHAPE-shaped and OUTDIR/SHAPE-sha
 `SHAPES` (qwen3-8b; qwen3-30b-a3b, the MoE at its full 48 layers).
 The production shapes live here (`SHAPES`: qwen3-8b, qwen3-30b-a3b); embed_models.py embeds the trained tiny
 pair into them with real weights.
-The servers load them with ``--load-format dummy`` (target) and ``--speculative-draft-load-format dummy``
-(drafter): SGLang fills random weights from config.json, so nothing large travels to the device and the
-start costs no weight reading. Random target + random drafter: nothing is accepted beyond the bonus token,
-so DFLASH and DDTREE run at equal acceptance and tokens/s compares the cost of one step.
+The target loads with ``--load-format dummy``: SGLang fills random weights from config.json, so nothing large
+travels to the device and the start costs no weight reading. The drafter gets random weights of its own,
+written here on the device (``drafter_weights``: seeded, normal with std 0.02, norms 1), not SGLang's dummy
+ones: those are uniform in +-1e-3 with one seed for every tensor, so the drafter's hidden state is the same at
+every position of its block and DFLASH drafts one token 15 times, where a trained drafter drafts text. On a
+dense target that costs the same; on an MoE target the verify's expert reads grow with the distinct tokens it
+routes, so a degenerate chain would make DFLASH's step unrealistically cheap against a tree of distinct
+candidates. Random target + random drafter: nothing is accepted beyond the bonus token, so DFLASH and DDTREE
+run at equal acceptance and tokens/s compares the cost of one step.
 
 Shapes: the target is Qwen3-8B's config (36 layers, hidden 4096, 32 query / 8 KV heads of 128, MLP 12288,
 vocabulary 151936, untied head). The drafter is shaped like the published Qwen3-8B DFlash drafter
@@ -149,6 +154,46 @@ def save_tokenizer(path):
     ).save_pretrained(path)
 
 
+def drafter_weights(cfg: dict, seed: int = 0) -> dict:
+    """Random DFlash drafter weights for ``cfg`` (SGLang's names, as train_models.py saves a drafter), bf16.
+
+    Projections normal with std 0.02 (transformers' ``initializer_range``), norms 1: the block's positions get
+    distinct hidden states (RoPE turns each position's query), so the drafted tokens differ by position.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    h, inter, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    feats = len(cfg["dflash_config"]["target_layer_ids"])
+
+    def normal(*shape):
+        return (torch.randn(*shape, generator=gen) * 0.02).to(torch.bfloat16)
+
+    def ones(n):
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    out = {"fc.weight": normal(h, feats * h), "hidden_norm.weight": ones(h), "norm.weight": ones(h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = "layers.%d." % i
+        out.update(
+            {
+                p + "input_layernorm.weight": ones(h),
+                p + "post_attention_layernorm.weight": ones(h),
+                p + "self_attn.q_proj.weight": normal(q, h),
+                p + "self_attn.k_proj.weight": normal(kv, h),
+                p + "self_attn.v_proj.weight": normal(kv, h),
+                p + "self_attn.o_proj.weight": normal(h, q),
+                p + "self_attn.q_norm.weight": ones(hd),
+                p + "self_attn.k_norm.weight": ones(hd),
+                p + "mlp.gate_proj.weight": normal(inter, h),
+                p + "mlp.up_proj.weight": normal(inter, h),
+                p + "mlp.down_proj.weight": normal(h, inter),
+            }
+        )
+    return out
+
+
 def shaped_names(shape: str) -> tuple:
     """The target's and the drafter's directory names of a random-weight shape."""
     return "%s-shaped" % shape, "%s-shaped-dflash" % shape
@@ -163,7 +208,13 @@ def main(out):
             with open(os.path.join(path, "config.json"), "w") as fh:
                 json.dump(cfg, fh, indent=1)
             save_tokenizer(path)
-        print("[make_shaped] %s, %s in %s" % (target, drafter, out), flush=True)
+        weights = os.path.join(out, drafter, "model.safetensors")
+        if not os.path.exists(weights):  # a warm machine keeps them (same config, same seed)
+            from safetensors.torch import save_file
+
+            save_file(drafter_weights(drafter_config(shape)), weights + ".part")
+            os.replace(weights + ".part", weights)
+        print("[make_shaped] %s, %s (random drafter weights) in %s" % (target, drafter, out), flush=True)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ def models_for_target(target: str, models: str, work: str) -> str:
     if embed_shape(target) in EMBED_SHAPES:
         return os.path.join(work, target)
     raise ValueError(
-        "unknown target %r (tiny, %s, %s)" % (target, ", ".join(RANDOM_SHAPES), ", ".join(EMBEDDED_PREFIX + s for s in EMBED_SHAPES))
+        "unknown target %r (tiny, %s, %s)"
+        % (target, ", ".join(RANDOM_SHAPES), ", ".join(EMBEDDED_PREFIX + s for s in EMBED_SHAPES))
     )
 
 

@@ -20,6 +20,9 @@ PERF_NEW_TOKENS new tokens, default scenario.GREEDY_NEW = 64, ignore_eos; longer
 more and each request's fixed cost, its prefill and HTTP round trip, less) on the held-out prompts: 6, 32 and 64 requests, each list PERF_REPEAT times (default 1;
 longer rounds average out the scheduler's jitter, which moves a 0.1 s round by 20 %). tokens/s = completion tokens / wall
 seconds of the round. Greedy outputs of the first round are kept to compare servers (graphs vs eager).
+PERF_ONE_AT_A_TIME=1: each server is started, measured for every round and stopped before the next starts (a
+shape whose weights leave room for one server, e.g. qwen3-30b-a3b's 61 GB; a round's servers are then minutes
+apart instead of seconds). PERF_NONE=0: no NONE server.
 Writes OUT/results-perf.json and OUT/server-perf-NAME.log.
 """
 
@@ -69,6 +72,9 @@ def main():
         sc.Server("perf-none", "NONE", sc.RELEASE, 30100, out, models, shape=shape),
         sc.Server("perf-dflash", "DFLASH", sc.RELEASE, 30101, out, models, shape=shape, drafter=drafter),
     ]
+    if os.environ.get("PERF_NONE") == "0":
+        servers = servers[1:]
+    one_at_a_time = os.environ.get("PERF_ONE_AT_A_TIME") == "1"
     settings = [item.strip() for item in os.environ.get("PERF_DDTREE", "").split(";") if item.strip()]
     if settings:
         top_k = int(os.environ["PERF_TOP_K"]) if os.environ.get("PERF_TOP_K") else None
@@ -122,27 +128,39 @@ def main():
         with open(os.path.join(out, "results-perf.json"), "w") as fh:
             json.dump(doc, fh)
 
+    def measure_rounds(group, r):
+        for s in group:
+            for conc in CONCURRENCY:
+                try:
+                    m, ids = measure(s, prompts, conc)
+                except Exception as e:  # noqa: BLE001 (recorded; the other servers still run)
+                    m, ids = {"error": repr(e)}, None
+                doc["runs"].append(dict(m, round=r, server=s.name, concurrency=conc))
+                if r == 0 and ids is not None and conc in (1, 16):
+                    doc["outputs"]["%s/c%d" % (s.name, conc)] = ids
+                print("[perf] round %d %s c%d %s" % (r, s.name, conc, m), flush=True)
+            save()
+
     try:
-        servers[0].start()
-        servers[0].wait_ready()
-        for s in servers[1:]:
-            s.start()
-        for s in servers[1:]:
-            s.wait_ready()
-        ready = [s for s in servers if "ready_s" in s.info]
-        print("[perf] ready: %s after %.0f s" % ([s.name for s in ready], time.time() - t0), flush=True)
-        for r in range(rounds):
-            for s in ready:
-                for conc in CONCURRENCY:
-                    try:
-                        m, ids = measure(s, prompts, conc)
-                    except Exception as e:  # noqa: BLE001 (recorded; the other servers still run)
-                        m, ids = {"error": repr(e)}, None
-                    doc["runs"].append(dict(m, round=r, server=s.name, concurrency=conc))
-                    if r == 0 and ids is not None and conc in (1, 16):
-                        doc["outputs"]["%s/c%d" % (s.name, conc)] = ids
-                    print("[perf] round %d %s c%d %s" % (r, s.name, conc, m), flush=True)
-                save()
+        if one_at_a_time:
+            for s in servers:
+                s.start()
+                if s.wait_ready():
+                    print("[perf] ready: %s after %.0f s" % (s.name, time.time() - t0), flush=True)
+                    for r in range(rounds):
+                        measure_rounds([s], r)
+                s.stop()
+        else:
+            servers[0].start()
+            servers[0].wait_ready()
+            for s in servers[1:]:
+                s.start()
+            for s in servers[1:]:
+                s.wait_ready()
+            ready = [s for s in servers if "ready_s" in s.info]
+            print("[perf] ready: %s after %.0f s" % ([s.name for s in ready], time.time() - t0), flush=True)
+            for r in range(rounds):
+                measure_rounds(ready, r)
     finally:
         for s in servers:
             s.stop()
@@ -193,7 +211,7 @@ def print_table(doc):
                 print("%s / DFLASH at c%d: %.3f (per round %s)" % (name, c, t / d, runs))
     # Greedy agreement against the DDTREE "before" server, else against DFLASH (three-server runs).
     outs = doc["outputs"]
-    ref_name = "perf-ddtree-before" if "perf-ddtree-before" in doc["servers"] else "perf-none"
+    ref_name = next(n for n in ("perf-ddtree-before", "perf-none", "perf-dflash") if n in doc["servers"])
     for c in (1, 16):
         ref = outs.get("%s/c%d" % (ref_name, c))
         for name in [n for n in doc["servers"] if n != ref_name]:
