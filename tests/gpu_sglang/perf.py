@@ -17,8 +17,9 @@ logged every N steps; the last lines land in results-perf.json). NONE starts fir
 fills the JIT cache), then the other three together; then the measurements run one server at a time
 (the others idle), ROUNDS rounds (default 3) of 1, 16 and 64 concurrent greedy requests (T = 0,
 PERF_NEW_TOKENS new tokens, default scenario.GREEDY_NEW = 64, ignore_eos; longer outputs weigh the decode steps
-more and each request's fixed cost, its prefill and HTTP round trip, less) on the held-out prompts: 6, 32 and 64 requests, each list PERF_REPEAT times (default 1;
-longer rounds average out the scheduler's jitter, which moves a 0.1 s round by 20 %). tokens/s = completion tokens / wall
+more and each request's fixed cost, its prefill and HTTP round trip, less) on the held-out prompts: 6, 32 and 64
+requests, each list PERF_REPEAT times (default 1; longer rounds average out the scheduler's jitter, which moves a
+0.1 s round by 20 %). tokens/s = completion tokens / wall
 seconds of the round. Greedy outputs of the first round are kept to compare servers (graphs vs eager).
 PERF_ONE_AT_A_TIME=1: each server is started, measured for every round and stopped before the next starts (a
 shape whose weights leave room for one server, e.g. qwen3-30b-a3b's 61 GB; a round's servers are then minutes
