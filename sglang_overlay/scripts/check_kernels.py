@@ -15,8 +15,8 @@ Each recorded launch is then compiled for each GPU as sglang_overlay.kernels.war
 from ptxas's own report of that compile. Compiled kernels stay in a Triton cache of their own (--cache-dir),
 with ptxas's report beside them by kernel hash, so only a changed kernel compiles again.
 
-Exit status 1 when a kernel needs more than a GPU gives a block (each message names the kernel, the GPU and
-the resource), 2 when the inputs are wrong (an inventory's GPU or model that has no row).
+Exit status 1 when a kernel needs more than a GPU gives a block, or spills registers (each message names the
+kernel, the GPU and the resource), 2 when the inputs are wrong (an inventory's GPU or model that has no row).
 """
 
 from __future__ import annotations
@@ -113,8 +113,10 @@ def kv_copy_config(stride_bytes: int) -> dict:
     return {"bytes_per_tile": tile, "byte_tiles": -(-stride_bytes // tile), "num_warps": 4 if tile <= 256 else 8}
 
 
-def launch_cases(models: list[dict]):
-    """[(kernel, shape, call)]: each call runs a kernel wrapper once with CPU tensors of that shape."""
+def launch_cases(models: list[dict], capabilities: dict[str, int]):
+    """[(kernel, shape, call, gpus)]: each call runs a kernel wrapper once with CPU tensors of that shape; gpus, the
+    compute capabilities it is compiled for (those of ``capabilities``, name -> Triton's number, that launch it so).
+    """
     import torch
 
     from sglang_overlay.kernels import accept_path, draft_topk, full_mask, kv_move, tree_attention, tree_build
@@ -128,12 +130,13 @@ def launch_cases(models: list[dict]):
         return lambda: tree_build.build_tree_kernel(lp, ids, budget, None, torch.zeros(1, dtype=torch.int64))
 
     for budget in BUDGETS + (tree_build.MAX_BUDGET,):
-        cases.append(("tree_build", "budget %d L%d K8" % (budget, DEPTH_LIMIT), tree(budget, DEPTH_LIMIT, 8)))
+        cases.append(("tree_build", "budget %d L%d K8" % (budget, DEPTH_LIMIT), tree(budget, DEPTH_LIMIT, 8), None))
         cases.append(
             (
                 "tree_build",
                 "budget %d L%d K%d" % (budget, tree_build.MAX_DEPTH, tree_build.MAX_TOP_K),
                 tree(budget, tree_build.MAX_DEPTH, tree_build.MAX_TOP_K),
+                None,
             )
         )
 
@@ -143,10 +146,10 @@ def launch_cases(models: list[dict]):
 
     for vocab in sorted({MODEL_SHAPES[model["model"]]["vocab"] for model in models}):
         for k in TOP_KS + (draft_topk.MAX_FUSED_K,):
-            cases.append(("draft_topk", "vocab %d k%d chunks" % (vocab, k), topk(vocab, k, 1)))
+            cases.append(("draft_topk", "vocab %d k%d chunks" % (vocab, k), topk(vocab, k, 1), None))
             span = draft_topk.default_span(vocab, k, torch.bfloat16, draft_topk.DEFAULT_BLOCK, draft_topk.DEFAULT_GROUP)
             if span > 1:
-                cases.append(("draft_topk", "vocab %d k%d span %d" % (vocab, k, span), topk(vocab, k, span)))
+                cases.append(("draft_topk", "vocab %d k%d span %d" % (vocab, k, span), topk(vocab, k, span), None))
 
     def attention(q_heads, kv_heads, head_dim, window, config):
         q = torch.zeros((window, q_heads, head_dim), dtype=torch.bfloat16)
@@ -171,20 +174,25 @@ def launch_cases(models: list[dict]):
             config=config,
         )
 
-    # The tile the adapter runs (DDTREE_TREE_ATTENTION_CONFIG, else the default), on every window it serves.
-    config = tree_attention.config_from_env()
+    # The tile the adapter runs on each GPU (DDTREE_TREE_ATTENTION_CONFIG, else that GPU's), on every window it serves.
+    tiles: dict[tuple, list[str]] = {}
+    for capability, number in capabilities.items():
+        tiles.setdefault(tree_attention.config_from_env(capability=number), []).append(capability)
     shapes = sorted({(model["model"], model["tp_size"]) for model in models})
     for name, tp_size in shapes:
         shape = MODEL_SHAPES[name]
         q_heads, kv_heads = shape["q_heads"] // tp_size, max(1, shape["kv_heads"] // tp_size)
-        for window in [w for w in [16, 32, 64, 128, 512] if w <= tree_attention.MAX_WINDOW]:
-            cases.append(
-                (
-                    "tree_attention",
-                    "%s/tp%d %dq/%dkv d%d W%d" % (name, tp_size, q_heads, kv_heads, shape["head_dim"], window),
-                    attention(q_heads, kv_heads, shape["head_dim"], window, config),
+        for config, gpus in tiles.items():
+            for window in [w for w in [16, 32, 64, 128, 512] if w <= tree_attention.MAX_WINDOW]:
+                cases.append(
+                    (
+                        "tree_attention",
+                        "%s/tp%d %dq/%dkv d%d W%d tile %s"
+                        % (name, tp_size, q_heads, kv_heads, shape["head_dim"], window, ",".join(map(str, config))),
+                        attention(q_heads, kv_heads, shape["head_dim"], window, config),
+                        gpus,
+                    )
                 )
-            )
         stride = kv_heads * shape["head_dim"] * 2
         copy_config = kv_copy_config(stride)
         for window in windows:
@@ -202,6 +210,7 @@ def launch_cases(models: list[dict]):
                             p, s, o, i, n, c, max_path=DRAFTER_BLOCK
                         )
                     ),
+                    None,
                 )
             )
 
@@ -210,19 +219,30 @@ def launch_cases(models: list[dict]):
         prefix = torch.zeros(1, dtype=torch.int64)
         out = torch.zeros(window * window, dtype=torch.bool)
         cases.append(
-            ("full_mask", "W%d" % window, (lambda o=out, a=ancestors, p=prefix: full_mask.write_full_mask(o, a, p)))
+            (
+                "full_mask",
+                "W%d" % window,
+                (lambda o=out, a=ancestors, p=prefix: full_mask.write_full_mask(o, a, p)),
+                None,
+            )
         )
         index = torch.zeros((1, window), dtype=torch.int64)
         one = torch.ones(1, dtype=torch.int64)
         predict = torch.zeros(window, dtype=torch.int64)
         cases.append(
-            ("accept_path", "W%d" % window, (lambda i=index, n=one, p=predict: accept_path.accept_path(p, i, n, n)))
+            (
+                "accept_path",
+                "W%d" % window,
+                (lambda i=index, n=one, p=predict: accept_path.accept_path(p, i, n, n)),
+                None,
+            )
         )
     return cases
 
 
 def record_launches(cases):
-    """[(kernel, shape, jit_function, args, kwargs)] of every launch the cases make, identical ones once."""
+    """[(kernel, shape, jit_function, args, kwargs, gpus)] of every launch the cases make, identical ones once
+    (gpus: the compute capabilities it is compiled for, None for all)."""
     from triton.runtime.jit import JITFunction
 
     launches, seen = [], set()
@@ -234,15 +254,19 @@ def record_launches(cases):
     original = JITFunction.run
     JITFunction.run = record
     try:
-        for kernel, shape, call in cases:
+        for kernel, shape, call, gpus in cases:
             del recorded[:]
             call()
             for function, args, kwargs in recorded:
-                key = (function.__name__, tuple(sorted((name, repr(value)) for name, value in kwargs.items())))
+                key = (
+                    function.__name__,
+                    tuple(sorted((name, repr(value)) for name, value in kwargs.items())),
+                    tuple(gpus or ()),
+                )
                 if key in seen:
                     continue
                 seen.add(key)
-                launches.append((kernel, shape, function, args, kwargs))
+                launches.append((kernel, shape, function, args, kwargs, gpus))
     finally:
         JITFunction.run = original
     return launches
@@ -294,9 +318,21 @@ def compile_for(function, args, kwargs, capability: int, cache_dir: str) -> tupl
     raise RuntimeError("ptxas reported nothing for %s on sm_%d" % (function.__name__, capability))
 
 
-def status(problems: list, report: dict) -> str:
-    """over: beyond a limit (the stage fails); spills: within the limits, with registers spilled; else ok."""
-    return "over" if problems else ("spills" if report["spill_store_bytes"] else "ok")
+def spill_problems(kernel: str, capability: str, report: dict, registers_per_thread: int) -> list[str]:
+    """A kernel that spills needs more registers than a thread gets: its values go through local memory on every
+    use, which the tiles are chosen to avoid (a GPU's tile in kernels/tree_attention.py's TILES)."""
+    if not report["spill_store_bytes"]:
+        return []
+    return [
+        "%s on compute capability %s: %d bytes of registers spilled to local memory (it needs more than the GPU's %d "
+        "registers per thread); give this GPU a smaller tile or block"
+        % (kernel, capability, report["spill_store_bytes"], registers_per_thread)
+    ]
+
+
+def status(problems: list) -> str:
+    """over: beyond a limit, registers spilled included (the stage fails); else ok."""
+    return "over" if problems else "ok"
 
 
 def human(size: int) -> str:
@@ -340,14 +376,19 @@ def main(argv=None) -> int:
     capabilities = sorted(set(targets.kernel_capabilities()) | set(declared), key=targets.capability_number)
 
     started = time.monotonic()
-    launches = record_launches(launch_cases(models))
+    launches = record_launches(
+        launch_cases(models, {capability: targets.capability_number(capability) for capability in capabilities})
+    )
     if options.list:
-        for kernel, shape, function, _, kwargs in launches:
-            print("%s\t%s\t%s\tnum_warps=%s" % (kernel, function.__name__, shape, kwargs.get("num_warps")))
+        for kernel, shape, function, _, kwargs, gpus in launches:
+            print(
+                "%s\t%s\t%s\tnum_warps=%s\t%s"
+                % (kernel, function.__name__, shape, kwargs.get("num_warps"), ",".join(gpus or capabilities))
+            )
         return 0
     rows, problems, compiled_count = [], [], 0
-    for kernel, shape, function, args, kwargs in launches:
-        for capability in capabilities:
+    for kernel, shape, function, args, kwargs, gpus in launches:
+        for capability in gpus or capabilities:
             t0 = time.monotonic()
             compiled, report, fresh = compile_for(
                 function, args, kwargs, targets.capability_number(capability), options.cache_dir
@@ -357,8 +398,9 @@ def main(argv=None) -> int:
             warps = compiled.metadata.num_warps
             label = "%s (%s; %s)" % (kernel, function.__name__, shape)
             found = targets.resource_problems(label, capability, compiled.metadata.shared, report["registers"], warps)
-            problems += found
             limits = targets.KERNEL_GPUS[capability]
+            found += spill_problems(label, capability, report, limits["registers_per_thread"])
+            problems += found
             rows.append(
                 dict(
                     kernel=kernel,
@@ -370,7 +412,7 @@ def main(argv=None) -> int:
                     shared_bytes=compiled.metadata.shared,
                     shared_limit=limits["shared_bytes_per_block"],
                     registers_per_block=targets.registers_per_block(report["registers"], warps),
-                    status=status(found, report),
+                    status=status(found),
                     problems=found,
                     hash=compiled.hash,
                     compile_seconds=round(seconds, 2),
@@ -415,14 +457,17 @@ def print_table(rows: list[dict], capabilities: list[str]) -> None:
     by_launch: dict[tuple, dict] = {}
     for row in rows:
         by_launch.setdefault((row["kernel"], row["function"], row["shape"]), {})[row["capability"]] = row
-    head = "%-14s %-24s %-50s" % ("kernel", "function", "shape")
+    head = "%-14s %-24s %-62s" % ("kernel", "function", "shape")
     head += "".join(" | %-26s" % ("sm_%s smem/regs/spill" % capability.replace(".", "")) for capability in capabilities)
     print(head)
     print("-" * len(head))
     for (kernel, function, shape), cells in by_launch.items():
-        line = "%-14s %-24s %-50s" % (kernel, function, shape)
+        line = "%-14s %-24s %-62s" % (kernel, function, shape)
         for capability in capabilities:
-            row = cells[capability]
+            row = cells.get(capability)
+            if row is None:  # a launch of another GPU's tile
+                line += " | %-26s" % "-"
+                continue
             line += " | %-26s" % (
                 "%s/%d/%d w%d %s"
                 % (

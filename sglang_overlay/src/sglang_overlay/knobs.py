@@ -109,7 +109,7 @@ TREE_ATTENTION_CONFIG = EnvStr(
     "DDTREE_TREE_ATTENTION_CONFIG",
     default="",
     doc="ROWS,BLOCK_N,WARPS: the grouped kernel's tile (rows per program at most, K/V columns per tile, "
-    "warps); empty: kernels.tree_attention.DEFAULT_CONFIG. For measurements.",
+    "warps); empty: the GPU's row of kernels.tree_attention.TILES. For measurements.",
 )
 DRAFT_TOPK_SPAN = EnvInt(
     "DDTREE_DRAFT_TOPK_SPAN",

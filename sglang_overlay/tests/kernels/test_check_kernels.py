@@ -118,8 +118,32 @@ def test_every_overlay_kernel_is_launched_with_the_wrappers_own_settings():
     }
     assert launched == kernels
     lines = result.stdout.splitlines()
-    assert "tree_build\t_ddtree_build_kernel\tbudget 512 L32 K64\tnum_warps=4" in lines
+    assert "tree_build\t_ddtree_build_kernel\tbudget 512 L32 K64\tnum_warps=4\t8.6,9.0,12.0" in lines
     assert any(
         line.startswith("tree_attention\t_tree_verify_attn_kernel\tQwen3-Coder-30B-A3B-Instruct/tp2 16q/2kv d128 W16")
         for line in lines
     )
+
+
+def test_the_tree_attention_runs_each_gpus_own_tile():
+    result = run("--repo", str(REPO), "--report", os.devnull, "--list")
+    assert result.returncode == 0, result.stderr
+    gpus = {
+        tuple(line.split("\t")[2].split(" tile ")[1:]): line.split("\t")[4]
+        for line in result.stdout.splitlines()
+        if line.startswith("tree_attention\t") and " W16 " in line
+    }
+    assert gpus == {("64,64,8",): "9.0", ("32,64,8",): "8.6,12.0"}
+
+
+def test_spilled_registers_fail_naming_the_kernel_the_gpu_and_the_resource():
+    report = check.parse_ptxas_log(PTXAS_LOG)
+    problems = check.spill_problems("tree_attention (_tree_verify_attn_kernel; W64)", "8.6", report, 255)
+    assert problems == [
+        "tree_attention (_tree_verify_attn_kernel; W64) on compute capability 8.6: 156 bytes of registers spilled to "
+        "local memory (it needs more than the GPU's 255 registers per thread); give this GPU a smaller tile or block"
+    ]
+    assert check.status(problems) == "over"
+    # Planted: the same kernel without spills passes.
+    clean = dict(report, spill_store_bytes=0, spill_load_bytes=0, stack_bytes=0)
+    assert check.spill_problems("k", "8.6", clean, 255) == [] and check.status([]) == "ok"

@@ -68,7 +68,7 @@ def make_case(prefix_lens, width, q_heads, kv_heads, dim, seed, dtype=torch.floa
     )
 
 
-def run_kernel(c, config=ta.DEFAULT_CONFIG, mask=None):
+def run_kernel(c, config=None, mask=None):
     o = torch.full_like(c["q"], float("nan"))
     ta.tree_verify_attention(
         c["q"],
@@ -127,10 +127,15 @@ def test_kernel_equals_the_float32_reference(prefix, width, qh, kvh, dim):
 
 
 @needs_interpreter
-@pytest.mark.parametrize("config", [ta.TreeAttentionConfig(16, 32, 4), ta.TreeAttentionConfig(128, 64, 8)])
-def test_every_tile_config_computes_the_same(config):
-    c = make_case([40, 3], 16, 8, 2, 64, seed=5)
-    assert torch.allclose(run_kernel(c, config).float(), run_kernel(c).float(), atol=1e-2, rtol=1e-2)
+@pytest.mark.parametrize(
+    "config",
+    sorted({ta.TreeAttentionConfig(16, 32, 4), ta.TreeAttentionConfig(128, 64, 8), *ta.TILES.values()}),
+)
+@pytest.mark.parametrize("width", [16, 80])
+def test_every_tile_config_computes_the_same(config, width):
+    # Every GPU's tile included; a window of 80 takes row blocks under the tiles of fewer than 80 rows.
+    c = make_case([40, 3], width, 8, 2, 64, seed=5)
+    assert torch.allclose(run_kernel(c, config).float(), reference(c), atol=2e-2, rtol=2e-2)
 
 
 @needs_interpreter
@@ -161,8 +166,12 @@ def test_launch_shape_groups_heads_of_one_kv_head():
     assert (ta.row_blocks(128, 64), ta.row_blocks(80, 64), ta.row_blocks(16, 16), ta.row_blocks(5, 16)) == (2, 2, 1, 1)
 
 
-def test_config_from_env():
-    assert ta.config_from_env({}) == ta.DEFAULT_CONFIG
+def test_config_from_env_else_the_gpus_tile():
+    assert ta.config_from_env({}, capability=90) == ta.TILES[90] == (64, 64, 8)
+    assert ta.config_from_env({}, capability=120) == ta.TILES[120]
+    # A GPU without a row, or none known, gets the fallback tile.
+    assert ta.config_from_env({}, capability=75) == ta.config_from_env({}) == ta.FALLBACK_TILE
+    assert ta.config_from_env({knobs.TREE_ATTENTION_CONFIG.name: "32,32,2"}, capability=90) == (32, 32, 2)
     assert ta.config_from_env({knobs.TREE_ATTENTION_CONFIG.name: "32,32,2"}) == (32, 32, 2)
     with pytest.raises(ValueError):
         ta.config_from_env({knobs.TREE_ATTENTION_CONFIG.name: "32,32"})

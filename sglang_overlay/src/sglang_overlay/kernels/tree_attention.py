@@ -40,16 +40,19 @@ from .. import knobs
 
 __all__ = [
     "MAX_WINDOW",
+    "TILES",
     "TreeAttentionConfig",
     "config_from_env",
+    "device_capability",
     "extend_fn",
     "tree_attention_available",
     "tree_verify_attention",
+    "tile_for",
     "tree_verify_attention_torch",
 ]
 
 # Switched by ``knobs.TREE_ATTENTION`` (read by ``adapter.hooks.install_tree_attention``); the tile by
-# ``knobs.TREE_ATTENTION_CONFIG`` (``config_from_env``), default ``DEFAULT_CONFIG``.
+# ``knobs.TREE_ATTENTION_CONFIG`` (``config_from_env``), else the GPU's row of ``TILES``.
 
 #: Longest verify window served (query rows per request): the widest tree (``adapter.settings.MAX_BUDGET``
 #: nodes and the root). Longer ones run SGLang's kernel.
@@ -69,21 +72,50 @@ class TreeAttentionConfig(tuple):
     num_warps = property(lambda self: self[2])
 
 
-#: The tile when ``knobs.TREE_ATTENTION_CONFIG`` is unset: the fastest of the tiles
-#: ``benchmarks/tree_attention.py`` compares, and equal to SGLang's masked output bit for bit.
-DEFAULT_CONFIG = TreeAttentionConfig(64, 64, 8)
+#: The tile per GPU, by compute capability in Triton's form (major x 10 + minor), when
+#: ``knobs.TREE_ATTENTION_CONFIG`` is unset. The rule: on a GPU ``benchmarks/tree_attention.py`` has measured,
+#: the fastest tile it compares that equals SGLang's masked output bit for bit; on the others, the widest tile
+#: ptxas compiles for that GPU without spilling registers (``scripts/check_kernels.py`` compiles each GPU's tile
+#: and fails one that spills). The 64-row tile fits Hopper's registers (its MMA accumulates in its own
+#: registers); with the MMA of other GPUs it spills, so they take 32 rows (two heads of a 16-row window per
+#: program instead of four). docs/kernels.md has the compiles behind the rows.
+TILES = {
+    86: TreeAttentionConfig(32, 64, 8),
+    90: TreeAttentionConfig(64, 64, 8),
+    120: TreeAttentionConfig(32, 64, 8),
+}
+#: A GPU without a row: the tile that spills on none of the rows'.
+FALLBACK_TILE = TreeAttentionConfig(32, 64, 8)
+
+
+def tile_for(capability: Optional[int]) -> TreeAttentionConfig:
+    """The tile of a GPU of ``capability`` (``None``: unknown, e.g. no GPU): its row of ``TILES``, else
+    ``FALLBACK_TILE``."""
+    return TILES.get(capability, FALLBACK_TILE)
+
+
+def device_capability(device: Optional[torch.device] = None) -> Optional[int]:
+    """The compute capability of ``device`` (default: the current CUDA device), ``None`` without CUDA."""
+    if device is not None and device.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
 
 
 def tree_attention_available() -> bool:
     return triton is not None
 
 
-def config_from_env(environ: Optional[Mapping[str, str]] = None) -> TreeAttentionConfig:
-    """The tile from ``knobs.TREE_ATTENTION_CONFIG`` (``ROWS,BLOCK_N,WARPS``), else ``DEFAULT_CONFIG``."""
+def config_from_env(
+    environ: Optional[Mapping[str, str]] = None, capability: Optional[int] = None
+) -> TreeAttentionConfig:
+    """The tile from ``knobs.TREE_ATTENTION_CONFIG`` (``ROWS,BLOCK_N,WARPS``), else ``tile_for(capability)``."""
     knob = knobs.TREE_ATTENTION_CONFIG
     raw = knob.get(environ)
     if not raw:
-        return DEFAULT_CONFIG
+        return tile_for(capability)
     parts = [int(p) for p in raw.split(",")]
     if len(parts) != 3 or any(p < 1 for p in parts):
         raise ValueError(f"{knob.name} must be ROWS,BLOCK_N,WARPS (positive integers), got {raw!r}")
@@ -275,7 +307,7 @@ def tree_verify_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     sm_scale: Optional[float] = None,
-    config: TreeAttentionConfig = DEFAULT_CONFIG,
+    config: Optional[TreeAttentionConfig] = None,
 ) -> None:
     """Write the tree-verify attention of every request into ``o`` (SGLang's extend layout).
 
@@ -283,7 +315,8 @@ def tree_verify_attention(
     ``k_extend``/``v_extend`` ``[tokens, kv_heads, L]``, ``o`` ``[tokens, q_heads, Lv]``, the layer's
     cache buffers ``[slots, kv_heads, L]``, ``qo_indptr``/``kv_indptr``/``mask_indptr`` ``[bs + 1]``,
     ``kv_indices`` the prefix slots, ``custom_mask`` the flat FULL mask (bool or uint8). One launch,
-    grid ``(bs, q_heads / heads per program, row blocks)``; no host synchronisation (CUDA-graph safe).
+    grid ``(bs, q_heads / heads per program, row blocks)``; no host synchronisation (CUDA-graph safe). ``config``:
+    the tile, default the GPU's (``tile_for``).
     """
     if triton is None:
         raise RuntimeError("tree_verify_attention needs triton")
@@ -292,6 +325,7 @@ def tree_verify_attention(
     lq, lv = int(q.shape[-1]), int(v_extend.shape[-1])
     if bs <= 0:
         return
+    config = config or tile_for(device_capability(q.device))
     heads, rows = launch_shape(q_heads, kv_heads, max_len_extend, config.max_rows)
     mask = custom_mask.view(torch.uint8) if custom_mask.dtype == torch.bool else custom_mask
     _tree_verify_attn_kernel[(bs, q_heads // heads, row_blocks(max_len_extend, rows))](
@@ -413,7 +447,7 @@ def extend_fn(original: Callable, config: Optional[TreeAttentionConfig] = None) 
     """
     if getattr(original, WRAPPED, False):
         return original
-    cfg = config or config_from_env()
+    cfg = config or config_from_env(capability=device_capability())
 
     def extend_attention_fwd(
         q,
