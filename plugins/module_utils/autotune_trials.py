@@ -147,6 +147,13 @@ def window_start_commands(service: str, unit_active: bool, restore_active: bool)
     return commands
 
 
+def window_restarted(service: str, window_stop: dict) -> list:
+    """The services a tuning in their window started again in this run (`window_stop` is the window's stop
+    result): [service] when it was serving before the stop, else []. A service restarted so is gated even if
+    nothing else of it changes."""
+    return [service] if (window_stop or {}).get("serving") else []
+
+
 def trial_files(name: str, unit: str, services_root: str, config_dir: str, state_root: str, systemd_dir: str) -> dict:
     """Where a temporary instance's files live, as the services' own (units.yml): {unit, environment, api_key,
     unit_dir (its current link inside), state_dir}. All of them are removed after its measurement."""

@@ -244,3 +244,17 @@ def test_a_trial_instances_files_are_where_the_services_own_are_and_it_is_stoppe
         "stop",
         "sglang-coder-autotune.service",
     ]
+
+
+@pytest.mark.parametrize(
+    "window_stop, expected",
+    [
+        ({"serving": True, "commands": []}, ["coder"]),
+        ({"serving": False, "commands": []}, []),
+        # No window (spare GPUs, check mode, nothing to tune): the stop did not run.
+        ({}, []),
+        (None, []),
+    ],
+)
+def test_a_window_restarted_the_service_only_when_it_was_serving(window_stop, expected):
+    assert autotune_trials.window_restarted("coder", window_stop) == expected
