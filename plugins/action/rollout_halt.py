@@ -8,18 +8,12 @@ from __future__ import annotations
 
 from ansible.plugins.action import ActionBase
 
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_halt import halt_result
+
 ARGUMENT_SPEC = dict(
     action=dict(type="str", required=True, choices=["continue", "stop", "pause"]),
     msg=dict(type="str", default=""),
 )
-
-
-def halt_result(action: str, msg: str) -> dict:
-    """The task's result for what the rollout does next: a failure that names the rollout's stop or pause
-    (rollout_event, which the rollout report reads), or nothing when it goes on."""
-    if action == "continue":
-        return {"changed": False}
-    return {"failed": True, "msg": msg or "the rollout's bake says: %s" % action, "rollout_event": action}
 
 
 class ActionModule(ActionBase):

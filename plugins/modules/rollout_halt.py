@@ -12,7 +12,7 @@ module: rollout_halt
 short_description: Stop or pause a rollout, or let it go on, as a bake's verdict says
 version_added: 0.1.0
 description:
-  - Fails with O(msg) when O(action) is C(stop) or C(pause), and says which in RV(rollout_event): the rollout
+  - Fails with O(msg) when O(action) is C(stop) or C(pause), and says which in RV(rollout_event). The rollout
     report files the failure as the whole rollout's stop or pause, not as a failure of the host the task ran on
     (docs/rollout-policy.md, "Bake"). A paused rollout's verdict is C(paused), and C(scripts/rollout) exits 3.
   - With O(action) C(continue) it changes nothing and succeeds.

@@ -38,7 +38,6 @@ options:
     description: The environment file's text (never the API key).
     type: str
     required: true
-    no_log: false
   api_key:
     description: The service's API key; unset or empty when it has none (its key file is removed).
     type: str

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ansible_collections.ddtree.sglang.plugins.action.rollout_halt import halt_result
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_halt import halt_result
 
 
 @pytest.mark.parametrize("action", ["stop", "pause"])
