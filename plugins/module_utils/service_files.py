@@ -8,6 +8,8 @@ and which changed, is decided here from what is on the host; ddtree.sglang.servi
 
 from __future__ import annotations
 
+import difflib
+
 # What a service reads when it starts, by file: a change to any of them restarts it (service_actions).
 FILE_KINDS = ("environment", "api_key", "unit")
 
@@ -56,3 +58,12 @@ def file_differs(wanted: dict, current: dict | None) -> bool:
 def directory_differs(current: dict | None, mode: int, uid: int, gid: int) -> bool:
     """Whether the state directory must be created or its mode or owner set (`current`: {mode, uid, gid} or None)."""
     return current is None or (current["mode"], current["uid"], current["gid"]) != (mode, uid, gid)
+
+
+def file_diff(path: str, before: str | None, after: str | None) -> str:
+    """A file's change as a unified diff (what --diff shows of it): the text it had (None: no file) against the
+    text it gets (None: removed)."""
+    lines = difflib.unified_diff(
+        (before or "").splitlines(True), (after or "").splitlines(True), "before: " + path, "after: " + path
+    )
+    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in lines)

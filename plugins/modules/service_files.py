@@ -35,7 +35,9 @@ options:
     type: str
     required: true
   environment_file:
-    description: The environment file's text (never the API key).
+    description:
+      - The environment file's text (never the API key). It may hold tokens, so Ansible never logs it on the host;
+        with C(--diff) its changes are shown, as M(ansible.builtin.template) shows them.
     type: str
     required: true
   api_key:
@@ -67,7 +69,7 @@ attributes:
     description: Says what would change, and writes nothing.
   diff_mode:
     support: full
-    description: The environment and the unit before and after (never the API key).
+    description: The changes of the environment and the unit as a unified diff (never the API key).
 seealso:
   - module: ddtree.sglang.service_actions
   - module: ddtree.sglang.service_autotune_trial
@@ -120,6 +122,7 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_files import (
     directory_differs,
+    file_diff,
     file_differs,
     service_paths,
     wanted_files,
@@ -170,7 +173,7 @@ def main():
             name=dict(type="str", required=True),
             unit=dict(type="str", required=True),
             unit_file=dict(type="str", required=True),
-            environment_file=dict(type="str", required=True, no_log=False),
+            environment_file=dict(type="str", required=True, no_log=True),
             api_key=dict(type="str", no_log=True),
             config_dir=dict(type="path", required=True),
             state_root=dict(type="path", required=True),
@@ -202,17 +205,12 @@ def main():
         result["changes"].append(wanted["kind"])
         writes.append(wanted)
         if wanted["kind"] != "api_key":
-            diffs.append(
-                {
-                    "before": (current or {}).get("content") or "",
-                    "after": wanted["content"] or "",
-                    "before_header": wanted["path"],
-                    "after_header": wanted["path"],
-                }
-            )
+            diffs.append(file_diff(wanted["path"], (current or {}).get("content"), wanted["content"]))
     result["changed"] = bool(result["changes"])
     if module._diff and diffs:
-        result["diff"] = diffs
+        # A prepared diff, not before/after: the environment is a no_log option, which Ansible masks wherever
+        # its whole text appears in the result, but not in the lines of a diff.
+        result["diff"] = {"prepared": "".join(diffs)}
     if module.check_mode or not result["changed"]:
         module.exit_json(**result)
     try:

@@ -9,6 +9,7 @@ from conftest import run_module
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_files import (
     directory_differs,
+    file_diff,
     file_differs,
     service_paths,
     wanted_files,
@@ -80,10 +81,9 @@ def test_a_first_run_writes_every_file_and_a_second_changes_nothing(dirs, capsys
     assert code == 0 and result["changed"] is True
     assert result["changes"] == ["state_dir", "environment", "api_key", "unit"]
     # The diff shows the environment and the unit, never the key.
-    assert [diff["before_header"] for diff in result["diff"]] == [
-        str(dirs / "etc" / "coder.env"),
-        str(dirs / "systemd" / "sglang-coder.service"),
-    ]
+    prepared = result["diff"]["prepared"]
+    assert "+++ after: %s\n" % (dirs / "etc" / "coder.env") in prepared and '+HF_HOME="/var/cache/hf"\n' in prepared
+    assert "+++ after: %s\n" % (dirs / "systemd" / "sglang-coder.service") in prepared and "+[Unit]\n" in prepared
     assert "s3cret" not in str(result)
     assert (dirs / "etc" / "coder.api-key").read_text() == "s3cret\n" and mode(dirs / "etc" / "coder.api-key") == 0o600
     assert (dirs / "etc" / "coder.env").read_text() == ENVIRONMENT and mode(dirs / "etc" / "coder.env") == 0o600
@@ -111,3 +111,11 @@ def test_check_mode_says_what_would_change_and_writes_nothing(dirs, capsys):
 def test_a_missing_account_fails_and_names_it(dirs, capsys):
     code, result = run_module(service_files, args(dirs, owner="no-such-account-here"), capsys)
     assert code == 1 and "coder: the services' account is missing" in result["msg"]
+
+
+def test_a_diff_is_unified_and_says_a_file_without_a_last_newline():
+    assert file_diff("/etc/sglang/coder.env", "A=1\n", "A=2\n") == (
+        "--- before: /etc/sglang/coder.env\n+++ after: /etc/sglang/coder.env\n@@ -1 +1 @@\n-A=1\n+A=2\n"
+    )
+    assert file_diff("/x", None, "A=1").endswith("+A=1\n\\ No newline at end of file\n")
+    assert file_diff("/x", "same\n", "same\n") == ""
