@@ -19,7 +19,7 @@ description:
     step failed.
   - The unit and the environment come rendered from the services' own templates (the role passes them through
     the C(ansible.builtin.template) lookup), so the instance starts exactly as the service would.
-  - A setting whose server exits at start, is not ready within O(start_timeout), or fails a request is returned as
+  - A setting whose server exits at start, is not ready within O(trial.start_timeout), or fails a request is returned as
     failed measurements (C(error) set), not as a failed task. A file or unit that cannot be written or started
     fails the task, after the instance is removed.
   - The files and commands are chosen by plain functions in C(plugins/module_utils/autotune_trials.py), the
