@@ -91,7 +91,7 @@ START_FACT = "ddtree_rollout_release_ids_at_start"
 # A task may say what it is to the report with the task variable ddtree_rollout_event: "bake" (a bake's
 # re-check, not a deploy's gate), "measure" (a production service measured for its shadow: not its gate),
 # "stop" or "pause" (a run_once fail that stops or pauses the whole rollout, not a failure of the host it
-# ran on). docs/rollout-policy.md, docs/services.md.
+# ran on; ddtree.sglang.rollout_halt's result says it as rollout_event). docs/rollout-policy.md, docs/services.md.
 EVENT_VAR = "ddtree_rollout_event"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -212,7 +212,8 @@ class CallbackModule(CallbackBase):
 
     def v2_runner_on_failed(self, result, ignore_errors=False):
         kind = ACTIONS.get(getattr(result._task, "resolved_action", None) or result._task.action)
-        event = _event(result._task)
+        # A stop or pause says so in its task's vars, or in its result (ddtree.sglang.rollout_halt).
+        event = result._result.get("rollout_event") or _event(result._task)
         if event in ("stop", "pause"):
             self.active = True
             self.events.append(

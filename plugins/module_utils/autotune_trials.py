@@ -147,6 +147,33 @@ def window_start_commands(service: str, unit_active: bool, restore_active: bool)
     return commands
 
 
+def window_restarted(service: str, window_stop: dict) -> list:
+    """The services a tuning in their window started again in this run (`window_stop` is the window's stop
+    result): [service] when it was serving before the stop, else []. A service restarted so is gated even if
+    nothing else of it changes."""
+    return [service] if (window_stop or {}).get("serving") else []
+
+
+def trial_params(trial: dict) -> dict:
+    """What a trial runs (an entry of service_autotune's `trials`) as the measuring step's parameters: the
+    instance's name, unit, host and port, its release, setting, concurrencies and start timeout. A ValueError
+    names a field the instance lacks."""
+    instance = trial["instance"]
+    missing = [field for field in ("name", "unit", "port") if instance.get(field) in (None, "")]
+    if missing:
+        raise ValueError("trial %s: its instance has no %s" % (trial.get("label") or "?", ", ".join(missing)))
+    return {
+        "name": instance["name"],
+        "unit": instance["unit"],
+        "host": instance.get("host") or "127.0.0.1",
+        "port": int(instance["port"]),
+        "release_dir": trial["release_dir"],
+        "setting": trial["setting"],
+        "concurrency": trial["concurrency"],
+        "start_timeout": trial["start_timeout"],
+    }
+
+
 def trial_files(name: str, unit: str, services_root: str, config_dir: str, state_root: str, systemd_dir: str) -> dict:
     """Where a temporary instance's files live, as the services' own (units.yml): {unit, environment, api_key,
     unit_dir (its current link inside), state_dir}. All of them are removed after its measurement."""

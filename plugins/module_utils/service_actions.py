@@ -38,14 +38,17 @@ VERDICT_GATE = "gate"
 VERDICT_ROLLBACK = "rollback"
 # The kinds of change service_actions is told about, each a list of service names (or registered loop results).
 CHANGE_KINDS = {"units": UNIT_CHANGED, "environments": ENVIRONMENT_CHANGED, "api_keys": API_KEY_CHANGED}
+# The same kinds as the files ddtree.sglang.service_files names in its `changes` (`changed.files`: its loop's results).
+FILE_KINDS = {"units": "unit", "environments": "environment", "api_keys": "api_key"}
 
 
-def changed_names(values: list | None) -> set:
-    """Service names from a list of names, or of a registered loop's results (each item a plan entry)."""
+def changed_names(values: list | None, file_kind: str | None = None) -> set:
+    """Service names from a list of names, or of a registered loop's results (each item a plan entry); with
+    `file_kind`, of the service_files results whose `changes` name that file."""
     names = set()
     for value in values or []:
         if isinstance(value, dict):
-            if value.get("changed"):
+            if value.get("changed") and (file_kind is None or file_kind in (value.get("changes") or [])):
                 item = value.get("item")
                 names.add(item.get("name") if isinstance(item, dict) else item)
         elif value is not None:
@@ -55,7 +58,11 @@ def changed_names(values: list | None) -> set:
 
 def restart_reasons(name: str, changed: dict, switched: set, recorded: dict) -> list:
     """Why service `name` restarts in this run (empty: it does not)."""
-    reasons = [reason for kind, reason in CHANGE_KINDS.items() if name in changed_names(changed.get(kind))]
+    reasons = [
+        reason
+        for kind, reason in CHANGE_KINDS.items()
+        if name in changed_names(changed.get(kind)) | changed_names(changed.get("files"), FILE_KINDS[kind])
+    ]
     if changed.get("launcher"):
         reasons.append(LAUNCHER_CHANGED)
     if name in switched:
@@ -201,9 +208,10 @@ def service_actions(
 
     services: the plan's entries; releases: service_release_choice's `services`; switched: names (or the
     service_link loop's results) whose current link changed in this run; changed: {units, environments,
-    api_keys: names or registered loop results; launcher: bool}; recorded: service_gate_status's
-    `services`; window_restarted: names a tuning stopped and started again; installed: in check mode the
-    names whose unit exists (a plan starts only those), None when every unit is installed.
+    api_keys: names or registered loop results; files: service_files' loop results; launcher: bool};
+    recorded: service_gate_status's `services`; window_restarted: names a tuning stopped and started again;
+    installed: in check mode the names whose unit exists (a plan starts only those), None when every unit is
+    installed.
     gate_results (after the gates: this run's sglang_health results, each with its plan entry as .item)
     and shadow_verdicts (production name -> service_shadow_compare's result) add the rollbacks and
     promotions; without them both lists are empty. In check mode nothing is gated or quick-checked (the

@@ -47,7 +47,8 @@ options:
   changed:
     description:
       - What changed on the host in this run - C(units), C(environments), C(api_keys) (each a list of names,
-        or a registered loop's results whose items are plan entries) and C(launcher) (a boolean).
+        or a registered loop's results whose items are plan entries), C(files) (the registered
+        M(ddtree.sglang.service_files) loop's results, whose C(changes) name the files) and C(launcher) (a boolean).
     type: dict
     default: {}
   recorded:

@@ -104,6 +104,12 @@ options:
     description: Tune from O(measurements) even when the tuning key did not change.
     type: bool
     default: false
+  window:
+    description:
+      - The result of M(ddtree.sglang.service_autotune_window)'s stop before the trials (its C(serving) is read).
+        A service it stopped for its grid, and which was started again, is in RV(window_restarted).
+    type: dict
+    default: {}
   start_timeout:
     description:
       - Seconds a trial's server may take to answer C(/health) (the measuring step's own limit), unless the service's
@@ -156,6 +162,14 @@ service:
   returned: always
   type: str
   sample: coder
+window_restarted:
+  description:
+    - The service's name when its window (O(window)) stopped it while it was serving, so it was started again in this
+      run; the health gate judges it even if nothing else changes. Empty otherwise.
+  returned: always
+  type: list
+  elements: str
+  sample: [coder]
 plan_choice:
   description:
     - The choice to plan the service with now - RV(choice) when the tuning key did not change or the measurements
@@ -297,6 +311,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials impo
     trial_release_id,
     trial_start_timeout,
     trials,
+    window_restarted,
     window_restore_after,
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import default as gate_default
@@ -335,6 +350,7 @@ ARGUMENT_SPEC = dict(
     force=dict(type="bool", default=False),
     start_timeout=dict(type="float", default=gate_default("start_timeout")),
     window_measure_allowance=dict(type="float", default=900.0),
+    window=dict(type="dict", default={}),
 )
 
 
@@ -446,6 +462,7 @@ def main():
         service=name,
         previous_choice=current.get("choice"),
         trials=[],
+        window_restarted=window_restarted(name, params["window"]),
     )
     own = service["speculative"]["autotune"]
     result["own_window"] = in_own_window(service)

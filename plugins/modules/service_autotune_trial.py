@@ -19,7 +19,7 @@ description:
     step failed.
   - The unit and the environment come rendered from the services' own templates (the role passes them through
     the C(ansible.builtin.template) lookup), so the instance starts exactly as the service would.
-  - A setting whose server exits at start, is not ready within O(start_timeout), or fails a request is returned as
+  - A setting whose server exits at start, is not ready within O(trial.start_timeout), or fails a request is returned as
     failed measurements (C(error) set), not as a failed task. A file or unit that cannot be written or started
     fails the task, after the instance is removed.
   - The files and commands are chosen by plain functions in C(plugins/module_utils/autotune_trials.py), the
@@ -27,26 +27,30 @@ description:
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
 options:
-  name:
-    description: The temporary instance's name (C(<service>-autotune)); its files are named after it.
-    type: str
+  trial:
+    description:
+      - The entry of M(ddtree.sglang.service_autotune)'s C(trials) to run - its C(instance) (the temporary instance's
+        plan entry, C(<service>-autotune), whose C(name), C(unit), C(port) and C(host) it runs under; a wildcard
+        C(host) is reached through loopback), C(release_dir) (the release the setting runs on; the instance's
+        C(current) link names it), C(setting), C(concurrency) (each measured, lowest first) and C(start_timeout)
+        (seconds to wait for the server to answer C(GET /health) with 200).
+    type: dict
     required: true
-  unit:
-    description: The instance's systemd unit (C(sglang-<name>.service)).
-    type: str
-    required: true
-  host:
-    description: The address the instance listens on (a wildcard address is reached through loopback).
-    type: str
-    default: 127.0.0.1
-  port:
-    description: The instance's port.
-    type: int
-    required: true
-  release_dir:
-    description: The release the setting runs on; the instance's C(current) link names it.
-    type: path
-    required: true
+    suboptions:
+      label: {description: The setting's name in the tuning's output., type: str}
+      instance: {description: The temporary instance's plan entry., type: dict, required: true}
+      release_dir: {description: The release the setting runs on., type: path, required: true}
+      setting:
+        description: The setting the instance runs.
+        type: dict
+        required: true
+        suboptions:
+          algorithm: {description: "DFLASH or DDTREE (or NONE: reported, never chosen)", type: str, required: true,
+                      choices: [DFLASH, DDTREE, NONE]}
+          budget: {description: DDTREE's budget, type: int}
+          top_k: {description: DDTREE's top-k, type: int}
+      concurrency: {description: The declared concurrencies., type: list, elements: int, required: true}
+      start_timeout: {description: Seconds to wait for C(/health)., type: float, default: 900}
   services_root:
     description: The directory of the services' own directories; the instance's is C(<services_root>/<name>).
     type: path
@@ -84,20 +88,6 @@ options:
     description: The service's API key, when it has one (written root's alone; the unit reads it as the server's
       standard input). Without it, no key file is left.
     type: str
-  setting:
-    description: The setting the instance runs, as M(ddtree.sglang.service_autotune) returns it in C(trials).
-    type: dict
-    required: true
-    suboptions:
-      algorithm: {description: "DFLASH or DDTREE (or NONE: reported, never chosen)", type: str, required: true, choices:
-        [DFLASH, DDTREE, NONE]}
-      budget: {description: DDTREE's budget, type: int}
-      top_k: {description: DDTREE's top-k, type: int}
-  concurrency:
-    description: The declared concurrencies; each is measured, lowest first.
-    type: list
-    elements: int
-    required: true
   max_tokens:
     description: Completion tokens per request (greedy). Part of the tuning key (the workload).
     type: int
@@ -106,10 +96,6 @@ options:
     description: Requests sent first and not measured (a fresh server's first requests pay for lazy initialisation).
     type: int
     default: 1
-  start_timeout:
-    description: Seconds to wait for the server to answer C(GET /health) with 200.
-    type: float
-    default: 900
   request_timeout:
     description: Seconds one request may take.
     type: float
@@ -129,10 +115,13 @@ seealso:
 EXAMPLES = r"""
 - name: Run and measure DDTREE budget 8 top_k 4 on coder's temporary instance
   ddtree.sglang.service_autotune_trial:
-    name: coder-autotune
-    unit: sglang-coder-autotune.service
-    port: 30100
-    release_dir: /opt/sglang/releases/0a1b2c3d
+    trial:
+      label: DDTREE b8 k4
+      instance: {name: coder-autotune, unit: sglang-coder-autotune.service, host: 127.0.0.1, port: 30100}
+      release_dir: /opt/sglang/releases/0a1b2c3d
+      setting: {algorithm: DDTREE, budget: 8, top_k: 4}
+      concurrency: [1, 16]
+      start_timeout: 900
     services_root: /opt/sglang/services
     config_dir: /etc/sglang
     state_root: /var/lib/sglang
@@ -140,8 +129,6 @@ EXAMPLES = r"""
     group: sglang
     unit_file: "{{ lookup('ansible.builtin.template', 'sglang.service.j2', template_vars=coder_trial_vars) }}"
     environment_file: "{{ lookup('ansible.builtin.template', 'sglang.env.j2', template_vars=coder_trial_vars) }}"
-    setting: {algorithm: DDTREE, budget: 8, top_k: 4}
-    concurrency: [1, 16]
   register: coder_b8
 """
 
@@ -185,6 +172,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import measure_instance, workload
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import (
     trial_files,
+    trial_params,
     trial_start_commands,
     trial_stop_commands,
 )
@@ -240,11 +228,26 @@ def remove(files: dict) -> list:
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            name=dict(type="str", required=True),
-            unit=dict(type="str", required=True),
-            host=dict(type="str", default="127.0.0.1"),
-            port=dict(type="int", required=True),
-            release_dir=dict(type="path", required=True),
+            trial=dict(
+                type="dict",
+                required=True,
+                options=dict(
+                    label=dict(type="str"),
+                    instance=dict(type="dict", required=True),
+                    release_dir=dict(type="path", required=True),
+                    setting=dict(
+                        type="dict",
+                        required=True,
+                        options=dict(
+                            algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
+                            budget=dict(type="int"),
+                            top_k=dict(type="int"),
+                        ),
+                    ),
+                    concurrency=dict(type="list", elements="int", required=True),
+                    start_timeout=dict(type="float", default=gate_default("start_timeout")),
+                ),
+            ),
             services_root=dict(type="path", required=True),
             config_dir=dict(type="path", required=True),
             state_root=dict(type="path", required=True),
@@ -254,24 +257,16 @@ def main():
             unit_file=dict(type="str", required=True),
             environment_file=dict(type="str", required=True, no_log=True),
             api_key=dict(type="str", no_log=True),
-            setting=dict(
-                type="dict",
-                required=True,
-                options=dict(
-                    algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
-                    budget=dict(type="int"),
-                    top_k=dict(type="int"),
-                ),
-            ),
-            concurrency=dict(type="list", elements="int", required=True),
             max_tokens=dict(type="int", default=128, no_log=False),
             warmup=dict(type="int", default=1),
-            start_timeout=dict(type="float", default=gate_default("start_timeout")),
             request_timeout=dict(type="float", default=300.0),
         ),
         supports_check_mode=True,
     )
-    params = module.params
+    try:
+        params = dict(module.params, **trial_params(module.params["trial"]))
+    except ValueError as error:
+        module.fail_json(msg=str(error))
     name = params["name"]
     for key in ("max_tokens", "start_timeout", "request_timeout"):
         if params[key] <= 0:

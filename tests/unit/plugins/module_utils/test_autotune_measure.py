@@ -243,10 +243,24 @@ def trial_args(server, root, **extra):
     import grp
     import pwd
 
-    return dict(
-        module_args(server),
-        name="coder-autotune",
-        release_dir="/opt/sglang/releases/r1",
+    measure = module_args(server)
+    args = dict(
+        # An entry of service_autotune's trials, as the role passes it.
+        trial={
+            "label": "DDTREE budget 8 top_k 4",
+            "instance": {
+                "name": "coder-autotune",
+                "unit": measure["unit"],
+                "host": "127.0.0.1",
+                "port": measure["port"],
+            },
+            "release_dir": "/opt/sglang/releases/r1",
+            "setting": measure["setting"],
+            "concurrency": measure["concurrency"],
+            "start_timeout": measure["start_timeout"],
+        },
+        api_key=measure["api_key"],
+        max_tokens=measure["max_tokens"],
         services_root=str(root / "services"),
         config_dir=str(root / "config"),
         state_root=str(root / "state"),
@@ -255,8 +269,8 @@ def trial_args(server, root, **extra):
         group=grp.getgrgid(os.getgid()).gr_name,
         unit_file="[Service]\nExecStart=/bin/true\n",
         environment_file="TOKEN=t0ken\n",
-        **extra,
     )
+    return dict(args, **extra)
 
 
 def test_a_trial_writes_the_instance_as_a_service_measures_it_and_removes_it(server, tmp_path, monkeypatch, capsys):

@@ -244,3 +244,45 @@ def test_a_trial_instances_files_are_where_the_services_own_are_and_it_is_stoppe
         "stop",
         "sglang-coder-autotune.service",
     ]
+
+
+@pytest.mark.parametrize(
+    "window_stop, expected",
+    [
+        ({"serving": True, "commands": []}, ["coder"]),
+        ({"serving": False, "commands": []}, []),
+        # No window (spare GPUs, check mode, nothing to tune): the stop did not run.
+        ({}, []),
+        (None, []),
+    ],
+)
+def test_a_window_restarted_the_service_only_when_it_was_serving(window_stop, expected):
+    assert autotune_trials.window_restarted("coder", window_stop) == expected
+
+
+def test_a_trial_names_its_instance_release_setting_and_timeout_for_the_measuring_step():
+    trial = {
+        "label": "DFLASH",
+        "instance": {
+            "name": "coder-autotune",
+            "unit": "sglang-coder-autotune.service",
+            "host": "0.0.0.0",
+            "port": 30100,
+        },
+        "release_dir": "/opt/sglang/releases/base",
+        "setting": {"algorithm": "DFLASH", "budget": None, "top_k": None},
+        "concurrency": [1],
+        "start_timeout": 600.0,
+    }
+    assert autotune_trials.trial_params(trial) == {
+        "name": "coder-autotune",
+        "unit": "sglang-coder-autotune.service",
+        "host": "0.0.0.0",
+        "port": 30100,
+        "release_dir": "/opt/sglang/releases/base",
+        "setting": trial["setting"],
+        "concurrency": [1],
+        "start_timeout": 600.0,
+    }
+    with pytest.raises(ValueError, match="trial DFLASH: its instance has no unit, port"):
+        autotune_trials.trial_params(dict(trial, instance={"name": "coder-autotune"}))

@@ -43,6 +43,13 @@ def test_nothing_changed_restarts_nothing_and_only_asks_for_health():
         ({"units": ["coder"]}, "unit changed"),
         ({"environments": [{"changed": True, "item": CODER}, {"changed": False, "item": CHAT}]}, "environment changed"),
         ({"api_keys": [{"changed": True, "item": CODER}]}, "API key changed"),
+        # service_files' loop results: each names the files it wrote; a new state directory restarts nothing.
+        ({"files": [{"changed": True, "changes": ["unit"], "item": CODER}]}, "unit changed"),
+        (
+            {"files": [{"changed": True, "changes": ["environment"], "item": CODER}, {"changed": False, "item": CHAT}]},
+            "environment changed",
+        ),
+        ({"files": [{"changed": True, "changes": ["api_key"], "item": CODER}]}, "API key changed"),
     ],
 )
 def test_a_service_whose_unit_environment_or_key_changed_restarts_and_is_gated(changed, reason):
@@ -54,6 +61,16 @@ def test_a_service_whose_unit_environment_or_key_changed_restarts_and_is_gated(c
     assert [(item["name"], item["state"]) for item in actions["start"]] == [("coder", "restarted"), ("chat", "started")]
     # Each gated entry names the release it gates.
     assert actions["gate"][0]["release_id"] == "new"
+
+
+def test_each_file_service_files_changed_is_a_reason_and_a_new_state_directory_is_none():
+    files = [
+        {"changed": True, "changes": ["environment", "api_key", "unit"], "item": CODER},
+        {"changed": True, "changes": ["state_dir"], "item": CHAT},
+    ]
+    actions = decide(changed={"files": files})
+    assert actions["services"]["coder"]["reasons"] == ["unit changed", "environment changed", "API key changed"]
+    assert names(actions["restart"]) == ["coder"] and actions["services"]["chat"]["reasons"] == [UNCHANGED]
 
 
 def test_a_changed_launcher_restarts_every_service():

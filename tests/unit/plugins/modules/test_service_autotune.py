@@ -222,8 +222,14 @@ def test_on_its_own_gpus_it_runs_the_trials_there_and_says_when_the_host_restore
     code, result = run_module(service_autotune, args(tmp_path), capsys)
     assert result["own_window"] is False and result["window_restore_after"] is None and len(result["trials"]) == 3
     # Tuned: nothing to run, so nothing to restore.
+    assert result["window_restarted"] == []
+    # Decided after its window stopped it while serving: the health gate judges it, restarted in this run.
     measurements = [row for row in measure() if row["concurrency"] == 1]
-    run_module(service_autotune, args(tmp_path, service=own, measurements=measurements), capsys)
+    window = {"serving": True, "commands": ["systemctl stop sglang-coder.service"]}
+    code, result = run_module(
+        service_autotune, args(tmp_path, service=own, measurements=measurements, window=window), capsys
+    )
+    assert code == 0 and result["tuned"] is True and result["window_restarted"] == ["coder"]
     code, result = run_module(service_autotune, args(tmp_path, service=own), capsys)
     assert result["needs_tuning"] is False and result["trials"] == [] and result["window_restore_after"] is None
 
