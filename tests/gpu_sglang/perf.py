@@ -31,6 +31,7 @@ import concurrent.futures as cf
 import json
 import os
 import re
+import subprocess
 import sys
 import time
 
@@ -58,6 +59,17 @@ def measure(server, prompts, conc):
         "tokens_per_s": round(tokens / secs, 1),
         "mean_accept": (sum(acc) / len(acc)) if acc else None,
     }, [o["ids"] for o in outs]
+
+
+def gpu_name():
+    """The first GPU's name as nvidia-smi reports it (the scoreboard's ``gpu``), None without nvidia-smi."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, check=True
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return out.stdout.splitlines()[0].strip() if out.stdout.strip() else None
 
 
 def main():
@@ -114,6 +126,7 @@ def main():
     doc = {
         "plan": "perf",
         "target": shape,
+        "gpu": gpu_name(),
         "drafter": drafter,
         "rounds": rounds,
         "requests": CONCURRENCY,

@@ -37,7 +37,7 @@ T0 = [time.time()]
 # Target shapes (PERF_TARGET in perf.py): the target and drafter directories under MODELS, flags for every
 # server, flags for a speculative one. "tiny": the trained tiny pair (train_models.py) or make_tiny's.
 # "qwen3-8b", "qwen3-30b-a3b": make_shaped.py's configs, random weights (the target SGLang's dummy load format,
-# the drafter make_shaped's seeded weights: equal acceptance), a smaller KV pool so that four 8B servers share
+# the drafter make_shaped's seeded weights, read with --speculative-draft-load-format: equal acceptance), a smaller KV pool so that four 8B servers share
 # one GPU of the device (each ~17 GB of weights; 32768 tokens of KV are 4.8 GB); the 30B-A3B's ~61 GB of
 # weights leave room for one server at a time.
 SHAPES = {
@@ -48,7 +48,9 @@ for _shape in models_for_target.RANDOM_SHAPES:
         "%s-shaped" % _shape,
         "%s-shaped-dflash" % _shape,
         ["--load-format", "dummy", "--max-total-tokens", "32768"],
-        [],
+        # The drafter's load format follows --load-format unless set: without this the seeded weights are
+        # never read and the drafter is SGLang's dummy one.
+        ["--speculative-draft-load-format", "safetensors"],
     )
 # "embedded-qwen3-8b", "embedded-qwen3-30b-a3b": the trained tiny pair inside those shapes' weights
 # (embed_models.py; MODELS is WORK/embedded-<shape>, PERF_DRAFTER picks a drafter level).

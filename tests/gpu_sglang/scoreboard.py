@@ -2,7 +2,7 @@
 
 Usage (here, after a device call): python tests/gpu_sglang/scoreboard.py RESULTS_PERF_JSON COMMIT
     [--scoreboard docs/evidence/gpu-sglang/scoreboard.json] [--shape NAME] [--layers N] [--drafter NAME]
-    [--source FILE]
+    [--source FILE] [--gpu NAME]
 
 A row compares one DDTREE server with the DFLASH and NONE servers of the same run, at one concurrency:
 tokens/s (medians of the rounds), DDTREE / DFLASH as the median of the per-round ratios and every round's
@@ -40,7 +40,13 @@ def _median(values: list) -> float | None:
 
 
 def rows_from_perf(
-    doc: dict, commit: str, source: str, shape: str | None = None, layers: int | None = None, drafter: str | None = None
+    doc: dict,
+    commit: str,
+    source: str,
+    shape: str | None = None,
+    layers: int | None = None,
+    drafter: str | None = None,
+    gpu: str | None = None,
 ) -> list[dict]:
     """The scoreboard rows of one perf.py result (``results-perf.json``)."""
     target = doc.get("target", "tiny")
@@ -60,6 +66,7 @@ def rows_from_perf(
                     "shape": shape or default_shape,
                     "layers": layers or default_layers,
                     "tp": info.get("tp", tp),
+                    "gpu": gpu or doc.get("gpu"),
                     "drafter": drafter or doc.get("drafter") or "the shape's",
                     "accept_dflash": _median(_by(runs, "perf-dflash", concurrency, "mean_accept")),
                     "accept_ddtree": _median(_by(runs, name, concurrency, "mean_accept")),
@@ -101,12 +108,13 @@ def main() -> None:
     parser.add_argument("--shape")
     parser.add_argument("--layers", type=int)
     parser.add_argument("--drafter")
+    parser.add_argument("--gpu", help="the GPU's name, for a result that does not record it (perf.py's `gpu`)")
     parser.add_argument("--source", help="the evidence file the rows come from (default: the results path)")
     args = parser.parse_args()
     with open(args.results, encoding="utf-8") as fh:
         doc = json.load(fh)
     source = args.source or os.path.basename(args.results)
-    rows = rows_from_perf(doc, args.commit, source, args.shape, args.layers, args.drafter)
+    rows = rows_from_perf(doc, args.commit, source, args.shape, args.layers, args.drafter, args.gpu)
     board = {"rows": []}
     if os.path.exists(args.scoreboard):
         with open(args.scoreboard, encoding="utf-8") as fh:
