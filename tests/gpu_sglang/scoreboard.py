@@ -5,8 +5,9 @@ Usage (here, after a device call): python tests/gpu_sglang/scoreboard.py RESULTS
     [--source FILE] [--gpu NAME]
 
 A row compares one DDTREE server with the DFLASH and NONE servers of the same run, at one concurrency:
-tokens/s (medians of the rounds), DDTREE / DFLASH as the median of the per-round ratios and every round's
-ratio (each round measures every server once, one at a time), and the acceptance lengths. ``shape`` and
+tokens/s (medians of the rounds after the warm-up round 0), DDTREE / DFLASH as the median of those rounds'
+ratios and every round's ratio (each round measures every server once, one at a time), and the acceptance
+lengths. ``shape`` and
 ``layers`` default to what the run's target says (``PERF_TARGET``, see ``SHAPES``). Rows already in the
 scoreboard for the same source file and commit are replaced, so re-running the script is harmless.
 """
@@ -32,6 +33,12 @@ SHAPES = {
 def _by(runs: list[dict], server: str, concurrency: int, key: str) -> list[Any]:
     rows = [r for r in runs if r.get("server") == server and r.get("concurrency") == concurrency]
     return [r.get(key) for r in sorted(rows, key=lambda r: r.get("round", 0))]
+
+
+def _warm(values: list) -> list:
+    """The rounds after the first: round 0 is each server's warm-up at that concurrency (perf.py runs the same
+    requests every round), so it is kept in ``per_round`` but not in the medians, unless it is the only one."""
+    return values[1:] or values
 
 
 def _median(values: list) -> float | None:
@@ -61,6 +68,7 @@ def rows_from_perf(
             dflash = _by(runs, "perf-dflash", concurrency, "tokens_per_s")
             mine = _by(runs, name, concurrency, "tokens_per_s")
             per_round = [round(a / b, 3) for a, b in zip(mine, dflash) if a and b]
+            warm = _warm(per_round)
             out.append(
                 {
                     "shape": shape or default_shape,
@@ -76,13 +84,14 @@ def rows_from_perf(
                     "concurrency": concurrency,
                     "new_tokens": doc.get("new_tokens"),
                     "tokens_per_s": {
-                        "NONE": _median(_by(runs, "perf-none", concurrency, "tokens_per_s")),
-                        "DFLASH": _median(dflash),
-                        "DDTREE": _median(mine),
+                        "NONE": _median(_warm(_by(runs, "perf-none", concurrency, "tokens_per_s"))),
+                        "DFLASH": _median(_warm(dflash)),
+                        "DDTREE": _median(_warm(mine)),
                     },
-                    "ddtree_over_dflash": _median(per_round),
+                    "ddtree_over_dflash": _median(warm),
                     "per_round": per_round,
                     "rounds": len(per_round),
+                    "warm_up_round": "excluded" if len(warm) < len(per_round) else "none",
                     "errors": [r.get("error") for r in runs if r.get("server") == name and r.get("error")][:3],
                     "commit": commit,
                     "source": source,
