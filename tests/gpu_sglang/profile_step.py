@@ -1,7 +1,7 @@
 """Where a decode step's GPU time goes: DFLASH against DDTREE, from SGLang's own torch profiler.
 
 Usage (on the device, after device-setup.sh): python profile_step.py OUT MODELS
-PERF_TARGET picks the target as in perf.py (default qwen3-8b here). Starts a DFLASH and a DDTREE server
+PERF_TARGET picks the target and PERF_DRAFTER the drafter as in perf.py (target default qwen3-8b here). Starts a DFLASH and a DDTREE server
 (scenario.py's flags, CUDA graphs on), and for 1 and 16 concurrent greedy requests: one warm-up wave,
 then `/start_profile` with num_steps=PROFILE_STEPS (default 40, GPU activity: CUDA kernels and copies,
 also those replayed from CUDA graphs) while a wave of requests runs. The traces stay on the device;
@@ -188,9 +188,10 @@ def main():
     prompts = (prompts * (64 // len(prompts) + 1))[:64]
     budget = os.environ.get("PROFILE_DDTREE")
     ddtree = {"budget": budget, "top_k": None} if budget else {}
+    drafter = os.environ.get("PERF_DRAFTER") or None
     servers = [
-        sc.Server("prof-dflash", "DFLASH", sc.RELEASE, 30111, out, models, shape=shape),
-        sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape, **ddtree),
+        sc.Server("prof-dflash", "DFLASH", sc.RELEASE, 30111, out, models, shape=shape, drafter=drafter),
+        sc.Server("prof-ddtree", "DDTREE", sc.RELEASE, 30112, out, models, shape=shape, drafter=drafter, **ddtree),
     ]
     if os.environ.get("PROFILE_DDTREE_ENV"):
         servers[1].set_env(os.environ["PROFILE_DDTREE_ENV"])
@@ -232,12 +233,16 @@ def main():
                             "profile_id": key.replace("/", "-"),
                         },
                     )
-                    outs = wave(s, prompts, conc)
-                    deadline = time.time() + 60
-                    files = []
+                    # Waves until the profiler has seen its steps: a drafter that accepts finishes a wave's
+                    # requests in fewer steps than PROFILE_STEPS.
+                    outs, files, deadline = [], [], time.time() + 120
                     while time.time() < deadline and not files:
-                        time.sleep(1)
-                        files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
+                        outs += wave(s, prompts, conc)
+                        for _ in range(4):
+                            time.sleep(1)
+                            files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
+                            if files:
+                                break
                     time.sleep(2)  # the exporter may still be writing
                     result = summarize(files[0], STEPS, with_host) if files else {"error": "no trace in %s" % pdir}
                     result["mean_accept"] = sum(o["accept"] or 0 for o in outs) / len(outs)
