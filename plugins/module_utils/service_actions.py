@@ -272,6 +272,12 @@ def service_actions(
     return result
 
 
+def rollback_gate(failed: dict, gate_results: list) -> dict | None:
+    """The gate result of the service that `failed` rolled back, among the rollback's gate results (None if absent)."""
+    name = (failed.get("item") or {}).get("name")
+    return next((result for result in gate_results if (result.get("item") or {}).get("name") == name), None)
+
+
 def rollback_record(failed: dict, rolled_back: dict, gate: dict, time: str) -> dict:
     """The history line of one rollback: the failed release and its evidence, where it went, its gate."""
     return {

@@ -117,3 +117,16 @@ def matrix_lines(pristine, with_release, columns=("is_dflash", "is_dflash_family
             )
         lines.append("%-14s %s  %s" % (name, values, verdict))
     return lines
+
+
+def verify_summary(results):
+    """What the role shows after spec_verify's loop: the matrix of its first result that has one, and the services
+    whose pass was recorded (not checked again in this run); empty when no result has a matrix (check mode)."""
+    with_matrix = [result for result in results if "matrix" in result]
+    if not with_matrix:
+        return []
+    recorded = [result["item"]["name"] for result in results if result.get("recorded")]
+    lines = list(with_matrix[0]["matrix"])
+    if recorded:
+        lines.append("recorded passes, not checked again: " + ", ".join(recorded))
+    return lines

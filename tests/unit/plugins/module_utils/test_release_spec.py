@@ -124,3 +124,18 @@ def test_plugin_not_loaded():
     assert spec_matrix.dflash_family_problems(PRISTINE) == [
         "DDTREE is not a known speculative algorithm with the release (is the plugin loaded?)"
     ]
+
+
+def test_the_roles_summary_is_the_first_matrix_and_the_recorded_passes():
+    results = [
+        {"item": {"name": "coder"}, "matrix": ["algorithm ...", "DDTREE ... plugin"], "recorded": False},
+        {"item": {"name": "chat"}, "matrix": ["other"], "recorded": True},
+        {"item": {"name": "skipped"}, "skipped": True},
+    ]
+    assert spec_matrix.verify_summary(results) == [
+        "algorithm ...",
+        "DDTREE ... plugin",
+        "recorded passes, not checked again: chat",
+    ]
+    assert spec_matrix.verify_summary(results[:1]) == ["algorithm ...", "DDTREE ... plugin"]
+    assert spec_matrix.verify_summary([{"item": {"name": "coder"}, "skipped": True}]) == []

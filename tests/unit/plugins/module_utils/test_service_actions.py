@@ -5,6 +5,7 @@ import pytest
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_actions import (
     RELEASE_SWITCHED,
     UNCHANGED,
+    rollback_gate,
     rollback_record,
     service_actions,
 )
@@ -251,3 +252,9 @@ def test_the_rollback_record_keeps_the_evidence():
         "previous_gate": "failed: also",
     }
     assert rollback_record({}, {}, {"passed": True}, "T")["previous_gate"] == "passed"
+
+
+def test_the_rollback_record_takes_its_services_gate_among_the_rollbacks():
+    gates = [{"item": CHAT, "passed": False, "msg": "chat's"}, {"item": CODER, "passed": True}]
+    assert rollback_gate({"item": CODER, "msg": "crashed"}, gates) == {"item": CODER, "passed": True}
+    assert rollback_gate({"item": entry("other")}, gates) is None
