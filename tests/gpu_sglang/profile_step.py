@@ -238,7 +238,7 @@ def main():
                     outs, files, deadline = [], [], time.time() + 120
                     while time.time() < deadline and not files:
                         outs += wave(s, prompts, conc)
-                        for _ in range(4):
+                        for _poll in range(4):
                             time.sleep(1)
                             files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
                             if files:
