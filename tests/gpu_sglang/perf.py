@@ -24,6 +24,10 @@ seconds of the round. Greedy outputs of the first round are kept to compare serv
 PERF_ONE_AT_A_TIME=1: each server is started, measured for every round and stopped before the next starts (a
 shape whose weights leave room for one server, e.g. qwen3-30b-a3b's 61 GB; a round's servers are then minutes
 apart instead of seconds). PERF_NONE=0: no NONE server.
+PERF_STREAM=1: requests are streamed, and each run also records the medians of the first chunk's latency
+(`first_chunk_s`: queueing and prefill, paid once a request by every algorithm) and of the gap between later
+chunks (`step_ms`: one decode step, SGLang streaming each step's tokens), so DFLASH's and DDTREE's steps compare
+without the fixed costs that tokens/s of short outputs include.
 Writes OUT/results-perf.json and OUT/server-perf-NAME.log.
 """
 
@@ -48,17 +52,31 @@ def measure(server, prompts, conc):
     repeat = int(os.environ.get("PERF_REPEAT", "1"))
     jobs = prompts[: CONCURRENCY[conc]] * repeat
     t = time.time()
+    stream = os.environ.get("PERF_STREAM") == "1"
     with cf.ThreadPoolExecutor(conc) as ex:
-        outs = list(ex.map(lambda p: server.generate(p, params), jobs))
+        outs = list(ex.map(lambda p: server.generate(p, params, stream=stream), jobs))
     secs = time.time() - t
     tokens = sum(o["completion_tokens"] or 0 for o in outs)
     acc = [o["accept"] for o in outs if o["accept"] is not None]
-    return {
+    result = {
         "tokens": tokens,
         "seconds": round(secs, 3),
         "tokens_per_s": round(tokens / secs, 1),
         "mean_accept": (sum(acc) / len(acc)) if acc else None,
-    }, [o["ids"] for o in outs]
+    }
+    if stream:
+        result.update(stream_summary(outs))
+    return result, [o["ids"] for o in outs]
+
+
+def stream_summary(outs):
+    """Medians over a round's streamed requests: the first chunk's latency and the decode step's length."""
+
+    def median(key):
+        values = sorted(o[key] for o in outs if o.get(key) is not None)
+        return values[len(values) // 2] if values else None
+
+    return {"first_chunk_s": median("first_chunk_s"), "step_ms": median("step_ms")}
 
 
 def gpu_name():
@@ -217,6 +235,14 @@ def print_table(doc):
         ]
         a = acc.get(name)
         print("| %s | %s | %s |" % (name, " | ".join(cells), ("%.2f" % (sum(a) / len(a))) if a else "-"))
+    steps = {}
+    for run in doc["runs"]:
+        if run.get("step_ms") is not None:
+            steps.setdefault((run["server"], run["concurrency"]), []).append(run["step_ms"])
+    for (name, c), values in sorted(steps.items()):
+        print(
+            "%s c%d: decode step %.2f ms (medians of rounds: %s)" % (name, c, sorted(values)[len(values) // 2], values)
+        )
     for name in [n for n in doc["servers"] if n.startswith("perf-ddtree")]:
         for c in CONCURRENCY:
             d, t = med.get(("perf-dflash", c)), med.get((name, c))

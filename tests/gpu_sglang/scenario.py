@@ -165,22 +165,68 @@ class Server(object):
         with urllib.request.urlopen("http://127.0.0.1:%d%s" % (self.port, path), timeout=30) as r:
             return json.loads(r.read())
 
-    def generate(self, prompt, params):
+    def generate(self, prompt, params, stream=False):
+        """One /generate request. With ``stream`` the answer is read as SGLang streams it (one chunk a decode
+        step), and the result also says when the first and the last chunk came (``stream_timing``)."""
         for attempt in range(3):
             try:
-                r = self.post("/generate", {"text": prompt, "sampling_params": params})
+                if stream:
+                    r, timing = self.post_stream(
+                        "/generate", {"text": prompt, "sampling_params": params, "stream": True}
+                    )
+                else:
+                    r, timing = self.post("/generate", {"text": prompt, "sampling_params": params}), None
                 break
             except (ConnectionError, OSError):
                 if attempt == 2:
                     raise
                 time.sleep(0.5)
         m = r.get("meta_info", {})
-        return {
+        out = {
             "ids": r.get("output_ids"),
             "accept": m.get("spec_accept_length"),
             "verify_ct": m.get("spec_verify_ct"),
             "completion_tokens": m.get("completion_tokens"),
         }
+        if timing is not None:
+            out.update(timing)
+        return out
+
+    def post_stream(self, path, body, timeout=180):
+        """POST a streaming request; the last chunk (it carries the whole meta_info) and ``stream_timing``."""
+        req = urllib.request.Request(
+            "http://127.0.0.1:%d%s" % (self.port, path),
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        t0 = time.perf_counter()
+        arrivals, last = [], {}
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                payload = line[len("data:") :].strip()
+                if payload == "[DONE]":
+                    break
+                arrivals.append(time.perf_counter() - t0)
+                last = json.loads(payload)
+        return last, stream_timing(arrivals)
+
+
+def stream_timing(arrivals):
+    """Seconds from the request to each streamed chunk -> the first chunk's latency (prefill and queueing:
+    costs every algorithm pays once a request) and the mean gap between later chunks (one decode step each,
+    SGLang streaming every step's tokens), so servers' decode steps compare without those fixed costs."""
+    if not arrivals:
+        return {"chunks": 0}
+    gaps = len(arrivals) - 1
+    return {
+        "chunks": len(arrivals),
+        "first_chunk_s": round(arrivals[0], 4),
+        "last_chunk_s": round(arrivals[-1], 4),
+        "step_ms": round(1000 * (arrivals[-1] - arrivals[0]) / gaps, 3) if gaps else None,
+    }
 
     def stop(self):
         """The server's whole process group (launcher, scheduler, detokenizer): a child left behind keeps the

@@ -1,13 +1,18 @@
 """The GPU harness's host-side pieces: the scoreboard's rows and the random shapes' server flags."""
 
+import http.server
+import json
 import os
 import sys
+import threading
+import time
 
 import pytest
 
 HARNESS = os.path.join(os.path.dirname(__file__), "..", "..", "gpu_sglang")
 sys.path.insert(0, HARNESS)
 
+import perf  # noqa: E402
 import scenario  # noqa: E402
 import scoreboard  # noqa: E402
 
@@ -72,3 +77,63 @@ def test_random_shapes_load_the_drafters_own_weights(shape, algorithm):
 def test_the_trained_pair_loads_as_it_is_saved():
     assert "--speculative-draft-load-format" not in scenario.spec_flags("/models", "DFLASH", shape="tiny")
     assert "--load-format" not in scenario.flags("/models", 30000, shape="tiny")
+
+
+class _StreamingGenerate(http.server.BaseHTTPRequestHandler):
+    """/generate as SGLang streams it: `data: {json}` chunks, the last with the whole meta_info, then [DONE]."""
+
+    gap_s = 0.05
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.bodies.append(body)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        ids = []
+        for step in range(4):
+            ids += [step, step]
+            meta = {"completion_tokens": len(ids)}
+            if step == 3:
+                meta.update(spec_accept_length=2.0, spec_verify_ct=3)
+            chunk = {"text": "", "output_ids": list(ids), "meta_info": meta}
+            self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            self.wfile.flush()
+            time.sleep(self.gap_s)
+        self.wfile.write(b"data: [DONE]\n\n")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def streaming_server():
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _StreamingGenerate)
+    httpd.bodies = []
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_a_streamed_request_gives_the_decode_step_without_the_first_chunks_latency(streaming_server, tmp_path):
+    server = scenario.Server("s", "DFLASH", None, streaming_server.server_address[1], str(tmp_path), str(tmp_path))
+    out = server.generate("a b", {"max_new_tokens": 8}, stream=True)
+    assert streaming_server.bodies[0]["stream"] is True
+    assert out["ids"] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert (out["completion_tokens"], out["accept"], out["verify_ct"], out["chunks"]) == (8, 2.0, 3, 4)
+    # Three gaps of 50 ms between four chunks; the first chunk's latency is not part of the step.
+    assert 45 <= out["step_ms"] <= 120
+    assert out["first_chunk_s"] < out["last_chunk_s"]
+
+
+def test_stream_timing_of_a_single_chunk_has_no_step():
+    assert scenario.stream_timing([0.2]) == {"chunks": 1, "first_chunk_s": 0.2, "last_chunk_s": 0.2, "step_ms": None}
+    assert scenario.stream_timing([]) == {"chunks": 0}
+    assert scenario.stream_timing([0.1, 0.3, 0.5])["step_ms"] == 200.0
+
+
+def test_perf_rounds_keep_the_medians_of_streamed_requests():
+    outs = [{"first_chunk_s": 0.03, "step_ms": 9.0}, {"first_chunk_s": 0.02, "step_ms": 7.0}, {"step_ms": None}]
+    assert perf.stream_summary(outs) == {"first_chunk_s": 0.03, "step_ms": 9.0}
