@@ -213,21 +213,6 @@ class Server(object):
                 last = json.loads(payload)
         return last, stream_timing(arrivals)
 
-
-def stream_timing(arrivals):
-    """Seconds from the request to each streamed chunk -> the first chunk's latency (prefill and queueing:
-    costs every algorithm pays once a request) and the mean gap between later chunks (one decode step each,
-    SGLang streaming every step's tokens), so servers' decode steps compare without those fixed costs."""
-    if not arrivals:
-        return {"chunks": 0}
-    gaps = len(arrivals) - 1
-    return {
-        "chunks": len(arrivals),
-        "first_chunk_s": round(arrivals[0], 4),
-        "last_chunk_s": round(arrivals[-1], 4),
-        "step_ms": round(1000 * (arrivals[-1] - arrivals[0]) / gaps, 3) if gaps else None,
-    }
-
     def stop(self):
         """The server's whole process group (launcher, scheduler, detokenizer): a child left behind keeps the
         port and the GPU memory, and the next call's server on that port finds it taken."""
@@ -246,6 +231,21 @@ def stream_timing(arrivals):
             except subprocess.TimeoutExpired:
                 pass
         self.log.close()
+
+
+def stream_timing(arrivals):
+    """Seconds from the request to each streamed chunk -> the first chunk's latency (prefill and queueing:
+    costs every algorithm pays once a request) and the mean gap between later chunks (one decode step each,
+    SGLang streaming every step's tokens), so servers' decode steps compare without those fixed costs."""
+    if not arrivals:
+        return {"chunks": 0}
+    gaps = len(arrivals) - 1
+    return {
+        "chunks": len(arrivals),
+        "first_chunk_s": round(arrivals[0], 4),
+        "last_chunk_s": round(arrivals[-1], 4),
+        "step_ms": round(1000 * (arrivals[-1] - arrivals[0]) / gaps, 3) if gaps else None,
+    }
 
 
 def exit_on_sigterm():

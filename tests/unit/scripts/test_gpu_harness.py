@@ -137,3 +137,8 @@ def test_stream_timing_of_a_single_chunk_has_no_step():
 def test_perf_rounds_keep_the_medians_of_streamed_requests():
     outs = [{"first_chunk_s": 0.03, "step_ms": 9.0}, {"first_chunk_s": 0.02, "step_ms": 7.0}, {"step_ms": None}]
     assert perf.stream_summary(outs) == {"first_chunk_s": 0.03, "step_ms": 9.0}
+
+
+def test_a_server_that_never_started_stops_quietly(tmp_path):
+    server = scenario.Server("s", "NONE", None, 1, str(tmp_path), str(tmp_path))
+    assert server.stop() is None
