@@ -7,7 +7,7 @@ Usage (here, after a device call): python tests/gpu_sglang/scoreboard.py RESULTS
 A row compares one DDTREE server with the DFLASH and NONE servers of the same run, at one concurrency:
 tokens/s (medians of the rounds after the warm-up round 0), DDTREE / DFLASH as the median of those rounds'
 ratios and every round's ratio (each round measures every server once, one at a time), and the acceptance
-lengths. ``shape`` and
+lengths; for a streamed run (``PERF_STREAM=1``) also every server's decode step, ``step_ms``. ``shape`` and
 ``layers`` default to what the run's target says (``PERF_TARGET``, see ``SHAPES``). Rows already in the
 scoreboard for the same source file and commit are replaced, so re-running the script is harmless.
 """
@@ -89,6 +89,7 @@ def rows_from_perf(
                         "DDTREE": _median(_warm(mine)),
                     },
                     "ddtree_over_dflash": _median(warm),
+                    **_step_ms(runs, name, concurrency),
                     "per_round": per_round,
                     "rounds": len(per_round),
                     "warm_up_round": "excluded" if len(warm) < len(per_round) else "none",
@@ -98,6 +99,16 @@ def rows_from_perf(
                 }
             )
     return out
+
+
+def _step_ms(runs: list[dict], name: str, concurrency: int) -> dict:
+    """``step_ms`` of a streamed run (perf.py's ``PERF_STREAM=1``): the decode step of every server, medians of
+    the rounds after the warm-up; nothing for a run that was not streamed."""
+    steps = {
+        algorithm: _median(_warm(_by(runs, server, concurrency, "step_ms")))
+        for algorithm, server in (("NONE", "perf-none"), ("DFLASH", "perf-dflash"), ("DDTREE", name))
+    }
+    return {"step_ms": steps} if any(v is not None for v in steps.values()) else {}
 
 
 def _flag(flags: list, name: str) -> str | None:

@@ -142,3 +142,17 @@ def test_perf_rounds_keep_the_medians_of_streamed_requests():
 def test_a_server_that_never_started_stops_quietly(tmp_path):
     server = scenario.Server("s", "NONE", None, 1, str(tmp_path), str(tmp_path))
     assert server.stop() is None
+
+
+def test_scoreboard_rows_of_a_streamed_run_carry_each_servers_decode_step():
+    doc = perf_doc([100.0, 100.0, 100.0], [90.0, 95.0, 97.0])
+    steps = {"perf-dflash": [12.0, 9.0, 9.2], "perf-ddtree": [14.0, 11.0, 11.4]}
+    for run in doc["runs"]:
+        run["step_ms"] = steps[run["server"]][run["round"]]
+    (row,) = scoreboard.rows_from_perf(doc, "abc", "src.json")
+    assert row["step_ms"] == {"NONE": None, "DFLASH": 9.1, "DDTREE": 11.2}
+
+
+def test_scoreboard_rows_of_a_plain_run_have_no_step():
+    (row,) = scoreboard.rows_from_perf(perf_doc([100.0, 100.0], [90.0, 95.0]), "abc", "src.json")
+    assert "step_ms" not in row
