@@ -53,12 +53,7 @@ def wave(server, prompts, conc):
 
 def start_profile(server, body):
     """POST /start_profile: SGLang answers with plain text, not JSON (Server.post parses JSON)."""
-    req = urllib.request.Request(
-        "http://127.0.0.1:%d/start_profile" % server.port,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=60) as r:
+    with urllib.request.urlopen(server.request("/start_profile", body), timeout=60) as r:
         return r.read().decode(errors="replace")
 
 

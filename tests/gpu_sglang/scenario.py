@@ -152,13 +152,16 @@ class Server(object):
         self.info["error"] = "no /health within %d s" % limit
         return False
 
-    def post(self, path, body, timeout=180):
-        req = urllib.request.Request(
+    def request(self, path, body):
+        """A JSON POST to this server."""
+        return urllib.request.Request(
             "http://127.0.0.1:%d%s" % (self.port, path),
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+
+    def post(self, path, body, timeout=180):
+        with urllib.request.urlopen(self.request(path, body), timeout=timeout) as r:
             return json.loads(r.read())
 
     def get(self, path):
@@ -194,14 +197,9 @@ class Server(object):
 
     def post_stream(self, path, body, timeout=180):
         """POST a streaming request; the last chunk (it carries the whole meta_info) and ``stream_timing``."""
-        req = urllib.request.Request(
-            "http://127.0.0.1:%d%s" % (self.port, path),
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
         t0 = time.perf_counter()
         arrivals, last = [], {}
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(self.request(path, body), timeout=timeout) as r:
             for raw in r:
                 line = raw.decode().strip()
                 if not line.startswith("data:"):
