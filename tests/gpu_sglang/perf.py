@@ -69,14 +69,24 @@ def measure(server, prompts, conc):
     return result, [o["ids"] for o in outs]
 
 
+def middle(values):
+    """The middle value (the upper one of an even count), None for no values: the medians this script prints."""
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
 def stream_summary(outs):
     """Medians over a round's streamed requests: the first chunk's latency and the decode step's length."""
+    return {key: middle(o[key] for o in outs if o.get(key) is not None) for key in ("first_chunk_s", "step_ms")}
 
-    def median(key):
-        values = sorted(o[key] for o in outs if o.get(key) is not None)
-        return values[len(values) // 2] if values else None
 
-    return {"first_chunk_s": median("first_chunk_s"), "step_ms": median("step_ms")}
+def per_server(runs, key):
+    """(server, concurrency) -> the runs' values of `key`, in run order (runs without it left out)."""
+    values = {}
+    for run in runs:
+        if run.get(key) is not None:
+            values.setdefault((run["server"], run["concurrency"]), []).append(run[key])
+    return values
 
 
 def gpu_name():
@@ -218,11 +228,8 @@ def main():
 
 def print_table(doc):
     """Median tokens/s per server and concurrency, DDTREE / DFLASH ratios, greedy agreement."""
-    by = {}
-    for run in doc["runs"]:
-        if "tokens_per_s" in run:
-            by.setdefault((run["server"], run["concurrency"]), []).append(run["tokens_per_s"])
-    med = {k: sorted(v)[len(v) // 2] for k, v in by.items()}
+    by = per_server(doc["runs"], "tokens_per_s")
+    med = {k: middle(v) for k, v in by.items()}
     acc = {}
     for run in doc["runs"]:
         if run.get("mean_accept") is not None:
@@ -235,14 +242,8 @@ def print_table(doc):
         ]
         a = acc.get(name)
         print("| %s | %s | %s |" % (name, " | ".join(cells), ("%.2f" % (sum(a) / len(a))) if a else "-"))
-    steps = {}
-    for run in doc["runs"]:
-        if run.get("step_ms") is not None:
-            steps.setdefault((run["server"], run["concurrency"]), []).append(run["step_ms"])
-    for (name, c), values in sorted(steps.items()):
-        print(
-            "%s c%d: decode step %.2f ms (medians of rounds: %s)" % (name, c, sorted(values)[len(values) // 2], values)
-        )
+    for (name, c), values in sorted(per_server(doc["runs"], "step_ms").items()):
+        print("%s c%d: decode step %.2f ms (medians of rounds: %s)" % (name, c, middle(values), values))
     for name in [n for n in doc["servers"] if n.startswith("perf-ddtree")]:
         for c in CONCURRENCY:
             d, t = med.get(("perf-dflash", c)), med.get((name, c))

@@ -156,3 +156,16 @@ def test_scoreboard_rows_of_a_streamed_run_carry_each_servers_decode_step():
 def test_scoreboard_rows_of_a_plain_run_have_no_step():
     (row,) = scoreboard.rows_from_perf(perf_doc([100.0, 100.0], [90.0, 95.0]), "abc", "src.json")
     assert "step_ms" not in row
+
+
+def test_perf_prints_the_middle_of_each_servers_runs(capsys):
+    doc = perf_doc([100.0, 120.0, 110.0], [90.0, 130.0, 99.0])
+    doc["servers"]["perf-dflash"] = {"algorithm": "DFLASH"}
+    doc["outputs"] = {}
+    for run in doc["runs"]:
+        run["step_ms"] = 10.0 + run["round"] if run["server"] == "perf-ddtree" else None
+    perf.print_table(doc)
+    printed = capsys.readouterr().out
+    assert "| perf-dflash | 110.0 (100.0, 120.0, 110.0)" in printed
+    assert "perf-ddtree c1: decode step 11.00 ms (medians of rounds: [10.0, 11.0, 12.0])" in printed
+    assert "perf-dflash c1: decode step" not in printed
