@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # On the device (through the device tool's `run`): tests/gpu_sglang/device-run.sh STEP...
-#   train   train the target and the DFlash drafter (train_models.py) -> models.tgz, train.json
+#   train   train the target and the DFlash drafter (train_models.py) -> models.tgz, train.json; with
+#           SYNTH_LANG=pairs (synth_lang.py) every step uses that language and its models (models-pairs,
+#           models-pairs.tgz)
 #   tp1     the TP=1 scenario (scenario.py tp1) -> results-tp1.json
 #   sampled the T = 1 runs of tp1 again, one --random-seed per server -> results-sampled.json
 #   tp2     the TP=2 scenario (scenario.py tp2, kind nvidia-h200-x2) -> results-tp2.json
@@ -43,14 +45,16 @@ export REPO SETUP_DONE=${SETUP_DONE:-0}
 source "$H/device-setup.sh" > "$W/logs/setup.log" 2>&1 || { cat "$W/logs/setup.log"; exit 1; }
 stamp "setup done; $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count(), torch.cuda.get_device_name(0))')"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$W/logs/nvidia-smi.csv" 2>&1
-MODELS=$REPO/.cache/gpu-sglang/models; [ -d "$MODELS" ] || MODELS=$W/models
-if [ ! -d "$MODELS" ] && [ -f "$REPO/docs/evidence/gpu-sglang/models.tgz" ]; then
-  tar xzf "$REPO/docs/evidence/gpu-sglang/models.tgz" -C "$W"; MODELS=$W/models
-fi
+# The models of the language SYNTH_LANG (synth_lang.py): `models` for the default one, `models-KIND` else.
+LANG_DIR=models; [ "${SYNTH_LANG:-phrases}" = phrases ] || LANG_DIR=models-$SYNTH_LANG
+MODELS=$REPO/.cache/gpu-sglang/$LANG_DIR; [ -d "$MODELS" ] || MODELS=$W/$LANG_DIR
+for tgz in "$REPO/docs/evidence/gpu-sglang/$LANG_DIR.tgz" "$REPO/.cache/gpu-sglang/$LANG_DIR.tgz"; do
+  if [ ! -d "$MODELS" ] && [ -f "$tgz" ]; then tar xzf "$tgz" -C "$W"; MODELS=$W/$LANG_DIR; fi
+done
 # Drafters kept with the evidence (docs/evidence/gpu-sglang/drafters/NAME.tgz, tracked) or beside the carry
 # (.cache/gpu-sglang/drafters/NAME.tgz, e.g. a `weak` step's weak-drafter.tgz) join MODELS, so a later call
 # needs no training.
-if [ "$MODELS" = "$W/models" ]; then
+if [ "$MODELS" = "$W/$LANG_DIR" ] && [ "$LANG_DIR" = models ]; then
   for tgz in "$REPO"/docs/evidence/gpu-sglang/drafters/*.tgz "$REPO"/.cache/gpu-sglang/drafters/*.tgz; do
     [ -f "$tgz" ] && tar xzf "$tgz" -C "$MODELS"
   done
@@ -59,21 +63,27 @@ fi
 # saved by one training run when its offline acceptance first reaches each threshold (in server: ~3-4, ~6-7).
 EMBED_LEVELS=${EMBED_LEVELS:-tiny-qwen3-dflash-low:4.8,tiny-qwen3-dflash-mid:8.2}
 level_names() { echo "$EMBED_LEVELS" | tr ',' '\n' | sed 's/:[^:]*$//'; }
-train_levels() {  # the drafter levels MODELS lacks, from one training run
-  local missing=0 name
+train_levels() {  # the drafter levels MODELS lacks, from one training run (the target too when MODELS has none)
+  local missing=0 name target=1
   for name in $(level_names); do [ -f "$MODELS/$name/config.json" ] || missing=1; done
   [ "$missing" = 1 ] || return 0
-  timeout 240 python3 "$H/train_models.py" "$MODELS" --drafter-levels "$EMBED_LEVELS" 2>&1 | tr '\r' '\n' \
-    | tee "$W/logs/train-levels.log" | grep -E "level|acceptance|budget" | tail -40
+  [ -f "$MODELS/tiny-qwen3/config.json" ] || target=0
+  timeout $(( target ? 240 : 330 )) python3 "$H/train_models.py" "$MODELS" --drafter-levels "$EMBED_LEVELS" 2>&1 \
+    | tr '\r' '\n' | tee "$W/logs/train-levels.log" | grep -E "level|acceptance|budget|target: " | tail -40
   cp "$MODELS/train-levels.json" "$W/logs/" 2>/dev/null
-  # shellcheck disable=SC2046
-  tar czf "$OUT/drafter-levels.tgz" -C "$MODELS" $(level_names)
+  if [ "$target" = 1 ]; then
+    # shellcheck disable=SC2046
+    tar czf "$OUT/drafter-levels.tgz" -C "$MODELS" $(level_names)
+  else  # a new target: the whole models directory, for a later call to carry (.cache/gpu-sglang/LANG_DIR.tgz)
+    tar czf "$OUT/$LANG_DIR.tgz" -C "$(dirname "$MODELS")" "$(basename "$MODELS")"
+  fi
 }
 embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embedded into $W/embedded-SHAPE
   local shape=$1 layers=${EMBED_LAYERS:-} args=() name old
   [ "$shape" = qwen3-30b-a3b ] && layers=${layers:-24}  # 48 layers are ~61 GB: a third of what the disk holds
   train_levels
-  for name in tiny-qwen3-dflash $(level_names); do args+=(--drafter "$name"); done
+  [ -f "$MODELS/tiny-qwen3-dflash/config.json" ] && args+=(--drafter tiny-qwen3-dflash)  # absent: levels only
+  for name in $(level_names); do args+=(--drafter "$name"); done
   [ -n "$layers" ] && args+=(--layers "$layers")
   # One bed on the disk at a time (64 GB); embed_models.py --reuse keeps a bed made the same way.
   for old in "$W"/embedded-*; do [ "$old" = "$W/embedded-$shape" ] || rm -rf "$old"; done
@@ -85,9 +95,9 @@ embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embed
 for step in "$@"; do
   stamp "step $step"
   case $step in
-    train) timeout 270 python3 "$H/train_models.py" "$W/models" 2>&1 | tr '\r' '\n' | tee "$W/logs/train.log"
-           MODELS=$W/models; cp "$W/models/train.json" "$OUT/" 2>/dev/null
-           tar czf "$OUT/models.tgz" --exclude train.json -C "$W" models ;;
+    train) timeout 270 python3 "$H/train_models.py" "$W/$LANG_DIR" 2>&1 | tr '\r' '\n' | tee "$W/logs/train.log"
+           MODELS=$W/$LANG_DIR; cp "$MODELS/train.json" "$OUT/" 2>/dev/null
+           tar czf "$OUT/$LANG_DIR.tgz" --exclude train.json -C "$W" "$LANG_DIR" ;;
     weak) timeout 200 python3 "$H/train_models.py" "$MODELS" --drafter-only tiny-qwen3-dflash-weak "${WEAK_ACCEPT:-5}" 2>&1 \
             | tr '\r' '\n' | tee "$W/logs/train-weak.log" | tail -12
           cp "$MODELS"/train-tiny-qwen3-dflash-weak.json "$W/logs/" 2>/dev/null
@@ -110,8 +120,8 @@ for step in "$@"; do
           if [ "$perf_models" = "$W/shaped" ]; then
             python3 "$H/make_shaped.py" "$W/shaped" > "$W/logs/make-shaped.log" 2>&1 || { cat "$W/logs/make-shaped.log"; continue; }
           fi
-          case ${PERF_TARGET:-tiny} in
-            embedded-*) [ -f "$perf_models/embed.json" ] || embed_bed "${PERF_TARGET#embedded-}" ;;
+          case ${PERF_TARGET:-tiny} in  # the bed of MODELS: kept when it holds them (embed_models.py --reuse)
+            embedded-*) embed_bed "${PERF_TARGET#embedded-}" ;;
           esac
           if [ "$step" = profile ]; then
             timeout "$(left)" python3 "$H/profile_step.py" "$W/logs" "$perf_models" 2>&1 | tail -80

@@ -6,8 +6,19 @@ phrase a comes one of three successor phrases with probabilities 0.6 / 0.3 / 0.1
 boundary the next-token distribution has three modes. A target trained on it continues greedily with
 the 0.6 successor; sampled at T = 1 it branches. Everything here is plain Python, seeded, so the device
 and this machine build the same language and the same prompts.
+
+Two kinds (SYNTH_LANG, default `phrases`), with the same phrases, successors and prompts' lengths:
+- `phrases`: which successor gets 0.6 depends on the current phrase only. A greedy continuation from any
+  start falls into one fixed loop of phrases, which a drafter learns by heart: its misses are spread over
+  its deep positions rather than split between a few candidates.
+- `pairs`: which successor gets 0.6, 0.3 and 0.1 depends on the phrase before the current one too (a
+  seeded order per pair of phrases; a text's first phrase, with none before it, uses the `phrases`
+  order). A target reads the phrase before from its context; a drafter that has learned only the
+  current phrase's successors sees three candidates at a boundary, one of them the target's choice: the
+  kind of miss a tree with siblings recovers (real drafters miss so at branch points of real text).
 """
 
+import os
 import random
 
 VOCAB = 512
@@ -17,6 +28,15 @@ N_WORDS = VOCAB - len(SPECIALS)
 N_PHRASES = 48
 BRANCH_P = (0.6, 0.3, 0.1)
 LANG_SEED = 20261130
+KINDS = ("phrases", "pairs")
+
+
+def kind_from_env():
+    """The language kind SYNTH_LANG names (default `phrases`); an unknown name is refused."""
+    kind = os.environ.get("SYNTH_LANG", "phrases")
+    if kind not in KINDS:
+        raise SystemExit("SYNTH_LANG=%s: not a language kind; use one of %s" % (kind, ", ".join(KINDS)))
+    return kind
 
 
 def word(i):
@@ -28,7 +48,8 @@ def token_id(w):
 
 
 class Language(object):
-    def __init__(self, seed=LANG_SEED):
+    def __init__(self, seed=LANG_SEED, kind=None):
+        self.kind = kind or kind_from_env()
         rng = random.Random(seed)
         firsts = rng.sample(range(N_WORDS), N_PHRASES)
         self.phrases = []
@@ -38,28 +59,41 @@ class Language(object):
         self.succ = []
         for p in range(N_PHRASES):
             self.succ.append(rng.sample([q for q in range(N_PHRASES) if q != p], 3))
+        # pairs: the successors of p after a, most likely first (a separate stream: phrases and
+        # successors stay those of `phrases`)
+        self.pair_order = {}
+        if self.kind == "pairs":
+            prng = random.Random(seed + 1)
+            for a in range(N_PHRASES):
+                for p in range(N_PHRASES):
+                    self.pair_order[(a, p)] = [self.succ[p][i] for i in prng.sample(range(3), 3)]
 
-    def next_phrase(self, p, rng):
+    def successors(self, p, prev=None):
+        """p's successors, the 0.6 one first: after `prev` for `pairs` (when known)."""
+        return self.pair_order.get((prev, p), self.succ[p])
+
+    def next_phrase(self, p, rng, prev=None):
         u = rng.random()
         acc = 0.0
-        for q, w in zip(self.succ[p], BRANCH_P):
+        order = self.successors(p, prev)
+        for q, w in zip(order, BRANCH_P):
             acc += w
             if u < acc:
                 return q
-        return self.succ[p][-1]
+        return order[-1]
 
     def sample_words(self, n, rng, start=None):
         """n words of text from a random phrase (or `start`), beginning at a random offset in it.
         Returns (word indices, [(phrase, offset)] per word)."""
         p = rng.randrange(N_PHRASES) if start is None else start
         off = rng.randrange(len(self.phrases[p])) if start is None else 0
-        out, where = [], []
+        out, where, prev = [], [], None
         while len(out) < n:
             out.append(self.phrases[p][off])
             where.append((p, off))
             off += 1
             if off == len(self.phrases[p]):
-                p, off = self.next_phrase(p, rng), 0
+                p, prev, off = self.next_phrase(p, rng, prev), p, 0
         return out, where
 
     def sample_ids(self, n, rng):

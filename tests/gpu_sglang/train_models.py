@@ -16,7 +16,9 @@ Seeded; on one GPU of the device it takes about two minutes. --quick is a CPU sm
        python train_models.py OUTDIR --drafter-levels NAME1:4.5,NAME2:8.5
    keeps OUTDIR/tiny-qwen3 and trains ONE drafter, saving a snapshot into OUTDIR/NAMEi the first time its
    offline acceptance (16 held-out prompts; checked every 5 steps up to step 100, then every 25) reaches
-   each threshold, and stops at the last: drafters at several acceptance levels from one run. In-server
+   each threshold, and stops at the last: drafters at several acceptance levels from one run (and the
+   target first when OUTDIR has none). Each level also records the offline acceptance of DDTrees of
+   TREE_BUDGETS nodes from that drafter (the overlay's tree builder, along the target's greedy text). In-server
    acceptance is lower than offline (offline 6.08 served 4.5, offline 13.5 served 12.75). Writes
    OUTDIR/train-levels.json (per level: the step and the offline acceptance that saved it).
 
@@ -40,6 +42,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# the overlay's framework-free core (the tree the offline acceptance of a DDTree simulates)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sglang_overlay", "src"))
 import synth_lang as sl  # noqa: E402
 
 H, L, NH, NKV, HD, INTER = 256, 4, 4, 2, 64, 768
@@ -48,6 +52,10 @@ ROPE_THETA, EPS = 10000.0, 1e-6
 # The drafter's training stops after this many seconds (TRAIN_LIMIT_S): inside a device call's limit; a CPU
 # run that trains a drafter level to keep with the evidence needs longer.
 TIME_LIMIT_S = float(os.environ.get("TRAIN_LIMIT_S", "200"))
+# The target's training steps (TARGET_STEPS): `pairs` has a successor order per pair of phrases to learn.
+TARGET_STEPS = int(os.environ.get("TARGET_STEPS", "1500"))
+# The DDTree budgets whose offline acceptance a saved drafter level reports beside DFLASH's chain.
+TREE_BUDGETS = (15, 63, 127)
 
 
 @dataclass(frozen=True)
@@ -126,6 +134,24 @@ def target_config():
         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA},
         dtype="bfloat16",
     )
+
+
+@torch.no_grad()
+def target_boundary_accuracy(target, lang, dev, n=64, words=128, seed=13):
+    """How often the target's argmax at a phrase boundary (with the phrase before known) is the language's
+    most likely successor there: for `pairs`, whether the target reads the phrase before the current one."""
+    rng = random.Random(seed)
+    hits = total = 0
+    for _i in range(n):
+        ws, where = lang.sample_words(words, rng)
+        ids = torch.tensor([[len(sl.SPECIALS) + w for w in ws]], device=dev)
+        pred = target(input_ids=ids).logits[0].argmax(-1).tolist()
+        starts = [i for i in range(1, len(ws)) if where[i][1] == 0]  # a phrase starts at i
+        for before, here in zip(starts, starts[1:]):  # `here` follows phrase where[here-1] after where[before-1]
+            want = lang.phrases[lang.successors(where[here - 1][0], where[before - 1][0])[0]][0]
+            hits += int(pred[here - 1] == len(sl.SPECIALS) + want)
+            total += 1
+    return hits / max(1, total)
 
 
 def lr_at(step, total, peak, warm=100):
@@ -317,8 +343,11 @@ def make_batch(seqs, feats, starts, embed, A, gen):
     return feats, ctx_mask, embed(ids), pos, labels
 
 
-def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev):
-    """DFlash greedy steps along the target's greedy sequences: accept length = 1 + leading matches."""
+def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev, budget=None):
+    """Greedy speculative steps along the target's greedy sequences: accept length = 1 + the longest prefix
+    of the continuation the draft holds. budget None: DFLASH's chain (the leading matches of the block's
+    argmax); budget N: a DDTree of N nodes from the block's per-position top-k, built by the overlay's
+    core with the top-k the overlay gives that budget."""
     lens = []
     feats = features(target, seqs)
     with torch.no_grad():
@@ -332,12 +361,34 @@ def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev):
                 ctx_mask = (torch.arange(T, device=dev) < p)[None, None].expand(1, BLOCK, T)
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                     hid = drafter(feats[b : b + 1], ctx_mask, embed(ids), pos)
-                pred = (hid[0, 0, 1:].float() @ head.float().T).argmax(-1)
-                ok = (pred == s[0, p + 1 : p + BLOCK]).int()
-                n = int(ok.cumprod(0).sum())
+                logits = hid[0, 0, 1:].float() @ head.float().T
+                truth = s[0, p + 1 : p + BLOCK]
+                n = chain_accepted(logits, truth) if budget is None else tree_accepted(logits, truth, budget)
                 lens.append(n + 1)
                 p += n + 1
     return sum(lens) / max(1, len(lens)), lens
+
+
+def chain_accepted(logits, truth) -> int:
+    """Leading positions whose argmax is the truth."""
+    return int((logits.argmax(-1) == truth).int().cumprod(0).sum())
+
+
+def tree_accepted(logits, truth, budget: int) -> int:
+    """Depth of the deepest node on the truth's path in the DDTree of `budget` nodes over `logits` [L, V]."""
+    from sglang_overlay.adapter.settings import default_top_k
+    from sglang_overlay.core.tree import build_tree_batched, draft_topk
+
+    log_probs, token_ids = draft_topk(logits[None], default_top_k(budget))
+    tree = build_tree_batched(log_probs, token_ids, budget)
+    tokens, parents = tree.tokens[0].tolist(), tree.parents[0].tolist()
+    cur, depth = 0, 0
+    for want in truth.tolist():
+        nxt = next((j for j in range(1, len(tokens)) if parents[j] == cur and tokens[j] == want), None)
+        if nxt is None:
+            break
+        cur, depth = nxt, depth + 1
+    return depth
 
 
 def tiny_drafter_config() -> dict:
@@ -392,18 +443,30 @@ class LevelSaver:
     """--drafter-levels: a snapshot of the drafter into OUT/NAME the first time its offline acceptance reaches
     NAME's threshold; done once every level has one."""
 
-    def __init__(self, out: str, levels: list, log):
+    def __init__(self, out: str, levels: list, log, tree_accept=None):
         self.out, self.pending, self.saved, self.log = out, list(levels), [], log
+        self.tree_accept = tree_accept  # drafter -> {budget: offline DDTree acceptance}
 
     def record(self, drafter: Drafter, step: int, accept: float) -> None:
+        trees = None
         while self.pending and accept >= self.pending[0][1]:
             name, threshold = self.pending.pop(0)
             save_drafter(drafter, os.path.join(self.out, name))
+            if trees is None and self.tree_accept is not None:
+                trees = self.tree_accept(drafter)
             self.saved.append(
-                {"name": name, "threshold": threshold, "step": step, "offline_accept": accept, "reached": True}
+                {
+                    "name": name,
+                    "threshold": threshold,
+                    "step": step,
+                    "offline_accept": accept,
+                    "offline_tree_accept": trees,
+                    "reached": True,
+                }
             )
             self.log(
-                "drafter level %s saved at step %d (offline acceptance %.3f >= %.2f)" % (name, step, accept, threshold)
+                "drafter level %s saved at step %d (offline acceptance %.3f >= %.2f; DDTree %s)"
+                % (name, step, accept, threshold, trees)
             )
 
     def finish(self, drafter: Drafter, step: int, accept) -> None:
@@ -444,10 +507,12 @@ def main():
     tdir, ddir = os.path.join(out, "tiny-qwen3"), os.path.join(out, name)
     os.makedirs(tdir, exist_ok=True)
     tloss = None
-    if mode == "full":
+    # levels for a language with no target yet: the target first, in the same run
+    if mode == "full" or (mode == "levels" and not os.path.exists(os.path.join(tdir, "config.json"))):
         make_tokenizer(tdir)
-        model, tloss = train_target(lang, dev, 10 if quick else 1500, log, bs=4 if quick else 128)
+        model, tloss = train_target(lang, dev, 10 if quick else TARGET_STEPS, log, bs=4 if quick else 128)
         model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
+        log("target: most likely successor at %.3f of boundaries" % target_boundary_accuracy(model.eval(), lang, dev))
     from transformers import Qwen3ForCausalLM
 
     target = Qwen3ForCausalLM.from_pretrained(tdir, dtype=torch.bfloat16).to(dev).eval()
@@ -483,6 +548,20 @@ def main():
         if mode == "full"
         else [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[: 2 if quick else 16]]
     )
+    if levels is not None:
+
+        def tree_accept(d):
+            d.eval()
+            out = {}
+            for budget in TREE_BUDGETS:
+                runs = [
+                    simulate_acceptance(d, target, embed, head, g, torch.tensor([pl]), dev, budget) for g, pl in check
+                ]
+                out[str(budget)] = round(sum(r[0] for r in runs) / len(runs), 3)
+            d.train()
+            return out
+
+        levels.tree_accept = tree_accept
     accept = None
     for step in range(steps):
         for g in opt.param_groups:
@@ -527,6 +606,7 @@ def main():
         levels.finish(drafter, step, accept)
         res = {
             "levels": levels.saved,
+            "language": lang.kind,
             "check_prompts": len(check),
             "seconds": round(time.time() - t0, 1),
             "device": str(dev),
@@ -555,6 +635,7 @@ def main():
         "device": str(dev),
         "torch": torch.__version__,
         "log": logs,
+        "language": lang.kind,
         "target": {"vocab": sl.VOCAB, "hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": INTER},
         "drafter": {
             "layers": DL,
