@@ -169,3 +169,51 @@ def test_perf_prints_the_middle_of_each_servers_runs(capsys):
     assert "| perf-dflash | 110.0 (100.0, 120.0, 110.0)" in printed
     assert "perf-ddtree c1: decode step 11.00 ms (medians of rounds: [10.0, 11.0, 12.0])" in printed
     assert "perf-dflash c1: decode step" not in printed
+
+
+# ---- synth_lang: the `pairs` language --------------------------------------------------------------
+
+
+def test_phrases_language_orders_successors_by_the_current_phrase_only():
+    import synth_lang as sl
+
+    lang = sl.Language(kind="phrases")
+    assert lang.successors(5, prev=9) == lang.successors(5, prev=11) == lang.succ[5]
+
+
+def test_pairs_language_orders_successors_by_the_phrase_before():
+    import synth_lang as sl
+
+    lang = sl.Language(kind="pairs")
+    phrases = sl.Language(kind="phrases")
+    assert lang.phrases == phrases.phrases and lang.succ == phrases.succ  # same words, other orders
+    for p in range(sl.N_PHRASES):
+        assert sorted(lang.successors(p, prev=0 if p else 1)) == sorted(lang.succ[p])
+        assert lang.successors(p) == lang.succ[p]  # a text's first phrase: no phrase before it
+    firsts = {lang.successors(7, prev=a)[0] for a in range(sl.N_PHRASES) if a != 7}
+    assert len(firsts) == 3  # the target's greedy choice after phrase 7 depends on the phrase before
+
+
+def test_pairs_language_texts_follow_the_pair_order():
+    import random
+
+    import synth_lang as sl
+
+    lang = sl.Language(kind="pairs")
+    ws, where = lang.sample_words(4000, random.Random(1))
+    starts = [i for i in range(1, len(ws)) if where[i][1] == 0]
+    top = sum(
+        where[here][0] == lang.successors(where[here - 1][0], where[before - 1][0])[0]
+        for before, here in zip(starts, starts[1:])
+    )
+    assert 0.5 < top / (len(starts) - 1) < 0.7  # the 0.6 successor of the pair
+
+
+def test_language_kind_from_env_refuses_an_unknown_name(monkeypatch):
+    import synth_lang as sl
+
+    monkeypatch.setenv("SYNTH_LANG", "triples")
+    with pytest.raises(SystemExit, match="SYNTH_LANG=triples.*phrases, pairs"):
+        sl.Language()
+    monkeypatch.setenv("SYNTH_LANG", "pairs")
+    assert sl.Language().kind == "pairs"
