@@ -96,6 +96,13 @@ class Language(object):
                 p, prev, off = self.next_phrase(p, rng, prev), p, 0
         return out, where
 
+    @staticmethod
+    def pair_boundaries(where):
+        """(i, prev, cur) for each word i of a text that starts a phrase after phrase `cur`, which itself
+        followed phrase `prev`: the boundaries whose pair is known (`where` as sample_words returns it)."""
+        starts = [i for i in range(1, len(where)) if where[i][1] == 0]
+        return [(here, where[before - 1][0], where[here - 1][0]) for before, here in zip(starts, starts[1:])]
+
     def sample_ids(self, n, rng):
         ws = self.sample_words(n, rng)[0]
         return [len(SPECIALS) + w for w in ws]

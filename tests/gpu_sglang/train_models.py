@@ -146,9 +146,8 @@ def target_boundary_accuracy(target, lang, dev, n=64, words=128, seed=13):
         ws, where = lang.sample_words(words, rng)
         ids = torch.tensor([[len(sl.SPECIALS) + w for w in ws]], device=dev)
         pred = target(input_ids=ids).logits[0].argmax(-1).tolist()
-        starts = [i for i in range(1, len(ws)) if where[i][1] == 0]  # a phrase starts at i
-        for before, here in zip(starts, starts[1:]):  # `here` follows phrase where[here-1] after where[before-1]
-            want = lang.phrases[lang.successors(where[here - 1][0], where[before - 1][0])[0]][0]
+        for here, prev, cur in lang.pair_boundaries(where):
+            want = lang.phrases[lang.successors(cur, prev)[0]][0]
             hits += int(pred[here - 1] == len(sl.SPECIALS) + want)
             total += 1
     return hits / max(1, total)
@@ -378,17 +377,13 @@ def tree_accepted(logits, truth, budget: int) -> int:
     """Depth of the deepest node on the truth's path in the DDTree of `budget` nodes over `logits` [L, V]."""
     from sglang_overlay.adapter.settings import default_top_k
     from sglang_overlay.core.tree import build_tree_batched, draft_topk
+    from sglang_overlay.core.walk import walk_tree
 
     log_probs, token_ids = draft_topk(logits[None], default_top_k(budget))
     tree = build_tree_batched(log_probs, token_ids, budget)
-    tokens, parents = tree.tokens[0].tolist(), tree.parents[0].tolist()
-    cur, depth = 0, 0
-    for want in truth.tolist():
-        nxt = next((j for j in range(1, len(tokens)) if parents[j] == cur and tokens[j] == want), None)
-        if nxt is None:
-            break
-        cur, depth = nxt, depth + 1
-    return depth
+    # the target's token after a slot of depth d is the truth's token d (the walk only follows the truth)
+    after = torch.cat([truth.to(torch.int64), truth.new_zeros(1, dtype=torch.int64)])
+    return int(walk_tree(tree, after[tree.depths.to(torch.int64)]).accept_len[0])
 
 
 def tiny_drafter_config() -> dict:
@@ -443,9 +438,9 @@ class LevelSaver:
     """--drafter-levels: a snapshot of the drafter into OUT/NAME the first time its offline acceptance reaches
     NAME's threshold; done once every level has one."""
 
-    def __init__(self, out: str, levels: list, log, tree_accept=None):
+    def __init__(self, out: str, levels: list, log):
         self.out, self.pending, self.saved, self.log = out, list(levels), [], log
-        self.tree_accept = tree_accept  # drafter -> {budget: offline DDTree acceptance}
+        self.tree_accept = None  # drafter -> {budget: offline DDTree acceptance}, set once the checks exist
 
     def record(self, drafter: Drafter, step: int, accept: float) -> None:
         trees = None

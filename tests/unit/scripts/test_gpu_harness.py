@@ -200,13 +200,15 @@ def test_pairs_language_texts_follow_the_pair_order():
     import synth_lang as sl
 
     lang = sl.Language(kind="pairs")
-    ws, where = lang.sample_words(4000, random.Random(1))
-    starts = [i for i in range(1, len(ws)) if where[i][1] == 0]
-    top = sum(
-        where[here][0] == lang.successors(where[here - 1][0], where[before - 1][0])[0]
-        for before, here in zip(starts, starts[1:])
-    )
-    assert 0.5 < top / (len(starts) - 1) < 0.7  # the 0.6 successor of the pair
+    _ws, where = lang.sample_words(4000, random.Random(1))
+    boundaries = lang.pair_boundaries(where)
+    assert len(boundaries) > 400
+    for here, prev, cur in boundaries[:3]:  # cur ends just before `here`, prev ends just before cur starts
+        assert where[here - 1][0] == cur and where[here][1] == 0
+        start = here - len(lang.phrases[cur])
+        assert where[start - 1][0] == prev and where[start][1] == 0
+    top = sum(where[here][0] == lang.successors(cur, prev)[0] for here, prev, cur in boundaries)
+    assert 0.5 < top / len(boundaries) < 0.7  # the 0.6 successor of the pair
 
 
 def test_language_kind_from_env_refuses_an_unknown_name(monkeypatch):
