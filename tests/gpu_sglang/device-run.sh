@@ -11,7 +11,8 @@
 #           PERF_TARGET=qwen3-8b | qwen3-30b-a3b: on a production-shaped random target (make_shaped.py writes
 #           its configs);
 #           PERF_TARGET=embedded-qwen3-8b | embedded-qwen3-30b-a3b: on the embedded test bed (step embed, run
-#           first when the bed is missing; PERF_DRAFTER picks the drafter level)
+#           first when the bed is missing; PERF_DRAFTER picks the drafter level; PERF_DRAFTER=A,B runs perf
+#           once per level -> results-perf-A.json, results-perf-B.json)
 #   embed   the embedded test bed for EMBED_SHAPE (default qwen3-8b; qwen3-30b-a3b): trains the drafter levels
 #           EMBED_LEVELS when MODELS lacks them (train_models.py --drafter-levels -> drafter-levels.tgz, keep it
 #           in .cache/gpu-sglang/drafters/), then embeds the tiny target and the drafters tiny-qwen3-dflash +
@@ -125,6 +126,14 @@ for step in "$@"; do
           esac
           if [ "$step" = profile ]; then
             timeout "$(left)" python3 "$H/profile_step.py" "$W/logs" "$perf_models" 2>&1 | tail -80
+          elif [[ "${PERF_DRAFTER:-}" == *,* ]]; then  # one perf run per drafter level, each its own file
+            for drafter in ${PERF_DRAFTER//,/ }; do
+              [ "$(left)" -gt 120 ] || { echo "no time left for perf with $drafter"; break; }
+              PERF_DRAFTER=$drafter timeout "$(left)" python3 "$H/perf.py" "$W/logs" "$perf_models" "${PERF_ROUNDS:-3}" \
+                2>&1 | tail -40
+              mv "$W/logs/results-perf.json" "$W/logs/results-perf-$drafter.json" 2>/dev/null
+              mkdir -p "$W/logs/$drafter" && mv "$W"/logs/server-perf-*.log "$W/logs/$drafter/" 2>/dev/null
+            done
           else
             timeout "$(left)" python3 "$H/perf.py" "$W/logs" "$perf_models" "${PERF_ROUNDS:-3}" 2>&1 | tail -60
           fi ;;

@@ -14,8 +14,8 @@ before/after pair (names perf-ddtree-<i>; PERF_TOP_K sets their top-k, default t
 PERF_DRAFTER names the drafter directory under MODELS for every speculative server (default the shape's).
 PERF_STEP_TIMING=N sets DDTREE_STEP_TIMING=N on both DDTREE servers (host ms per part of the tree step,
 logged every N steps; the last lines land in results-perf.json). NONE starts first (it
-fills the JIT cache), then the other three together; then the measurements run one server at a time
-(the others idle), ROUNDS rounds (default 3) of 1, 16 and 64 concurrent greedy requests (T = 0,
+fills the JIT cache), then the others together (all at once without NONE); then the measurements run one server
+at a time (the others idle), ROUNDS rounds (default 3) of 1, 16 and 64 concurrent greedy requests (T = 0,
 PERF_NEW_TOKENS new tokens, default scenario.GREEDY_NEW = 64, ignore_eos; longer outputs weigh the decode steps
 more and each request's fixed cost, its prefill and HTTP round trip, less) on the held-out prompts: 6, 32 and 64
 requests, each list PERF_REPEAT times (default 1; longer rounds average out the scheduler's jitter, which moves a
@@ -98,6 +98,20 @@ def gpu_name():
     except (OSError, subprocess.CalledProcessError):
         return None
     return out.stdout.splitlines()[0].strip() if out.stdout.strip() else None
+
+
+def start_servers(servers):
+    """NONE first and ready before the others start (it fills the JIT cache they then read); the others at
+    once, so that their start-ups (graph captures of a minute or more each) overlap."""
+    rest = servers
+    if servers and servers[0].algo == "NONE":
+        servers[0].start()
+        servers[0].wait_ready()
+        rest = servers[1:]
+    for s in rest:
+        s.start()
+    for s in rest:
+        s.wait_ready()
 
 
 def main():
@@ -193,12 +207,7 @@ def main():
                         measure_rounds([s], r)
                 s.stop()
         else:
-            servers[0].start()
-            servers[0].wait_ready()
-            for s in servers[1:]:
-                s.start()
-            for s in servers[1:]:
-                s.wait_ready()
+            start_servers(servers)
             ready = [s for s in servers if "ready_s" in s.info]
             print("[perf] ready: %s after %.0f s" % ([s.name for s in ready], time.time() - t0), flush=True)
             for r in range(rounds):

@@ -379,6 +379,9 @@ def tree_accepted(logits, truth, budget: int) -> int:
     from sglang_overlay.core.tree import build_tree_batched, draft_topk
     from sglang_overlay.core.walk import walk_tree
 
+    # On the CPU: one block's tree is a few hundred tiny tensor ops, each a kernel launch and often a sync on
+    # a GPU, so the host runs them several times faster.
+    logits, truth = logits.float().cpu(), truth.cpu()
     log_probs, token_ids = draft_topk(logits[None], default_top_k(budget))
     tree = build_tree_batched(log_probs, token_ids, budget)
     # the target's token after a slot of depth d is the truth's token d (the walk only follows the truth)

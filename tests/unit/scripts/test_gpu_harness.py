@@ -174,6 +174,33 @@ def test_perf_prints_the_middle_of_each_servers_runs(capsys):
 # ---- synth_lang: the `pairs` language --------------------------------------------------------------
 
 
+class FakeServer:
+    def __init__(self, algo, events):
+        self.algo, self.events = algo, events
+
+    def start(self):
+        self.events.append("start " + self.algo)
+
+    def wait_ready(self):
+        self.events.append("ready " + self.algo)
+
+
+@pytest.mark.parametrize(
+    "algos, expected",
+    [
+        (
+            ["NONE", "DFLASH", "DDTREE"],
+            ["start NONE", "ready NONE", "start DFLASH", "start DDTREE", "ready DFLASH", "ready DDTREE"],
+        ),
+        (["DFLASH", "DDTREE"], ["start DFLASH", "start DDTREE", "ready DFLASH", "ready DDTREE"]),
+    ],
+)
+def test_perf_starts_none_first_and_the_others_together(algos, expected):
+    events = []
+    perf.start_servers([FakeServer(algo, events) for algo in algos])
+    assert events == expected
+
+
 def test_phrases_language_orders_successors_by_the_current_phrase_only():
     import synth_lang as sl
 
