@@ -47,9 +47,9 @@ def test_a_good_declaration_and_the_defaults_have_no_problems():
     defaults["speculative"]["autotune"] = {"gpus": [2, 3], "port": 30100}
     assert problems_of(defaults) == []
     assert autotune.declaration(defaults["speculative"]) == {
-        "budgets": [4, 8, 15],
-        "top_k": [4, 8],
-        "concurrency": [1],
+        "budgets": [7, 15, 31, 63],
+        "top_k": [8],
+        "concurrency": [1, 16, 64],
         "min_gain": 0.03,
     }
 

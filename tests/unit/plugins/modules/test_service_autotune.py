@@ -210,7 +210,11 @@ def test_the_plan_defers_an_untuned_service_and_validates_it_with_the_others(cap
 
 def test_on_its_own_gpus_it_runs_the_trials_there_and_says_when_the_host_restores_the_service(tmp_path, capsys):
     own = dict(
-        CODER, speculative={"algorithm": "DDTREE", "autotune": {"budgets": [4, 8], "top_k": [4], "own_gpus": True}}
+        CODER,
+        speculative={
+            "algorithm": "DDTREE",
+            "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1], "own_gpus": True},
+        },
     )
     code, result = run_module(
         service_autotune, args(tmp_path, service=own, start_timeout=60, window_measure_allowance=40), capsys
