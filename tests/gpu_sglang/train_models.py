@@ -368,6 +368,14 @@ def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev, budget=
     return sum(lens) / max(1, len(lens)), lens
 
 
+def held_out_prompts(lang) -> list:
+    """The held-out prompts (the ones the servers are measured with) as token id lists."""
+    return [
+        [sl.SPECIALS.index(w) if w in sl.SPECIALS else sl.token_id(w) for w in p.split()]
+        for p in sl.greedy_prompts(lang)
+    ]
+
+
 def chain_accepted(logits, truth) -> int:
     """Leading positions whose argmax is the truth."""
     return int((logits.argmax(-1) == truth).int().cumprod(0).sum())
@@ -537,10 +545,7 @@ def main():
     wpos = torch.exp(-(torch.arange(1, BLOCK, device=dev).float() - 1) / 7.0)
     gfeats = [features(target, g[0]) for g in groups]
     bs, A = (4 if quick else 64), 8
-    held_out = [
-        [sl.SPECIALS.index(w) if w in sl.SPECIALS else sl.token_id(w) for w in p.split()]
-        for p in sl.greedy_prompts(lang)
-    ]
+    held_out = held_out_prompts(lang)
     check = (
         []
         if mode == "full"

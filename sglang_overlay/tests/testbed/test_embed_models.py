@@ -17,7 +17,6 @@ import importlib.util
 import math
 import random
 import sys
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,6 @@ pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 HARNESS = Path(__file__).resolve().parents[3] / "tests" / "gpu_sglang"
-MODELS_TGZ = HARNESS.parents[1] / "docs" / "evidence" / "gpu-sglang" / "models.tgz"
 TINY_VOCAB = 512
 
 
@@ -117,14 +115,6 @@ def shape_configs(moe: bool) -> tuple:
         dflash_config={"target_layer_ids": [1, 2, 3], "mask_token_id": 3, "block_size": 16},
     )
     return target, drafter
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny")
-    with tarfile.open(MODELS_TGZ) as tar:
-        tar.extractall(out, filter="data")
-    return out / "models"
 
 
 def embed(tiny_dir: Path, tmp_path_factory, moe: bool) -> Path:

@@ -40,3 +40,14 @@ def test_tree_stops_at_a_token_outside_its_nodes():
     tm = load_harness("train_models")
     logits = logits_ranking([[3, 4], [5, 6], [7, 8]])
     assert tm.tree_accepted(logits, torch.tensor([3, 9, 7]), budget=15) == 1
+
+
+def test_offline_acceptance_over_longer_outputs_reports_the_chain_and_each_tree(tiny_dir):
+    oa = load_harness("offline_accept")
+    got = oa.offline_acceptance(str(tiny_dir), ["tiny-qwen3-dflash"], 48, [1, 63], 2, torch.device("cpu"))
+    row = got["tiny-qwen3-dflash"]
+    assert set(row) == {"chain", "1", "63"}
+    # one node verifies only the chain's first token: at most 2 a step (it plus the bonus)
+    assert 1.0 <= row["1"] <= 2.0
+    # the trained pair's drafter accepts most of its block, and 63 nodes hold its chain and more
+    assert row["chain"] > 4.0 and row["63"] >= row["chain"]
