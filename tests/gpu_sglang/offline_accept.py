@@ -8,7 +8,7 @@ Why: a level is saved by its acceptance over 64 tokens, while the perf runs serv
 continuations that end near position 128, so a longer output runs past what they saw: the chain accepts less
 and a tree recovers more of it. This says, before a device call, which level serves about the acceptance a run
 needs and which budget its tree needs. On the CPU it runs in float32 and reads somewhat higher than the
-device's bfloat16 (docs/evidence/gpu-sglang/README.md, run 19, compares them).
+device's bfloat16 (the evidence README compares the two).
 """
 
 import argparse
@@ -24,11 +24,10 @@ import synth_lang as sl  # noqa: E402
 import train_models as tm  # noqa: E402
 
 
-def offline_acceptance(models: str, names: list, tokens: int, budgets: list, prompts: int, dev=None) -> dict:
+def offline_acceptance(models: str, names: list, tokens: int, budgets: list, prompts: int, dev) -> dict:
     """{name: {"chain": mean, "<budget>": mean, ...}} over the first `prompts` held-out prompts."""
     from transformers import Qwen3ForCausalLM
 
-    dev = dev or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     target = Qwen3ForCausalLM.from_pretrained(os.path.join(models, "tiny-qwen3"), dtype=dtype).to(dev).eval()
     embed, head = target.get_input_embeddings(), target.lm_head.weight.detach()
@@ -39,11 +38,8 @@ def offline_acceptance(models: str, names: list, tokens: int, budgets: list, pro
         drafter = tm.Drafter.from_pretrained(os.path.join(models, name)).to(dev).eval()
         out[name] = {}
         for budget in [None] + budgets:
-            runs = [
-                tm.simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev, budget)[0]
-                for g, pl in check
-            ]
-            out[name]["chain" if budget is None else str(budget)] = round(sum(runs) / len(runs), 3)
+            accept = tm.mean_acceptance(drafter, target, embed, head, check, dev, budget)
+            out[name]["chain" if budget is None else str(budget)] = round(accept, 3)
     return out
 
 
@@ -58,12 +54,13 @@ def main() -> None:
     args = parser.parse_args()
     t0 = time.time()
     budgets = [int(b) for b in args.budgets.split(",") if b]
-    result = offline_acceptance(args.models, args.names.split(","), args.tokens, budgets, args.prompts)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    result = offline_acceptance(args.models, args.names.split(","), args.tokens, budgets, args.prompts, dev)
     doc = {
         "language": sl.Language().kind,
         "tokens": args.tokens,
         "prompts": args.prompts,
-        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "device": dev.type,
         "accept": result,
         "seconds": round(time.time() - t0, 1),
     }

@@ -368,6 +368,12 @@ def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev, budget=
     return sum(lens) / max(1, len(lens)), lens
 
 
+def mean_acceptance(drafter, target, embed, head, check, dev, budget=None) -> float:
+    """simulate_acceptance's mean over `check`, a list of (greedy sequence [1, T], prompt length)."""
+    runs = [simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev, budget)[0] for g, pl in check]
+    return sum(runs) / len(runs)
+
+
 def held_out_prompts(lang) -> list:
     """The held-out prompts (the ones the servers are measured with) as token id lists."""
     return [
@@ -557,10 +563,7 @@ def main():
             d.eval()
             out = {}
             for budget in TREE_BUDGETS:
-                runs = [
-                    simulate_acceptance(d, target, embed, head, g, torch.tensor([pl]), dev, budget) for g, pl in check
-                ]
-                out[str(budget)] = round(sum(r[0] for r in runs) / len(runs), 3)
+                out[str(budget)] = round(mean_acceptance(d, target, embed, head, check, dev, budget), 3)
             d.train()
             return out
 
@@ -588,9 +591,7 @@ def main():
             break
         if check_due(step, mode, quick):
             drafter.eval()
-            accept = sum(
-                simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev)[0] for g, pl in check
-            ) / len(check)
+            accept = mean_acceptance(drafter, target, embed, head, check, dev)
             drafter.train()
             log("drafter step %d loss %.4f offline acceptance %.3f" % (step, loss.item(), accept))
             if mode == "only" and accept >= stop_at:

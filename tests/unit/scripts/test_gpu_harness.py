@@ -171,9 +171,6 @@ def test_perf_prints_the_middle_of_each_servers_runs(capsys):
     assert "perf-dflash c1: decode step" not in printed
 
 
-# ---- synth_lang: the `pairs` language --------------------------------------------------------------
-
-
 class FakeServer:
     def __init__(self, algo, events):
         self.algo, self.events = algo, events
@@ -199,6 +196,9 @@ def test_perf_starts_none_first_and_the_others_together(algos, expected):
     events = []
     perf.start_servers([FakeServer(algo, events) for algo in algos])
     assert events == expected
+
+
+# ---- synth_lang: the `pairs` language --------------------------------------------------------------
 
 
 def test_phrases_language_orders_successors_by_the_current_phrase_only():
