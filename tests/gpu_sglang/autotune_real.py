@@ -2,23 +2,29 @@
 
 Usage (on the device, after device-setup.sh): python autotune_real.py OUT MODELS DRAFTER [ROUNDS]
   DRAFTER: the drafter's directory under MODELS (tiny-qwen3-dflash: the harness's trained drafter;
-  another name: one train_models.py --drafter-only wrote).
+  another name: one train_models.py --drafter-only or --drafter-levels wrote, or a level of an embedded bed).
 
 What the collection does on a host, with the collection's own code, the servers started here instead of
-as the role's temporary units: the declaration `AUTOTUNE` below is validated by autotune.autotune_problems,
-every setting of autotune.measurement_plan (DFLASH and each DDTREE budget x top_k) plus NONE is a server
-(scenario.py's flags, CUDA graphs on), each is measured by autotune_measure.measure_setting through the
-health gate's own HTTP client (health_gate.ServiceIO.request), and autotune.choose decides. Differences
-from the role, and why: the servers start together (one GPU; the role starts one at a time on spare GPUs)
-and are then measured one at a time, the others idle; the prompts are the harness's held-out prompts of
-the synthetic language the tiny target speaks (the collection's English prompt set would be unknown
-words to its word-level tokenizer); ROUNDS rounds (default 3), each setting's tokens/s the median of its
-rounds (autotune.choose takes one measurement per setting: "give one per setting, e.g. the median of
-repeats"). Writes OUT/results-autotune-DRAFTER.json; prints the grid, the choice and its gains.
-Knobs (environment): AUTOTUNE_CONCURRENCY=1,16,64 declares other levels (default 1,16; the servers run at
-most scenario.py's --max-running-requests 48 at a time); AUTOTUNE_LEVEL_REPEAT=N sends the prompt list N
-times at every level above 1 (default 1: 64 requests; a c16 level of 64 requests lasts 0.3-0.6 s on the
-tiny model, and its rounds spread +-40 %).
+as the role's temporary units: the declaration (`declaration_from_env`: a service's `autotune: {}`, the
+collection's default grid, unless the knobs below replace a field) is validated by
+autotune.autotune_problems, every setting of autotune.candidate_settings (DFLASH and each DDTREE budget x
+top_k) plus NONE is a server (scenario.py's flags, CUDA graphs on), each is measured by
+autotune_measure.measure_setting through the health gate's own HTTP client (health_gate.ServiceIO.request),
+and autotune.choose decides. Differences from the role, and why: the servers share one GPU (the role starts
+one at a time on spare GPUs), NONE first and alone (it fills the JIT cache the others read), then the rest
+AUTOTUNE_AT_ONCE at a time, each group measured one server at a time while the others idle, and stopped
+before the next group starts; the prompts are the harness's held-out prompts of the synthetic language the
+tiny target speaks (the collection's English prompt set would be unknown words to its word-level
+tokenizer), perf.CONCURRENCY's count of them at each level; ROUNDS rounds (default 3), each setting's
+tokens/s the median of its rounds (autotune.choose takes one measurement per setting: "give one per
+setting, e.g. the median of repeats"). Writes OUT/results-autotune-DRAFTER.json; prints the grid, the
+choice and its gains.
+Knobs (environment):
+  AUTOTUNE_BUDGETS, AUTOTUNE_TOP_K, AUTOTUNE_CONCURRENCY  comma lists in place of the default grid's field
+  AUTOTUNE_TARGET     scenario.SHAPES' target (default tiny; embedded-qwen3-8b: MODELS is the embedded bed)
+  AUTOTUNE_NEW_TOKENS new tokens a request (default 64, ignore_eos)
+  AUTOTUNE_REPEAT     each level's prompt list sent N times (default 1; longer levels average out jitter)
+  AUTOTUNE_AT_ONCE    servers up at once after NONE (default 0: all; production-shaped targets need fewer)
 """
 
 import json
@@ -30,6 +36,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+import perf  # noqa: E402
 import scenario as sc  # noqa: E402
 import synth_lang as sl  # noqa: E402
 
@@ -39,23 +46,43 @@ from ansible_collections.ddtree.sglang.plugins.module_utils import autotune  # n
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import measure_setting  # noqa: E402
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO  # noqa: E402
 
-AUTOTUNE = {
-    "budgets": [4, 8, 15],
-    "top_k": [4, 8],
-    "concurrency": [int(c) for c in os.environ.get("AUTOTUNE_CONCURRENCY", "1,16").split(",")],
-    "min_gain": 0.03,
-}
-LEVEL_REPEAT = int(os.environ.get("AUTOTUNE_LEVEL_REPEAT", "1"))
-MAX_TOKENS = 64
+GRID_KNOBS = (("budgets", "AUTOTUNE_BUDGETS"), ("top_k", "AUTOTUNE_TOP_K"), ("concurrency", "AUTOTUNE_CONCURRENCY"))
 
 
-def server_for(item, port, out, models, drafter):
-    """A scenario.Server running one setting, with DRAFTER as its drafter."""
+def declaration_from_env(env=os.environ):
+    """The service's `autotune` declaration this run measures: {} (the collection's default grid) with each
+    knob of GRID_KNOBS that is set, a comma list of integers, in place of its field."""
+    spec = {}
+    for field, knob in GRID_KNOBS:
+        if env.get(knob):
+            try:
+                spec[field] = [int(item) for item in env[knob].split(",")]
+            except ValueError:
+                raise SystemExit("%s=%r: give a comma list of integers, e.g. 7,15,31" % (knob, env[knob])) from None
+    return spec
+
+
+def server_groups(servers, at_once):
+    """The servers in start order: NONE alone first when it leads, then the rest `at_once` at a time (all
+    of them together when `at_once` is 0)."""
+    first, rest = ([servers[0]], servers[1:]) if servers and servers[0].algo == "NONE" else ([], servers)
+    size = at_once if at_once > 0 else max(len(rest), 1)
+    return ([first] if first else []) + [rest[i : i + size] for i in range(0, len(rest), size)]
+
+
+def level_prompts(prompts, concurrency, repeat):
+    """The requests of one level: perf.CONCURRENCY's count of prompts at that concurrency (four per
+    concurrent request for a level it does not list), `repeat` times."""
+    return prompts[: perf.CONCURRENCY.get(concurrency, 4 * concurrency)] * repeat
+
+
+def server_for(item, port, out, models, drafter, shape):
+    """A scenario.Server running one setting on the target `shape`, with DRAFTER as its drafter."""
     name = autotune.setting_name(item).lower().replace(" ", "-").replace("_", "")
     spec = {"drafter": drafter}
     if item["algorithm"] == "DDTREE":
         spec.update(budget=item["budget"], top_k=item["top_k"])
-    return sc.Server("autotune-" + name, item["algorithm"], sc.RELEASE, port, out, models, **spec)
+    return sc.Server("autotune-" + name, item["algorithm"], sc.RELEASE, port, out, models, shape=shape, **spec)
 
 
 def median(values):
@@ -67,23 +94,33 @@ def main():
     sc.exit_on_sigterm()
     out, models, drafter = sys.argv[1], sys.argv[2], sys.argv[3]
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
-    problems = autotune.autotune_problems({"algorithm": "DDTREE", "autotune": AUTOTUNE})
+    shape = os.environ.get("AUTOTUNE_TARGET", "tiny")
+    new_tokens = int(os.environ.get("AUTOTUNE_NEW_TOKENS", "64"))
+    repeat = int(os.environ.get("AUTOTUNE_REPEAT", "1"))
+    at_once = int(os.environ.get("AUTOTUNE_AT_ONCE", "0"))
+    declared = declaration_from_env()
+    problems = autotune.autotune_problems({"algorithm": "DDTREE", "autotune": declared})
     if problems:
         sys.exit("the declaration is invalid: %s" % problems)
-    tuning = autotune.declaration({"autotune": AUTOTUNE})
+    tuning = autotune.declaration({"autotune": declared})
     settings = [autotune.setting("NONE")] + autotune.candidate_settings(tuning)
-    servers = [(item, server_for(item, 30200 + index, out, models, drafter)) for index, item in enumerate(settings)]
+    servers = [
+        (item, server_for(item, 30200 + index, out, models, drafter, shape)) for index, item in enumerate(settings)
+    ]
     prompts = sl.greedy_prompts(sl.Language())
     t0 = time.time()
     doc = {
         "plan": "autotune",
+        "target": shape,
+        "gpu": perf.gpu_name(),
         "drafter": drafter,
-        "declaration": AUTOTUNE,
+        "declaration": declared,
         "tuning": tuning,
         "rounds": rounds,
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": new_tokens,
         "prompts": "harness held-out greedy prompts (%d)" % len(prompts),
-        "level_repeat": LEVEL_REPEAT,
+        "requests": {c: len(level_prompts(prompts, c, repeat)) for c in tuning["concurrency"]},
+        "at_once": at_once,
         "servers": {},
         "runs": [],
     }
@@ -95,49 +132,50 @@ def main():
         with open(path, "w") as fh:
             json.dump(doc, fh, indent=1)
 
+    item_of = {server.name: item for item, server in servers}
     try:
-        # NONE first: it compiles SGLang's JIT kernels into the shared cache; the rest find them there.
-        servers[0][1].start()
-        servers[0][1].wait_ready()
-        for _item, server in servers[1:]:
-            server.start()
-        for _item, server in servers[1:]:
-            server.wait_ready(limit=400)
-        print(
-            "[autotune] ready after %.0f s: %s"
-            % (time.time() - t0, {s.name: s.info.get("ready_s", s.info.get("error")) for _i, s in servers}),
-            flush=True,
-        )
-        for number in range(rounds):
-            for item, server in servers:
-                if "ready_s" not in server.info:
-                    continue
-                io = ServiceIO(None, None, None, server.name, "127.0.0.1", server.port)
-                for index, concurrency in enumerate(tuning["concurrency"]):
-                    sent = prompts * (LEVEL_REPEAT if concurrency > 1 else 1)
-                    for level in measure_setting(
-                        io.request,
-                        item,
-                        [concurrency],
-                        sent,
-                        MAX_TOKENS,
-                        timeout=120.0,
-                        warmup=1 if number == 0 and index == 0 else 0,
-                    ):
-                        doc["runs"].append(dict(level, round=number))
-                        print(
-                            "[autotune] round %d %s c%d %s tok/s accept %s %s"
-                            % (
-                                number,
-                                autotune.setting_name(item),
-                                level["concurrency"],
-                                level["tokens_per_second"],
-                                level["accept_length"],
-                                level["error"] or "",
-                            ),
-                            flush=True,
-                        )
-            save()
+        for group in server_groups([server for _item, server in servers], at_once):
+            for server in group:
+                server.start()
+            for server in group:
+                server.wait_ready(limit=400)
+            print(
+                "[autotune] ready after %.0f s: %s"
+                % (time.time() - t0, {s.name: s.info.get("ready_s", s.info.get("error")) for s in group}),
+                flush=True,
+            )
+            for number in range(rounds):
+                for server in group:
+                    if "ready_s" not in server.info:
+                        continue
+                    item = item_of[server.name]
+                    io = ServiceIO(None, None, None, server.name, "127.0.0.1", server.port)
+                    for index, concurrency in enumerate(tuning["concurrency"]):
+                        for level in measure_setting(
+                            io.request,
+                            item,
+                            [concurrency],
+                            level_prompts(prompts, concurrency, repeat),
+                            new_tokens,
+                            timeout=120.0,
+                            warmup=1 if number == 0 and index == 0 else 0,
+                        ):
+                            doc["runs"].append(dict(level, round=number))
+                            print(
+                                "[autotune] round %d %s c%d %s tok/s accept %s %s"
+                                % (
+                                    number,
+                                    autotune.setting_name(item),
+                                    level["concurrency"],
+                                    level["tokens_per_second"],
+                                    level["accept_length"],
+                                    level["error"] or "",
+                                ),
+                                flush=True,
+                            )
+                save()
+            for server in group:
+                server.stop()
     finally:
         for _item, server in servers:
             server.stop()

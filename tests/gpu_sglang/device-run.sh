@@ -28,7 +28,8 @@
 #   weak    a drafter less sure of itself (train_models.py --drafter-only, stops at offline acceptance
 #           WEAK_ACCEPT, default 5) for the trained target -> MODELS/tiny-qwen3-dflash-weak, weak-drafter.tgz
 #   autotune the autotune grid measured and chosen with the collection's code (autotune_real.py), once per
-#           drafter in AUTOTUNE_DRAFTERS (default tiny-qwen3-dflash) -> results-autotune-DRAFTER.json
+#           drafter in AUTOTUNE_DRAFTERS (default tiny-qwen3-dflash) -> results-autotune-DRAFTER.json;
+#           AUTOTUNE_TARGET as PERF_TARGET (an embedded bed is made first when missing)
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
 # Models: from `train` in the same call, else .cache/gpu-sglang/models, else /tmp/gs/models (an earlier
 # call on this warm machine), else docs/evidence/gpu-sglang/models.tgz.
@@ -93,6 +94,17 @@ embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embed
     2>&1 | tee "$W/logs/embed-$shape.log" | tail -8
   cp "$W/embedded-$shape/embed.json" "$W/logs/embed-$shape.json" 2>/dev/null
 }
+target_models() {  # TARGET: the models directory its servers read, made when missing (a shaped or embedded bed)
+  local target=$1 dir
+  dir=$(python3 "$H/models_for_target.py" "$target" "$MODELS" "$W") || return 1
+  if [ "$dir" = "$W/shaped" ]; then
+    python3 "$H/make_shaped.py" "$W/shaped" > "$W/logs/make-shaped.log" 2>&1 || { cat "$W/logs/make-shaped.log" >&2; return 1; }
+  fi
+  case $target in  # the bed of MODELS: kept when it holds them (embed_models.py --reuse)
+    embedded-*) embed_bed "${target#embedded-}" >&2 ;;
+  esac
+  echo "$dir"
+}
 for step in "$@"; do
   stamp "step $step"
   case $step in
@@ -103,8 +115,9 @@ for step in "$@"; do
             | tr '\r' '\n' | tee "$W/logs/train-weak.log" | tail -12
           cp "$MODELS"/train-tiny-qwen3-dflash-weak.json "$W/logs/" 2>/dev/null
           tar czf "$OUT/weak-drafter.tgz" -C "$MODELS" tiny-qwen3-dflash-weak ;;
-    autotune) for drafter in ${AUTOTUNE_DRAFTERS:-tiny-qwen3-dflash}; do
-            timeout "$(left)" python3 "$H/autotune_real.py" "$W/logs" "$MODELS" "$drafter" "${AUTOTUNE_ROUNDS:-3}" 2>&1 | tail -30
+    autotune) tune_models=$(target_models "${AUTOTUNE_TARGET:-tiny}") || continue
+          for drafter in ${AUTOTUNE_DRAFTERS:-tiny-qwen3-dflash}; do
+            timeout "$(left)" python3 "$H/autotune_real.py" "$W/logs" "$tune_models" "$drafter" "${AUTOTUNE_ROUNDS:-3}" 2>&1 | tail -30
           done ;;
     tp1|sampled|tp2) timeout "$(left)" python3 "$H/scenario.py" "$W/logs" "$MODELS" "$step" 2>&1 | tail -20 ;;
     topk) PYTHONPATH=$REPO/sglang_overlay/src timeout 240 python3 "$REPO/sglang_overlay/benchmarks/draft_topk.py" \
@@ -117,13 +130,7 @@ for step in "$@"; do
            tail -25 "$W/logs/results-stage.json"; tail -5 "$W/logs/stage.log" ;;
     embed) embed_bed "${EMBED_SHAPE:-qwen3-8b}" ;;
     perf|profile) [ "$step" = profile ] && export PERF_TARGET=${PERF_TARGET:-qwen3-8b}
-          perf_models=$(python3 "$H/models_for_target.py" "${PERF_TARGET:-tiny}" "$MODELS" "$W") || continue
-          if [ "$perf_models" = "$W/shaped" ]; then
-            python3 "$H/make_shaped.py" "$W/shaped" > "$W/logs/make-shaped.log" 2>&1 || { cat "$W/logs/make-shaped.log"; continue; }
-          fi
-          case ${PERF_TARGET:-tiny} in  # the bed of MODELS: kept when it holds them (embed_models.py --reuse)
-            embedded-*) embed_bed "${PERF_TARGET#embedded-}" ;;
-          esac
+          perf_models=$(target_models "${PERF_TARGET:-tiny}") || continue
           if [ "$step" = profile ]; then
             timeout "$(left)" python3 "$H/profile_step.py" "$W/logs" "$perf_models" 2>&1 | tail -80
           elif [[ "${PERF_DRAFTER:-}" == *,* ]]; then  # one perf run per drafter level, each its own file

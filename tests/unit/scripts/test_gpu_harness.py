@@ -12,6 +12,7 @@ import pytest
 HARNESS = os.path.join(os.path.dirname(__file__), "..", "..", "gpu_sglang")
 sys.path.insert(0, HARNESS)
 
+import autotune_real  # noqa: E402
 import perf  # noqa: E402
 import scenario  # noqa: E402
 import scoreboard  # noqa: E402
@@ -199,6 +200,40 @@ def test_perf_starts_none_first_and_the_others_together(algos, expected):
 
 
 # ---- synth_lang: the `pairs` language --------------------------------------------------------------
+
+
+def test_autotune_measures_the_collections_default_grid_unless_a_knob_replaces_a_field():
+    assert autotune_real.declaration_from_env({}) == {}
+    declared = autotune_real.declaration_from_env({"AUTOTUNE_BUDGETS": "31,63", "AUTOTUNE_CONCURRENCY": "1"})
+    assert declared == {"budgets": [31, 63], "concurrency": [1]}
+    tuning = autotune_real.autotune.declaration({"autotune": declared})
+    assert tuning["budgets"] == [31, 63]
+    assert tuning["top_k"] == autotune_real.autotune.DEFAULTS["top_k"]
+
+
+def test_autotune_refuses_a_knob_that_is_not_a_list_of_integers():
+    with pytest.raises(SystemExit, match="AUTOTUNE_TOP_K='eight': give a comma list of integers"):
+        autotune_real.declaration_from_env({"AUTOTUNE_TOP_K": "eight"})
+
+
+@pytest.mark.parametrize(
+    "algos, at_once, expected",
+    [
+        (["NONE", "DFLASH", "DDTREE", "DDTREE", "DDTREE"], 0, [["NONE"], ["DFLASH", "DDTREE", "DDTREE", "DDTREE"]]),
+        (["NONE", "DFLASH", "DDTREE", "DDTREE", "DDTREE"], 3, [["NONE"], ["DFLASH", "DDTREE", "DDTREE"], ["DDTREE"]]),
+        (["DFLASH", "DDTREE", "DDTREE"], 1, [["DFLASH"], ["DDTREE"], ["DDTREE"]]),
+    ],
+)
+def test_autotune_starts_none_alone_then_the_rest_in_groups(algos, at_once, expected):
+    groups = autotune_real.server_groups([FakeServer(algo, []) for algo in algos], at_once)
+    assert [[server.algo for server in group] for group in groups] == expected
+
+
+def test_autotune_sends_perfs_request_count_at_each_level():
+    prompts = ["p%d" % i for i in range(64)]
+    assert autotune_real.level_prompts(prompts, 1, 2) == prompts[: perf.CONCURRENCY[1]] * 2
+    assert len(autotune_real.level_prompts(prompts, 16, 1)) == perf.CONCURRENCY[16]
+    assert len(autotune_real.level_prompts(prompts, 8, 1)) == 32
 
 
 def test_phrases_language_orders_successors_by_the_current_phrase_only():
