@@ -47,6 +47,7 @@ export REPO SETUP_DONE=${SETUP_DONE:-0}
 source "$H/device-setup.sh" > "$W/logs/setup.log" 2>&1 || { cat "$W/logs/setup.log"; exit 1; }
 stamp "setup done; $(python3 -c 'import torch; print(torch.__version__, torch.cuda.device_count(), torch.cuda.get_device_name(0))')"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$W/logs/nvidia-smi.csv" 2>&1
+df -h /tmp /dev/shm > "$W/logs/df.txt" 2>&1; free -g >> "$W/logs/df.txt" 2>&1  # where a bed can live
 # The models of the language SYNTH_LANG (synth_lang.py): `models` for the default one, `models-KIND` else.
 LANG_DIR=models; [ "${SYNTH_LANG:-phrases}" = phrases ] || LANG_DIR=models-$SYNTH_LANG
 MODELS=$REPO/.cache/gpu-sglang/$LANG_DIR; [ -d "$MODELS" ] || MODELS=$W/$LANG_DIR
