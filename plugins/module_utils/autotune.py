@@ -23,12 +23,12 @@ import math
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import parse_budget, schedule_from_levels
 
-# The declaration's fields and their defaults: `autotune: {}` measures verify windows from 8 to 64 tokens
+# The declaration's fields and their defaults: `autotune: {}` measures verify windows from 8 to 128 tokens
 # at one, 16 and 64 requests at a time, so the choice can be a schedule: a wide tree where the GPU has
 # room at low load, a narrow one at high load, and the widths a model's own step cost allows (an MoE's
 # experts read grow with the window). Budgets past the drafter's block widen the verify window; a
 # setting the server cannot run fails its measurement and is never chosen.
-DEFAULTS = {"budgets": [7, 15, 31, 63], "top_k": [8], "concurrency": [1, 16, 64], "min_gain": 0.03}
+DEFAULTS = {"budgets": [7, 15, 31, 63, 127], "top_k": [8], "concurrency": [1, 16, 64], "min_gain": 0.03}
 # Where the settings are measured: a temporary instance of the service on spare GPUs of the host
 # (`gpus`, as many as the service's own) and a port of its own, or, with `own_gpus: true`, on the
 # service's own GPUs and port while the service is stopped in the host's rollout window. Not part of the

@@ -49,9 +49,11 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import S
 GRID_KNOBS = (("budgets", "AUTOTUNE_BUDGETS"), ("top_k", "AUTOTUNE_TOP_K"), ("concurrency", "AUTOTUNE_CONCURRENCY"))
 
 
-def declaration_from_env(env=os.environ):
+def declaration_from_env(env=None):
     """The service's `autotune` declaration this run measures: {} (the collection's default grid) with each
-    knob of GRID_KNOBS that is set, a comma list of integers, in place of its field."""
+    knob of GRID_KNOBS that is set in `env` (default: this process's environment), a comma list of integers,
+    in place of its field."""
+    env = os.environ if env is None else env
     spec = {}
     for field, knob in GRID_KNOBS:
         if env.get(knob):

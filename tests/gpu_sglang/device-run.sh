@@ -17,7 +17,8 @@
 #           EMBED_LEVELS when MODELS lacks them (train_models.py --drafter-levels -> drafter-levels.tgz, keep it
 #           in .cache/gpu-sglang/drafters/), then embeds the tiny target and the drafters tiny-qwen3-dflash +
 #           the levels into /tmp/gs/embedded-SHAPE (embed_models.py; EMBED_LAYERS trims the target, default
-#           24 for the 30B-A3B); a warm machine that holds the same bed skips it; EMBED_VERIFY=1 then compares
+#           24 for the 30B-A3B; EMBED_ROOT=/dev/shm keeps the bed in memory, room for its 48 layers, linked
+#           from there); a warm machine that holds the same bed skips it; EMBED_VERIFY=1 then compares
 #           tiny and embedded logits in float32 on the GPU (embed-SHAPE.json in logs.tgz)
 #   attn    the tree-verify attention kernel against SGLang's Triton extend kernel, causal and masked
 #           (sglang_overlay/benchmarks/tree_attention.py) -> results-attn.json
@@ -82,14 +83,23 @@ train_levels() {  # the drafter levels MODELS lacks, from one training run (the 
   fi
 }
 embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embedded into $W/embedded-SHAPE
-  local shape=$1 layers=${EMBED_LAYERS:-} args=() name old
-  [ "$shape" = qwen3-30b-a3b ] && layers=${layers:-24}  # 48 layers are ~61 GB: a third of what the disk holds
+  local shape=$1 layers=${EMBED_LAYERS:-} root=${EMBED_ROOT:-$W} args=() name old bed=$W/embedded-$1
+  # The 30B-A3B's 48 layers are ~61 GB: more than the 64 GB disk holds beside the rest, so 24 unless
+  # EMBED_LAYERS says otherwise; EMBED_ROOT=/dev/shm (memory-backed, 128 GB on the device) holds all 48.
+  [ "$shape" = qwen3-30b-a3b ] && layers=${layers:-24}
   train_levels
   [ -f "$MODELS/tiny-qwen3-dflash/config.json" ] && args+=(--drafter tiny-qwen3-dflash)  # absent: levels only
   for name in $(level_names); do args+=(--drafter "$name"); done
   [ -n "$layers" ] && args+=(--layers "$layers")
-  # One bed on the disk at a time (64 GB); embed_models.py --reuse keeps a bed made the same way.
-  for old in "$W"/embedded-*; do [ "$old" = "$W/embedded-$shape" ] || rm -rf "$old"; done
+  # One bed at a time; embed_models.py --reuse keeps a bed made the same way. A bed under EMBED_ROOT is
+  # reached through the link $W/embedded-SHAPE, the path the servers read.
+  for old in "$W"/embedded-*; do [ "$old" = "$bed" ] || rm -rf "$(readlink -f "$old")" "$old"; done
+  if [ "$root" != "$W" ]; then
+    [ -L "$bed" ] || rm -rf "$bed"
+    mkdir -p "$root/embedded-$shape" && ln -sfn "$root/embedded-$shape" "$bed"
+  elif [ -L "$bed" ]; then
+    rm -rf "$(readlink -f "$bed")" "$bed"
+  fi
   [ -n "${EMBED_VERIFY:-}" ] && args+=(--verify)
   timeout "$(left)" python3 "$H/embed_models.py" "$MODELS" "$W/embedded-$shape" --shape "$shape" --reuse "${args[@]}" \
     2>&1 | tee "$W/logs/embed-$shape.log" | tail -8

@@ -47,7 +47,7 @@ def test_a_good_declaration_and_the_defaults_have_no_problems():
     defaults["speculative"]["autotune"] = {"gpus": [2, 3], "port": 30100}
     assert problems_of(defaults) == []
     assert autotune.declaration(defaults["speculative"]) == {
-        "budgets": [7, 15, 31, 63],
+        "budgets": [7, 15, 31, 63, 127],
         "top_k": [8],
         "concurrency": [1, 16, 64],
         "min_gain": 0.03,
