@@ -64,14 +64,6 @@ def declaration_from_env(env=None):
     return spec
 
 
-def server_groups(servers, at_once):
-    """The servers in start order: NONE alone first when it leads, then the rest `at_once` at a time (all
-    of them together when `at_once` is 0)."""
-    first, rest = ([servers[0]], servers[1:]) if servers and servers[0].algo == "NONE" else ([], servers)
-    size = at_once if at_once > 0 else max(len(rest), 1)
-    return ([first] if first else []) + [rest[i : i + size] for i in range(0, len(rest), size)]
-
-
 def level_prompts(prompts, concurrency, repeat):
     """The requests of one level: perf.CONCURRENCY's count of prompts at that concurrency (four per
     concurrent request for a level it does not list), `repeat` times."""
@@ -136,7 +128,7 @@ def main():
 
     item_of = {server.name: item for item, server in servers}
     try:
-        for group in server_groups([server for _item, server in servers], at_once):
+        for group in perf.server_groups([server for _item, server in servers], at_once):
             for server in group:
                 server.start()
             for server in group:

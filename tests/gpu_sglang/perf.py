@@ -100,18 +100,22 @@ def gpu_name():
     return out.stdout.splitlines()[0].strip() if out.stdout.strip() else None
 
 
+def server_groups(servers, at_once=0):
+    """The servers in start order: NONE alone first when it leads (it fills the JIT cache the others then
+    read), then the rest `at_once` at a time, or all together when `at_once` is 0 (their start-ups, graph
+    captures of a minute or more each, overlap)."""
+    first, rest = ([servers[0]], servers[1:]) if servers and servers[0].algo == "NONE" else ([], servers)
+    size = at_once if at_once > 0 else max(len(rest), 1)
+    return ([first] if first else []) + [rest[i : i + size] for i in range(0, len(rest), size)]
+
+
 def start_servers(servers):
-    """NONE first and ready before the others start (it fills the JIT cache they then read); the others at
-    once, so that their start-ups (graph captures of a minute or more each) overlap."""
-    rest = servers
-    if servers and servers[0].algo == "NONE":
-        servers[0].start()
-        servers[0].wait_ready()
-        rest = servers[1:]
-    for s in rest:
-        s.start()
-    for s in rest:
-        s.wait_ready()
+    """Every server up: each group of server_groups started together and ready before the next starts."""
+    for group in server_groups(servers):
+        for s in group:
+            s.start()
+        for s in group:
+            s.wait_ready()
 
 
 def main():

@@ -199,7 +199,7 @@ def test_perf_starts_none_first_and_the_others_together(algos, expected):
     assert events == expected
 
 
-# ---- synth_lang: the `pairs` language --------------------------------------------------------------
+# ---- autotune_real: the default grid on the device ------------------------------------------------
 
 
 def test_autotune_measures_the_collections_default_grid_unless_a_knob_replaces_a_field():
@@ -224,8 +224,8 @@ def test_autotune_refuses_a_knob_that_is_not_a_list_of_integers():
         (["DFLASH", "DDTREE", "DDTREE"], 1, [["DFLASH"], ["DDTREE"], ["DDTREE"]]),
     ],
 )
-def test_autotune_starts_none_alone_then_the_rest_in_groups(algos, at_once, expected):
-    groups = autotune_real.server_groups([FakeServer(algo, []) for algo in algos], at_once)
+def test_servers_start_none_alone_then_the_rest_in_groups_of_at_once(algos, at_once, expected):
+    groups = perf.server_groups([FakeServer(algo, []) for algo in algos], at_once)
     assert [[server.algo for server in group] for group in groups] == expected
 
 
@@ -234,6 +234,9 @@ def test_autotune_sends_perfs_request_count_at_each_level():
     assert autotune_real.level_prompts(prompts, 1, 2) == prompts[: perf.CONCURRENCY[1]] * 2
     assert len(autotune_real.level_prompts(prompts, 16, 1)) == perf.CONCURRENCY[16]
     assert len(autotune_real.level_prompts(prompts, 8, 1)) == 32
+
+
+# ---- synth_lang: the `pairs` language --------------------------------------------------------------
 
 
 def test_phrases_language_orders_successors_by_the_current_phrase_only():
