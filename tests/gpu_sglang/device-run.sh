@@ -84,8 +84,8 @@ train_levels() {  # the drafter levels MODELS lacks, from one training run (the 
 }
 embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embedded into $W/embedded-SHAPE
   local shape=$1 layers=${EMBED_LAYERS:-} root=${EMBED_ROOT:-$W} args=() name old bed=$W/embedded-$1
-  # The 30B-A3B's 48 layers are ~61 GB: more than the 64 GB disk holds beside the rest, so 24 unless
-  # EMBED_LAYERS says otherwise; EMBED_ROOT=/dev/shm (memory-backed, 128 GB on the device) holds all 48.
+  # The 30B-A3B's 48 layers outgrow the device's disk beside the rest, so 24 unless EMBED_LAYERS says
+  # otherwise; EMBED_ROOT=/dev/shm (memory-backed, larger than the disk there) holds all 48.
   [ "$shape" = qwen3-30b-a3b ] && layers=${layers:-24}
   train_levels
   [ -f "$MODELS/tiny-qwen3-dflash/config.json" ] && args+=(--drafter tiny-qwen3-dflash)  # absent: levels only
