@@ -57,6 +57,17 @@ for _shape in models_for_target.RANDOM_SHAPES:
 SHAPES.update(models_for_target.embedded_shapes())
 
 
+def prefill_graph_flags():
+    """SCENARIO_PREFILL_GRAPHS=0: every server of the call prefills eagerly. SGLang captures prefill CUDA graphs
+    for 58 token counts at start-up, which on a 48-layer MoE target takes longer than a measurement (the first
+    server of a call pays the kernels' compilation as well); the decode and verify graphs, the ones a decode
+    step replays, stay on. Every algorithm then pays the same eager prefill, once a request."""
+    value = os.environ.get("SCENARIO_PREFILL_GRAPHS", "1")
+    if value not in ("0", "1"):
+        raise ValueError("SCENARIO_PREFILL_GRAPHS is %r; it must be 1 (default: captured) or 0 (eager)" % value)
+    return ["--disable-prefill-cuda-graph"] if value == "0" else []
+
+
 def flags(models, port, tp=1, seed=1, shape="tiny"):
     target, _draft, extra, _spec = SHAPES[shape]
     common = [
@@ -79,6 +90,7 @@ def flags(models, port, tp=1, seed=1, shape="tiny"):
     return (
         common
         + extra
+        + prefill_graph_flags()
         + ["--max-running-requests", "48", "--random-seed", str(seed), "--tp-size", str(tp), "--log-level", "info"]
     )
 

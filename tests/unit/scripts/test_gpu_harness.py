@@ -75,6 +75,23 @@ def test_random_shapes_load_the_drafters_own_weights(shape, algorithm):
     assert spec[spec.index("--speculative-draft-load-format") + 1] == "safetensors"
 
 
+@pytest.mark.parametrize("value, eager", [(None, False), ("1", False), ("0", True)])
+def test_prefill_graphs_are_captured_unless_the_call_turns_them_off(monkeypatch, value, eager):
+    if value is None:
+        monkeypatch.delenv("SCENARIO_PREFILL_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("SCENARIO_PREFILL_GRAPHS", value)
+    server = scenario.flags("/models", 30000, shape="embedded-qwen3-30b-a3b")
+    assert ("--disable-prefill-cuda-graph" in server) is eager
+    assert "--disable-cuda-graph" not in server  # the decode and verify graphs stay on
+
+
+def test_prefill_graphs_knob_refuses_another_value(monkeypatch):
+    monkeypatch.setenv("SCENARIO_PREFILL_GRAPHS", "off")
+    with pytest.raises(ValueError, match="SCENARIO_PREFILL_GRAPHS is 'off'"):
+        scenario.flags("/models", 30000)
+
+
 def test_the_trained_pair_loads_as_it_is_saved():
     assert "--speculative-draft-load-format" not in scenario.spec_flags("/models", "DFLASH", shape="tiny")
     assert "--load-format" not in scenario.flags("/models", 30000, shape="tiny")
