@@ -23,7 +23,8 @@ requests, each list PERF_REPEAT times (default 1; longer rounds average out the 
 seconds of the round. Greedy outputs of the first round are kept to compare servers (graphs vs eager).
 PERF_ONE_AT_A_TIME=1: each server is started, measured for every round and stopped before the next starts (a
 shape whose weights leave room for one server, e.g. qwen3-30b-a3b's 61 GB; a round's servers are then minutes
-apart instead of seconds). PERF_NONE=0: no NONE server.
+apart instead of seconds); a server that would not end before CALL_DEADLINE (epoch seconds, set by
+device-run.sh from CALL_LIMIT) at the pace of the one before it is not started, and its entry says so. PERF_NONE=0: no NONE server.
 PERF_STREAM=1: requests are streamed, and each run also records the medians of the first chunk's latency
 (`first_chunk_s`: queueing and prefill, paid once a request by every algorithm) and of the gap between later
 chunks (`step_ms`: one decode step, SGLang streaming each step's tokens), so DFLASH's and DDTREE's steps compare
@@ -107,6 +108,35 @@ def server_groups(servers, at_once=0):
     first, rest = ([servers[0]], servers[1:]) if servers and servers[0].algo == "NONE" else ([], servers)
     size = at_once if at_once > 0 else max(len(rest), 1)
     return ([first] if first else []) + [rest[i : i + size] for i in range(0, len(rest), size)]
+
+
+def server_fits(span, deadline, now):
+    """Whether a server started `now` ends before the call's `deadline` (epoch seconds, CALL_DEADLINE; 0: none
+    known), if it takes `span` seconds as the server before it did (start, rounds, stop; 0: none yet). A server
+    that cannot finish is not started: the device time its start would take buys no measurement."""
+    return not deadline or not span or now + span < deadline
+
+
+def one_at_a_time_rounds(servers, rounds, measure_rounds, deadline, clock=time.time):
+    """PERF_ONE_AT_A_TIME: each server started, measured `rounds` times and stopped before the next, unless it
+    would not end before `deadline` at the pace of the one before it (then its info says why it did not run)."""
+    t0, span = clock(), 0.0
+    for s in servers:
+        began = clock()
+        if not server_fits(span, deadline, began):
+            s.info["skipped"] = "not started: %.0f s left in the call, the server before took %.0f s" % (
+                deadline - began,
+                span,
+            )
+            print("[perf] %s %s" % (s.name, s.info["skipped"]), flush=True)
+            continue
+        s.start()
+        if s.wait_ready():
+            print("[perf] ready: %s after %.0f s" % (s.name, clock() - t0), flush=True)
+            for r in range(rounds):
+                measure_rounds([s], r)
+        s.stop()
+        span = clock() - began
 
 
 def start_servers(servers):
@@ -203,13 +233,7 @@ def main():
 
     try:
         if one_at_a_time:
-            for s in servers:
-                s.start()
-                if s.wait_ready():
-                    print("[perf] ready: %s after %.0f s" % (s.name, time.time() - t0), flush=True)
-                    for r in range(rounds):
-                        measure_rounds([s], r)
-                s.stop()
+            one_at_a_time_rounds(servers, rounds, measure_rounds, float(os.environ.get("CALL_DEADLINE") or 0))
         else:
             start_servers(servers)
             ready = [s for s in servers if "ready_s" in s.info]

@@ -189,6 +189,55 @@ def test_perf_prints_the_middle_of_each_servers_runs(capsys):
     assert "perf-dflash c1: decode step" not in printed
 
 
+@pytest.mark.parametrize(
+    "span, deadline, now, fits",
+    [
+        (0.0, 1000.0, 990.0, True),  # the first server: no pace known yet
+        (160.0, 0.0, 990.0, True),  # no deadline known
+        (160.0, 1000.0, 800.0, True),
+        (160.0, 1000.0, 880.0, False),  # 120 s left, the server before took 160
+    ],
+)
+def test_perf_starts_a_server_only_when_it_can_end_before_the_call_does(span, deadline, now, fits):
+    assert perf.server_fits(span, deadline, now) is fits
+
+
+class TimedServer:
+    """A server whose start, readiness and stop advance a fake clock by `takes` seconds in all."""
+
+    def __init__(self, name, takes, clock, events):
+        self.name, self.takes, self.clock, self.events, self.info = name, takes, clock, events, {}
+
+    def start(self):
+        self.events.append("start " + self.name)
+
+    def wait_ready(self):
+        self.clock[0] += self.takes
+        return True
+
+    def stop(self):
+        self.events.append("stop " + self.name)
+
+
+def test_perf_one_at_a_time_skips_the_server_that_would_outlast_the_call(capsys):
+    clock, events, measured = [0.0], [], []
+    servers = [TimedServer(name, 160.0, clock, events) for name in ("dflash", "ddtree-0", "ddtree-1")]
+    perf.one_at_a_time_rounds(
+        servers, 2, lambda group, r: measured.append((group[0].name, r)), deadline=400.0, clock=lambda: clock[0]
+    )
+    assert events == ["start dflash", "stop dflash", "start ddtree-0", "stop ddtree-0"]
+    assert measured == [("dflash", 0), ("dflash", 1), ("ddtree-0", 0), ("ddtree-0", 1)]
+    assert servers[2].info["skipped"] == "not started: 80 s left in the call, the server before took 160 s"
+    assert "ddtree-1 not started" in capsys.readouterr().out
+
+
+def test_perf_one_at_a_time_runs_every_server_without_a_deadline():
+    clock, events = [0.0], []
+    servers = [TimedServer(name, 160.0, clock, events) for name in ("dflash", "ddtree-0", "ddtree-1")]
+    perf.one_at_a_time_rounds(servers, 1, lambda group, r: None, deadline=0.0, clock=lambda: clock[0])
+    assert [e for e in events if e.startswith("start")] == ["start dflash", "start ddtree-0", "start ddtree-1"]
+
+
 class FakeServer:
     def __init__(self, algo, events):
         self.algo, self.events = algo, events
