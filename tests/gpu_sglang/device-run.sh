@@ -102,9 +102,9 @@ embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embed
     rm -rf "$(readlink -f "$bed")" "$bed"
   fi
   [ -n "${EMBED_VERIFY:-}" ] && args+=(--verify)
-  timeout "$(left)" python3 "$H/embed_models.py" "$MODELS" "$W/embedded-$shape" --shape "$shape" --reuse "${args[@]}" \
+  timeout "$(left)" python3 "$H/embed_models.py" "$MODELS" "$bed" --shape "$shape" --reuse "${args[@]}" \
     2>&1 | tee "$W/logs/embed-$shape.log" | tail -8
-  cp "$W/embedded-$shape/embed.json" "$W/logs/embed-$shape.json" 2>/dev/null
+  cp "$bed/embed.json" "$W/logs/embed-$shape.json" 2>/dev/null
 }
 target_models() {  # TARGET: the models directory its servers read, made when missing (a shaped or embedded bed)
   local target=$1 dir
