@@ -61,10 +61,24 @@ def make_broken_plugin(root: pathlib.Path) -> pathlib.Path:
     return site
 
 
+# Sockets that hold the ports free_port() hands out, open until the test process exits.
+_HELD_PORTS: list = []
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port that nothing else on the machine is handed until this test process exits.
+
+    A port found free and closed again is free to the next ``bind(("", 0))`` of any process, and a
+    runtime binds its port seconds later (after importing SGLang and "loading" its weights), while
+    other test stages start listeners of their own. So the port stays bound here, with SO_REUSEADDR
+    and never listening: the kernel hands it to no other ephemeral bind or connect, and a connection
+    to it is refused until the runtime (whose listener sets SO_REUSEADDR, as asyncio's does) listens
+    on it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    _HELD_PORTS.append(sock)
+    return sock.getsockname()[1]
 
 
 class HTTPResult:
