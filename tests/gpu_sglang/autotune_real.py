@@ -129,10 +129,7 @@ def main():
     item_of = {server.name: item for item, server in servers}
     try:
         for group in perf.server_groups([server for _item, server in servers], at_once):
-            for server in group:
-                server.start()
-            for server in group:
-                server.wait_ready(limit=400)
+            sc.start_group(group, limit=400)
             print(
                 "[autotune] ready after %.0f s: %s"
                 % (time.time() - t0, {s.name: s.info.get("ready_s", s.info.get("error")) for s in group}),

@@ -41,7 +41,7 @@ REPO=$(cd "$(dirname "$0")/../.." && pwd); H=$REPO/tests/gpu_sglang
 W=/tmp/gs; mkdir -p "$W/logs"; OUT=${OUT:-$W/out}; mkdir -p "$OUT"
 t0=$(date +%s); stamp() { echo "[device-run +$(( $(date +%s) - t0 ))s] $*"; }
 left() { echo $(( ${CALL_LIMIT:-585} - $(date +%s) + t0 )); }
-export CALL_DEADLINE=$(( t0 + ${CALL_LIMIT:-585} - 10 ))  # perf.py starts no server it cannot finish by then
+export CALL_DEADLINE=$(( t0 + ${CALL_LIMIT:-585} - 10 ))  # perf.py and profile_step.py start no server they cannot finish by then
 stamp "setup"
 if [ -d /tmp/site/sglang ]; then SETUP_DONE=1; fi  # a warm machine that already ran the setup
 export REPO SETUP_DONE=${SETUP_DONE:-0}

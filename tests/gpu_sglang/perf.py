@@ -110,42 +110,10 @@ def server_groups(servers, at_once=0):
     return ([first] if first else []) + [rest[i : i + size] for i in range(0, len(rest), size)]
 
 
-def server_fits(span, deadline, now):
-    """Whether a server started `now` ends before the call's `deadline` (epoch seconds, CALL_DEADLINE; 0: none
-    known), if it takes `span` seconds as the server before it did (start, rounds, stop; 0: none yet). A server
-    that cannot finish is not started: the device time its start would take buys no measurement."""
-    return not deadline or not span or now + span < deadline
-
-
-def one_at_a_time_rounds(servers, rounds, measure_rounds, deadline, clock=time.time):
-    """PERF_ONE_AT_A_TIME: each server started, measured `rounds` times and stopped before the next, unless it
-    would not end before `deadline` at the pace of the one before it (then its info says why it did not run)."""
-    t0, span = clock(), 0.0
-    for s in servers:
-        began = clock()
-        if not server_fits(span, deadline, began):
-            s.info["skipped"] = "not started: %.0f s left in the call, the server before took %.0f s" % (
-                deadline - began,
-                span,
-            )
-            print("[perf] %s %s" % (s.name, s.info["skipped"]), flush=True)
-            continue
-        s.start()
-        if s.wait_ready():
-            print("[perf] ready: %s after %.0f s" % (s.name, clock() - t0), flush=True)
-            for r in range(rounds):
-                measure_rounds([s], r)
-        s.stop()
-        span = clock() - began
-
-
 def start_servers(servers):
-    """Every server up: each group of server_groups started together and ready before the next starts."""
-    for group in server_groups(servers):
-        for s in group:
-            s.start()
-        for s in group:
-            s.wait_ready()
+    """Every server up: each group of server_groups started together and ready before the next starts.
+    Returns the ready ones."""
+    return [s for group in server_groups(servers) for s in sc.start_group(group)]
 
 
 def main():
@@ -233,10 +201,14 @@ def main():
 
     try:
         if one_at_a_time:
-            one_at_a_time_rounds(servers, rounds, measure_rounds, float(os.environ.get("CALL_DEADLINE") or 0))
+
+            def measure_server(s):
+                for r in range(rounds):
+                    measure_rounds([s], r)
+
+            sc.one_at_a_time(servers, measure_server, sc.call_deadline(), "perf")
         else:
-            start_servers(servers)
-            ready = [s for s in servers if "ready_s" in s.info]
+            ready = start_servers(servers)
             print("[perf] ready: %s after %.0f s" % ([s.name for s in ready], time.time() - t0), flush=True)
             for r in range(rounds):
                 measure_rounds(ready, r)

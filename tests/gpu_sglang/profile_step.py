@@ -20,7 +20,8 @@ PROFILE_CONCS (default 1,16) picks the concurrencies.
 PROFILE_DDTREE sets the DDTREE server's budget (an int or a schedule, e.g. 63 or "1:63,16:15"; default 15, top-k
 8; another budget takes the overlay's top-k for it).
 PROFILE_ONE_AT_A_TIME=1 starts, profiles and stops one server before the next (a shape whose weights leave
-room for one server, e.g. qwen3-30b-a3b's 61 GB at random weights).
+room for one server, e.g. qwen3-30b-a3b's 61 GB at random weights), and starts none that would not end before
+CALL_DEADLINE at the pace of the one before it, as perf.py does.
 The result lands in OUT/results-profile-TARGET.json, or results-profile-TARGET-TAG.json with PROFILE_TAG=TAG.
 """
 
@@ -195,56 +196,48 @@ def main():
     doc = {"plan": "profile", "target": shape, "ddtree_setting": budget or "15", "steps": STEPS, "results": {}}
     t0 = time.time()
 
-    def start(group):
-        for s in group:
-            s.start()
-        for s in group:
-            s.wait_ready()
-        print(
-            "[profile] ready after %.0f s: %s" % (time.time() - t0, [s.info.get("ready_s") for s in group]),
-            flush=True,
-        )
+    def profile(s):
+        for conc in [int(c) for c in os.environ.get("PROFILE_CONCS", "1,16").split(",")]:
+            wave(s, prompts, conc)  # warm-up at this batch size
+            for kind in PASSES:
+                with_host = kind == "cpu"
+                key = "%s/c%d%s" % (s.name, conc, "+cpu" if with_host and len(PASSES) > 1 else "")
+                pdir = os.path.join(out, "prof", key.replace("/", "-"))
+                os.makedirs(pdir, exist_ok=True)
+                start_profile(
+                    s,
+                    {
+                        "output_dir": pdir,
+                        "num_steps": STEPS,
+                        "activities": ["CPU", "GPU"] if with_host else ["GPU"],
+                        "with_stack": with_host,
+                        "profile_id": key.replace("/", "-"),
+                    },
+                )
+                # Waves until the profiler has seen its steps: a drafter that accepts finishes a wave's
+                # requests in fewer steps than PROFILE_STEPS.
+                outs, files, deadline = [], [], time.time() + 120
+                while time.time() < deadline and not files:
+                    outs += wave(s, prompts, conc)
+                    for _poll in range(4):
+                        time.sleep(1)
+                        files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
+                        if files:
+                            break
+                time.sleep(2)  # the exporter may still be writing
+                result = summarize(files[0], STEPS, with_host) if files else {"error": "no trace in %s" % pdir}
+                result["mean_accept"] = sum(o["accept"] or 0 for o in outs) / len(outs)
+                doc["results"][key] = result
+                print("[profile] %s %s" % (key, {k: v for k, v in result.items() if k != "top"}), flush=True)
 
     try:
-        if not one_at_a_time:
-            start(servers)
-        for s in servers:
-            if one_at_a_time:
-                start([s])
-            for conc in [int(c) for c in os.environ.get("PROFILE_CONCS", "1,16").split(",")]:
-                wave(s, prompts, conc)  # warm-up at this batch size
-                for kind in PASSES:
-                    with_host = kind == "cpu"
-                    key = "%s/c%d%s" % (s.name, conc, "+cpu" if with_host and len(PASSES) > 1 else "")
-                    pdir = os.path.join(out, "prof", key.replace("/", "-"))
-                    os.makedirs(pdir, exist_ok=True)
-                    start_profile(
-                        s,
-                        {
-                            "output_dir": pdir,
-                            "num_steps": STEPS,
-                            "activities": ["CPU", "GPU"] if with_host else ["GPU"],
-                            "with_stack": with_host,
-                            "profile_id": key.replace("/", "-"),
-                        },
-                    )
-                    # Waves until the profiler has seen its steps: a drafter that accepts finishes a wave's
-                    # requests in fewer steps than PROFILE_STEPS.
-                    outs, files, deadline = [], [], time.time() + 120
-                    while time.time() < deadline and not files:
-                        outs += wave(s, prompts, conc)
-                        for _poll in range(4):
-                            time.sleep(1)
-                            files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
-                            if files:
-                                break
-                    time.sleep(2)  # the exporter may still be writing
-                    result = summarize(files[0], STEPS, with_host) if files else {"error": "no trace in %s" % pdir}
-                    result["mean_accept"] = sum(o["accept"] or 0 for o in outs) / len(outs)
-                    doc["results"][key] = result
-                    print("[profile] %s %s" % (key, {k: v for k, v in result.items() if k != "top"}), flush=True)
-            if one_at_a_time:
-                s.stop()
+        if one_at_a_time:
+            sc.one_at_a_time(servers, profile, sc.call_deadline(), "profile")
+        else:
+            ready = sc.start_group(servers)
+            print("[profile] ready after %.0f s: %s" % (time.time() - t0, [s.name for s in ready]), flush=True)
+            for s in ready:
+                profile(s)
     finally:
         for s in servers:
             s.stop()

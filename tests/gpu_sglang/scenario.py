@@ -243,6 +243,49 @@ class Server(object):
         self.log.close()
 
 
+def start_group(servers, limit=300):
+    """Start `servers` together, so that their start-ups (graph captures of a minute or more each) overlap,
+    and wait for each until it is ready or has failed (its info says which). Returns the ready ones."""
+    for s in servers:
+        s.start()
+    return [s for s in servers if s.wait_ready(limit)]
+
+
+def call_deadline(environ=None):
+    """When the device call ends (epoch seconds, CALL_DEADLINE exported by device-run.sh); 0 when unknown."""
+    return float((os.environ if environ is None else environ).get("CALL_DEADLINE") or 0)
+
+
+def server_fits(span, deadline, now):
+    """Whether a server started `now` ends before the call's `deadline` (epoch seconds; 0: none known), if it
+    takes `span` seconds as the server before it did (start, work, stop; 0: none yet). A server that cannot
+    finish is not started: the device time its start would take buys no measurement."""
+    return not deadline or not span or now + span < deadline
+
+
+def one_at_a_time(servers, work, deadline, label, clock=time.time):
+    """Each server started, given to `work` once ready and stopped before the next starts (a shape whose
+    weights leave room for one server), unless it would not end before `deadline` at the pace of the one
+    before it: then it is not started, and its info says why."""
+    t0, span = clock(), 0.0
+    for s in servers:
+        began = clock()
+        if not server_fits(span, deadline, began):
+            s.info["skipped"] = "not started: %.0f s left in the call, the server before took %.0f s" % (
+                deadline - began,
+                span,
+            )
+            print("[%s] %s %s" % (label, s.name, s.info["skipped"]), flush=True)
+            continue
+        try:
+            if start_group([s]):
+                print("[%s] ready: %s after %.0f s" % (label, s.name, clock() - t0), flush=True)
+                work(s)
+        finally:
+            s.stop()
+        span = clock() - began
+
+
 def stream_timing(arrivals):
     """Seconds from the request to each streamed chunk -> the first chunk's latency (prefill and queueing:
     costs every algorithm pays once a request) and the mean gap between later chunks (one decode step each,

@@ -198,8 +198,14 @@ def test_perf_prints_the_middle_of_each_servers_runs(capsys):
         (160.0, 1000.0, 880.0, False),  # 120 s left, the server before took 160
     ],
 )
-def test_perf_starts_a_server_only_when_it_can_end_before_the_call_does(span, deadline, now, fits):
-    assert perf.server_fits(span, deadline, now) is fits
+def test_a_server_starts_only_when_it_can_end_before_the_call_does(span, deadline, now, fits):
+    assert scenario.server_fits(span, deadline, now) is fits
+
+
+def test_the_calls_deadline_comes_from_device_run_or_is_unknown():
+    assert scenario.call_deadline({"CALL_DEADLINE": "1765000000"}) == 1765000000.0
+    assert scenario.call_deadline({"CALL_DEADLINE": ""}) == 0.0
+    assert scenario.call_deadline({}) == 0.0
 
 
 class TimedServer:
@@ -211,7 +217,7 @@ class TimedServer:
     def start(self):
         self.events.append("start " + self.name)
 
-    def wait_ready(self):
+    def wait_ready(self, limit=300):
         self.clock[0] += self.takes
         return True
 
@@ -219,23 +225,35 @@ class TimedServer:
         self.events.append("stop " + self.name)
 
 
-def test_perf_one_at_a_time_skips_the_server_that_would_outlast_the_call(capsys):
-    clock, events, measured = [0.0], [], []
-    servers = [TimedServer(name, 160.0, clock, events) for name in ("dflash", "ddtree-0", "ddtree-1")]
-    perf.one_at_a_time_rounds(
-        servers, 2, lambda group, r: measured.append((group[0].name, r)), deadline=400.0, clock=lambda: clock[0]
-    )
-    assert events == ["start dflash", "stop dflash", "start ddtree-0", "stop ddtree-0"]
-    assert measured == [("dflash", 0), ("dflash", 1), ("ddtree-0", 0), ("ddtree-0", 1)]
-    assert servers[2].info["skipped"] == "not started: 80 s left in the call, the server before took 160 s"
-    assert "ddtree-1 not started" in capsys.readouterr().out
-
-
-def test_perf_one_at_a_time_runs_every_server_without_a_deadline():
+def test_one_at_a_time_skips_the_server_that_would_outlast_the_call(capsys):
     clock, events = [0.0], []
     servers = [TimedServer(name, 160.0, clock, events) for name in ("dflash", "ddtree-0", "ddtree-1")]
-    perf.one_at_a_time_rounds(servers, 1, lambda group, r: None, deadline=0.0, clock=lambda: clock[0])
+    scenario.one_at_a_time(
+        servers, lambda s: events.append("work " + s.name), deadline=400.0, label="perf", clock=lambda: clock[0]
+    )
+    assert events == ["start dflash", "work dflash", "stop dflash", "start ddtree-0", "work ddtree-0", "stop ddtree-0"]
+    assert servers[2].info["skipped"] == "not started: 80 s left in the call, the server before took 160 s"
+    assert "[perf] ddtree-1 not started" in capsys.readouterr().out
+
+
+def test_one_at_a_time_runs_every_server_without_a_deadline():
+    clock, events = [0.0], []
+    servers = [TimedServer(name, 160.0, clock, events) for name in ("dflash", "ddtree-0", "ddtree-1")]
+    scenario.one_at_a_time(servers, lambda s: None, deadline=0.0, label="profile", clock=lambda: clock[0])
     assert [e for e in events if e.startswith("start")] == ["start dflash", "start ddtree-0", "start ddtree-1"]
+
+
+def test_one_at_a_time_stops_a_server_whose_work_fails_and_gives_no_work_to_one_that_never_got_ready():
+    clock, events = [0.0], []
+    servers = [TimedServer(name, 10.0, clock, events) for name in ("dflash", "ddtree")]
+    servers[0].wait_ready = lambda limit=300: False
+
+    def work(s):
+        raise RuntimeError("the profiler failed on " + s.name)
+
+    with pytest.raises(RuntimeError, match="on ddtree"):
+        scenario.one_at_a_time(servers, work, deadline=0.0, label="profile", clock=lambda: clock[0])
+    assert events == ["start dflash", "stop dflash", "start ddtree", "stop ddtree"]
 
 
 class FakeServer:
@@ -245,8 +263,9 @@ class FakeServer:
     def start(self):
         self.events.append("start " + self.algo)
 
-    def wait_ready(self):
+    def wait_ready(self, limit=300):
         self.events.append("ready " + self.algo)
+        return self.algo != "DDTREE"  # a server that failed to start
 
 
 @pytest.mark.parametrize(
@@ -261,8 +280,9 @@ class FakeServer:
 )
 def test_perf_starts_none_first_and_the_others_together(algos, expected):
     events = []
-    perf.start_servers([FakeServer(algo, events) for algo in algos])
+    ready = perf.start_servers([FakeServer(algo, events) for algo in algos])
     assert events == expected
+    assert [server.algo for server in ready] == [algo for algo in algos if algo != "DDTREE"]
 
 
 # ---- autotune_real: the default grid on the device ------------------------------------------------
