@@ -243,12 +243,13 @@ class Server(object):
         self.log.close()
 
 
-def start_group(servers, limit=300):
+def start_group(servers, **wait):
     """Start `servers` together, so that their start-ups (graph captures of a minute or more each) overlap,
-    and wait for each until it is ready or has failed (its info says which). Returns the ready ones."""
+    and wait for each (Server.wait_ready's `wait`) until it is ready or has failed (its info says which).
+    Returns the ready ones."""
     for s in servers:
         s.start()
-    return [s for s in servers if s.wait_ready(limit)]
+    return [s for s in servers if s.wait_ready(**wait)]
 
 
 def call_deadline(environ=None):

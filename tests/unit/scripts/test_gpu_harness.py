@@ -217,7 +217,7 @@ class TimedServer:
     def start(self):
         self.events.append("start " + self.name)
 
-    def wait_ready(self, limit=300):
+    def wait_ready(self):
         self.clock[0] += self.takes
         return True
 
@@ -246,7 +246,7 @@ def test_one_at_a_time_runs_every_server_without_a_deadline():
 def test_one_at_a_time_stops_a_server_whose_work_fails_and_gives_no_work_to_one_that_never_got_ready():
     clock, events = [0.0], []
     servers = [TimedServer(name, 10.0, clock, events) for name in ("dflash", "ddtree")]
-    servers[0].wait_ready = lambda limit=300: False
+    servers[0].wait_ready = lambda: False
 
     def work(s):
         raise RuntimeError("the profiler failed on " + s.name)
@@ -263,7 +263,7 @@ class FakeServer:
     def start(self):
         self.events.append("start " + self.algo)
 
-    def wait_ready(self, limit=300):
+    def wait_ready(self):
         self.events.append("ready " + self.algo)
         return self.algo != "DDTREE"  # a server that failed to start
 
