@@ -42,6 +42,35 @@ PROMPTS = [
 ]
 
 
+# The measuring's options, as service_autotune_measure and service_autotune_trial both take them (their
+# documentation is the doc fragment ddtree.sglang.autotune_workload).
+WORKLOAD_ARGUMENT_SPEC = dict(
+    max_tokens=dict(type="int", default=128, no_log=False),
+    warmup=dict(type="int", default=1),
+    request_timeout=dict(type="float", default=300.0),
+)
+# The setting a temporary instance runs, as service_autotune returns it in `trials`.
+SETTING_OPTIONS = dict(
+    algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
+    budget=dict(type="int"),
+    top_k=dict(type="int"),
+)
+
+
+def workload_problem(params: dict) -> str | None:
+    """What is wrong with a measurement's numbers (max_tokens, warmup, start_timeout, request_timeout,
+    concurrency in `params`), naming the value and the bound, or None."""
+    for name in ("max_tokens", "start_timeout", "request_timeout"):
+        if params[name] <= 0:
+            return "%s is %s; it must be above 0" % (name, params[name])
+    if params["warmup"] < 0 or not params["concurrency"] or any(value < 1 for value in params["concurrency"]):
+        return "warmup must be >= 0 and concurrency a non-empty list of integers >= 1 (got %s, %s)" % (
+            params["warmup"],
+            params["concurrency"],
+        )
+    return None
+
+
 def workload(max_tokens: int, warmup: int) -> dict:
     """What the measuring sends, as the tuning key records it: a different workload tunes again."""
     return {"prompts": PROMPT_SET, "max_tokens": max_tokens, "warmup": warmup, "rounds": ROUNDS}

@@ -53,24 +53,13 @@ options:
     type: list
     elements: int
     required: true
-  max_tokens:
-    description: Completion tokens per request (greedy). Part of the tuning key (the workload).
-    type: int
-    default: 128
-  warmup:
-    description: Requests sent first and not measured (a fresh server's first requests pay for lazy initialisation).
-    type: int
-    default: 1
   start_timeout:
     description: Seconds to wait for the server to answer C(GET /health) with 200.
     type: float
     default: 900
-  request_timeout:
-    description: Seconds one request may take.
-    type: float
-    default: 300
 extends_documentation_fragment:
   - ddtree.sglang.attributes.read_only
+  - ddtree.sglang.autotune_workload
 seealso:
   - module: ddtree.sglang.service_autotune
 """
@@ -112,7 +101,13 @@ workload:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import measure_instance, workload
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import (
+    SETTING_OPTIONS,
+    WORKLOAD_ARGUMENT_SPEC,
+    measure_instance,
+    workload,
+    workload_problem,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import default as gate_default
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_gate import ServiceIO
 
@@ -124,33 +119,18 @@ def main():
             host=dict(type="str", default="127.0.0.1"),
             port=dict(type="int", required=True),
             api_key=dict(type="str", no_log=True),
-            setting=dict(
-                type="dict",
-                required=True,
-                options=dict(
-                    algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
-                    budget=dict(type="int"),
-                    top_k=dict(type="int"),
-                ),
-            ),
+            setting=dict(type="dict", required=True, options=SETTING_OPTIONS),
             concurrency=dict(type="list", elements="int", required=True),
-            max_tokens=dict(type="int", default=128, no_log=False),
-            warmup=dict(type="int", default=1),
             start_timeout=dict(type="float", default=gate_default("start_timeout")),
-            request_timeout=dict(type="float", default=300.0),
+            **WORKLOAD_ARGUMENT_SPEC,
         ),
         # It only reads (requests to a server); the role starts no temporary instance in check mode.
         supports_check_mode=True,
     )
     params = module.params
-    for name in ("max_tokens", "start_timeout", "request_timeout"):
-        if params[name] <= 0:
-            module.fail_json(msg="%s is %s; it must be above 0" % (name, params[name]))
-    if params["warmup"] < 0 or any(value < 1 for value in params["concurrency"]) or not params["concurrency"]:
-        module.fail_json(
-            msg="warmup must be >= 0 and concurrency a non-empty list of integers >= 1 (got %s, %s)"
-            % (params["warmup"], params["concurrency"])
-        )
+    problem = workload_problem(params)
+    if problem:
+        module.fail_json(msg=problem)
     systemctl = module.get_bin_path("systemctl", required=True)
     io = ServiceIO(
         module.run_command,

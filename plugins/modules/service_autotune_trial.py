@@ -88,18 +88,8 @@ options:
     description: The service's API key, when it has one (written root's alone; the unit reads it as the server's
       standard input). Without it, no key file is left.
     type: str
-  max_tokens:
-    description: Completion tokens per request (greedy). Part of the tuning key (the workload).
-    type: int
-    default: 128
-  warmup:
-    description: Requests sent first and not measured (a fresh server's first requests pay for lazy initialisation).
-    type: int
-    default: 1
-  request_timeout:
-    description: Seconds one request may take.
-    type: float
-    default: 300
+extends_documentation_fragment:
+  - ddtree.sglang.autotune_workload
 attributes:
   check_mode:
     support: full
@@ -169,7 +159,13 @@ import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import measure_instance, workload
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_measure import (
+    SETTING_OPTIONS,
+    WORKLOAD_ARGUMENT_SPEC,
+    measure_instance,
+    workload,
+    workload_problem,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune_trials import (
     trial_files,
     trial_params,
@@ -235,15 +231,7 @@ def main():
                     label=dict(type="str"),
                     instance=dict(type="dict", required=True),
                     release_dir=dict(type="path", required=True),
-                    setting=dict(
-                        type="dict",
-                        required=True,
-                        options=dict(
-                            algorithm=dict(type="str", required=True, choices=["DFLASH", "DDTREE", "NONE"]),
-                            budget=dict(type="int"),
-                            top_k=dict(type="int"),
-                        ),
-                    ),
+                    setting=dict(type="dict", required=True, options=SETTING_OPTIONS),
                     concurrency=dict(type="list", elements="int", required=True),
                     start_timeout=dict(type="float", default=gate_default("start_timeout")),
                 ),
@@ -257,9 +245,7 @@ def main():
             unit_file=dict(type="str", required=True),
             environment_file=dict(type="str", required=True, no_log=True),
             api_key=dict(type="str", no_log=True),
-            max_tokens=dict(type="int", default=128, no_log=False),
-            warmup=dict(type="int", default=1),
-            request_timeout=dict(type="float", default=300.0),
+            **WORKLOAD_ARGUMENT_SPEC,
         ),
         supports_check_mode=True,
     )
@@ -268,14 +254,9 @@ def main():
     except ValueError as error:
         module.fail_json(msg=str(error))
     name = params["name"]
-    for key in ("max_tokens", "start_timeout", "request_timeout"):
-        if params[key] <= 0:
-            module.fail_json(msg="%s: %s is %s; it must be above 0" % (name, key, params[key]))
-    if params["warmup"] < 0 or not params["concurrency"] or any(value < 1 for value in params["concurrency"]):
-        module.fail_json(
-            msg="%s: warmup must be >= 0 and concurrency a non-empty list of integers >= 1 (got %s, %s)"
-            % (name, params["warmup"], params["concurrency"])
-        )
+    problem = workload_problem(params)
+    if problem:
+        module.fail_json(msg="%s: %s" % (name, problem))
     files = trial_files(
         name, params["unit"], params["services_root"], params["config_dir"], params["state_root"], params["systemd_dir"]
     )

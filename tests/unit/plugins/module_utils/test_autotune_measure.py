@@ -212,6 +212,24 @@ def test_a_server_that_exits_at_start_is_a_failed_setting_not_a_failed_task(serv
     assert result["measurements"][0]["error"].startswith("the server exited before it was ready (unit failed")
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"max_tokens": 0}, "max_tokens is 0; it must be above 0"),
+        ({"request_timeout": -1.0}, "request_timeout is -1.0; it must be above 0"),
+        ({"warmup": -1}, "warmup must be >= 0 and concurrency a non-empty list of integers >= 1 (got -1, [2, 1])"),
+        ({"concurrency": []}, "(got 1, [])"),
+        ({"concurrency": [1, 0]}, "(got 1, [1, 0])"),
+    ],
+)
+def test_the_module_refuses_a_workload_it_cannot_measure_naming_the_value(
+    server, tmp_path, monkeypatch, capsys, extra, message
+):
+    fake_systemctl(tmp_path, monkeypatch, "active")
+    code, result = run_module(service_autotune_measure, module_args(server, **extra), capsys)
+    assert code == 1 and message in result["msg"] and server.count == 0
+
+
 def fake_trial_host(tmp_path, monkeypatch, fail_restart=False):
     """A host for service_autotune_trial: its directories under tmp_path, and a systemctl that logs every call
     and, when the instance starts, what it starts with (unit, current link, key, modes)."""
