@@ -108,8 +108,13 @@ def test_a_tuning_is_charted_per_setting_and_concurrency():
     ]
     assert bars(charts[1]["svg"])[-1] == "DDTREE b8 k4, concurrency 1: 4.6 tokens per step"
     text = render_markdown(report, report_charts(report), "rollout-")
-    tuning_at = text.index("### Tuning")
-    assert text.index("(rollout-tuning-ct200-coder-tokens-per-second.svg)") > tuning_at
+    # The charts follow the tuning table and its blank line.
+    assert (
+        "is the fastest ... |\n\n"
+        "![ct200/coder tuning: tokens/s per setting and concurrency](rollout-tuning-ct200-coder-tokens-per-second.svg)\n\n"
+        "![ct200/coder tuning: acceptance length per setting and concurrency](rollout-tuning-ct200-coder-accept-length.svg)"
+        "\n\nNot reached"
+    ) in text
     # An unchanged tuning measured nothing: no chart.
     assert report_charts(rollout_with(tuning(False, choice=DDTREE_CHOICE, key_changes=())))["tuning"] == []
 

@@ -127,9 +127,14 @@ def test_markdown_of_a_failed_rollout_shows_before_after_evidence_and_gates():
     # The journal's own ``` does not end the code block early.
     assert "````text\n" + "\n".join(JOURNAL) + "\n````" in text
     assert "Not reached (the rollout stopped before them; they keep the release they had): ct129" in text
-    assert (
-        "| ct200 | coder | after rollback | 0b7e3f2a9c1d | passed | 3.2 s | 0.21 s | 0.55 s | passed (2/2) | 41.5 (40.0) | 3.40 (3.30) | 9.8 s |"
-        in text
+    assert text.endswith(
+        "\n\n### Health gates\n\n"
+        "| Host | Service | Gate | Release | Result | Time to port | /health | Chat | Baseline | Tokens/s (prev) | "
+        "Accept length (prev) | Total |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| ct200 | coder | deploy | 9c1d0b7e3f2a | failed at unit_watch | – | – | – | – | – | – | 4.0 s |\n"
+        "| ct200 | coder | after rollback | 0b7e3f2a9c1d | passed | 3.2 s | 0.21 s | 0.55 s | passed (2/2) | "
+        "41.5 (40.0) | 3.40 (3.30) | 9.8 s |\n"
     )
     assert "revision `bbbbbbbbbbbb`" in text
 
@@ -397,7 +402,16 @@ def test_a_failed_bake_recheck_of_an_earlier_host_is_rolled_back_and_stops_the_r
     assert coder["rollback"]["rolled_back_to_release_id"] == OLD and coder["after_release_id"] == OLD
     text = render_markdown(report)
     assert "rollout: FAILED" in text and "failed the bake's re-check at **unit_watch** (child_crashed)" in text
-    assert "**Stopped:**" in text and "| ct129 | chat | passed |" in text
+    assert "**Stopped:**" in text
+    assert (
+        "\n\n### Bake re-checks\n\n"
+        "| Host | Service | Result | Stage | Why |\n"
+        "|---|---|---|---|---|\n"
+        "| ct200 | coder | failed | unit_watch | "
+        "sglang-coder.service failed at unit_watch (child_crashed): a scheduler died |\n"
+        "| ct129 | chat | passed | performance | – |\n"
+        "\n### Health gates\n"
+    ) in text
 
 
 def test_an_inconclusive_bake_pauses_with_the_resume_command():
@@ -576,9 +590,12 @@ def test_a_promoted_shadow_moves_its_production_service_and_the_report_says_so_w
     text = render_markdown(report)
     assert "| ct200 | coder | `0b7e3f2a9c1d` | `9c1d0b7e3f2a` (promoted by its shadow) | updated |" in text
     assert (
-        "| ct200 | coder | coder-shadow | 9c1d0b7e3f2a | promoted | tokens/s 95.0 vs 100.0, acceptance 4.00 vs 4.00 | 3 | – |"
-        in text
-    )
+        "\n\n### Shadows\n\n"
+        "| Host | Service | Shadow | Candidate | Result | Shadow vs production | Outputs compared | Why |\n"
+        "|---|---|---|---|---|---|---|---|\n"
+        "| ct200 | coder | coder-shadow | 9c1d0b7e3f2a | promoted | tokens/s 95.0 vs 100.0, acceptance 4.00 vs 4.00 | 3 | – |\n"
+        "\n### Health gates\n"
+    ) in text
     assert any(
         line.startswith(
             "ct200 coder: updated, release 0b7e3f2a9c1d -> 9c1d0b7e3f2a (promoted: its shadow coder-shadow "
@@ -687,8 +704,12 @@ def test_a_tuning_is_reported_with_its_choice_and_gain_or_its_fallback_and_why()
     )
     text = render_markdown(report)
     assert (
+        "\n\n### Tuning\n\n"
+        "| Host | Service | Tuning | Runs | Gain over DFLASH | Why |\n"
+        "|---|---|---|---|---|---|\n"
         "| ct200 | coder | tuned | DDTREE budget 8 top_k 4 | +12.3% at 1, +5.1% at 16 | release_id changed; "
-        "DDTREE budget 8 top_k 4 is the fastest ... |"
+        "DDTREE budget 8 top_k 4 is the fastest ... |\n"
+        "\nNot reached"
     ) in text
     report = rollout_with(tuning(True), tuning(True, tuned=True, choice=FALLBACK))
     assert summary_lines(report)[0][0].endswith(
