@@ -614,6 +614,84 @@ def report_charts(report):
     return charts
 
 
+def _service_items(report, key):
+    """(host, service name, service[key]) for each service whose key is set, in the report's order."""
+    return [
+        (row["host"], service["name"], service[key])
+        for row in report["hosts"]
+        for service in row["services"]
+        if service.get(key)
+    ]
+
+
+def _table(title, headers, rows):
+    """A "### title" section: a Markdown table under headers ("Host | Service | ...": a column each) with a row
+    per item of rows (each value written by _cell), then a blank line. No rows: no section."""
+    if not rows:
+        return []
+    return (
+        ["### %s" % title, "", "| %s |" % headers, "|%s" % ("---|" * len(headers.split(" | ")))]
+        + ["| %s |" % " | ".join(_cell(value) for value in row) for row in rows]
+        + [""]
+    )
+
+
+def _shadow_row(host, name, comparison):
+    """The shadows table's row: the shadow, its candidate release, the verdict and the numbers behind it."""
+    return (
+        host,
+        name,
+        comparison["shadow_service"],
+        _short((comparison["shadow"] or {}).get("release_id")),
+        comparison["verdict"],
+        shadow_numbers(comparison),
+        comparison["outputs_compared"],
+        "; ".join(comparison["problems"] or []),
+    )
+
+
+def _tuning_row(host, name, tuning):
+    """The tuning table's row: what was run, its gain over DFLASH per concurrency, and why it was (re)tuned."""
+    runs = (
+        "DDTREE budget %s top_k %s" % (tuning["budget"], tuning["top_k"])
+        if tuning["algorithm"] == "DDTREE"
+        else tuning["algorithm"]
+    )
+    if tuning["state"] in ("would tune", "needs tuning"):
+        runs = None
+    gains = ", ".join(
+        "%s at %s" % (_percent(gain), concurrency) for concurrency, gain in tuning["gain_over_dflash"].items()
+    )
+    why = "%s changed" % ", ".join(tuning["key_changes"]) if tuning["key_changes"] else ""
+    return (
+        host,
+        name,
+        tuning["state"],
+        runs,
+        gains,
+        "; ".join(part for part in (why, tuning["reason"] or "") if part),
+    )
+
+
+def _gate_row(host, name, label, gate):
+    """The health gates table's row: the gate's result, its stages' times and its numbers against the previous
+    release's."""
+    return (
+        host,
+        name,
+        label,
+        _short(gate["release_id"]),
+        "passed" if gate["passed"] else "failed at %s" % gate["stage"],
+        _number(gate["time_to_port_s"], " s"),
+        _number(gate["health_latency_s"], " s", 2),
+        _number(gate["chat_latency_s"], " s", 2),
+        gate["baseline_matches"] and "%s (%s)" % (gate["baseline"], gate["baseline_matches"]) or gate["baseline"],
+        _pair(gate["tokens_per_second"], gate["previous_tokens_per_second"]),
+        _pair(gate["accept_length"], gate["previous_accept_length"], 2),
+        _number(gate["total_s"], " s"),
+    )
+
+
 def _chart_links(charts, prefix):
     """A paragraph per chart: an image of its own line each."""
     return [line for chart in charts for line in ("![%s](%s%s.svg)" % (chart["title"], prefix, chart["name"]), "")]
@@ -664,12 +742,10 @@ def render_markdown(report, charts=None, chart_prefix=""):
     out.append("")
     out += _chart_links(charts.get("before_after") or [], chart_prefix)
 
-    recoveries = [
-        (row["host"], service) for row in report["hosts"] for service in row["services"] if service.get("recovery")
-    ]
+    recoveries = _service_items(report, "recovery")
     if recoveries and report["kind"] != "plan":
         out += ["After an interrupted rollout:", ""]
-        out += ["- %s · %s: %s." % (host, service["name"], service["recovery"]["note"]) for host, service in recoveries]
+        out += ["- %s · %s: %s." % (host, name, recovery["note"]) for host, name, recovery in recoveries]
         out.append("")
 
     for row in report["hosts"]:
@@ -759,97 +835,30 @@ def render_markdown(report, charts=None, chart_prefix=""):
                 _fence([resume_command(report)]),
                 "",
             ]
-    bakes = [
-        (row["host"], service["name"], service["bake"])
-        for row in report["hosts"]
-        for service in row["services"]
-        if service.get("bake")
-    ]
+    bakes = _service_items(report, "bake")
     bakes += [
         (row["host"], None, {"verdict": "inconclusive", "stage": None, "reason": row["inconclusive"]})
         for row in report["hosts"]
         if row.get("inconclusive")
     ]
-    if bakes:
-        out += ["### Bake re-checks", "", "| Host | Service | Result | Stage | Why |", "|---|---|---|---|---|"]
-        for host, name, bake in bakes:
-            why = bake["reason"] if bake["verdict"] != "passed" else ""
-            out.append(
-                "| %s | %s | %s | %s | %s |"
-                % (_cell(host), _cell(name), _cell(bake["verdict"]), _cell(bake["stage"]), _cell(why))
-            )
-        out.append("")
-    shadows = [
-        (row["host"], service["name"], service["shadow"])
-        for row in report["hosts"]
-        for service in row["services"]
-        if service.get("shadow")
-    ]
-    if shadows:
-        out += [
-            "### Shadows",
-            "",
-            "| Host | Service | Shadow | Candidate | Result | Shadow vs production | Outputs compared | Why |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for host, name, comparison in shadows:
-            out.append(
-                "| %s |"
-                % " | ".join(
-                    _cell(value)
-                    for value in (
-                        host,
-                        name,
-                        comparison["shadow_service"],
-                        _short((comparison["shadow"] or {}).get("release_id")),
-                        comparison["verdict"],
-                        shadow_numbers(comparison),
-                        comparison["outputs_compared"],
-                        "; ".join(comparison["problems"] or []),
-                    )
-                )
-            )
-        out.append("")
-    tunings = [
-        (row["host"], service["name"], service["tuning"])
-        for row in report["hosts"]
-        for service in row["services"]
-        if service.get("tuning")
-    ]
+    out += _table(
+        "Bake re-checks",
+        "Host | Service | Result | Stage | Why",
+        [
+            (host, name, bake["verdict"], bake["stage"], bake["reason"] if bake["verdict"] != "passed" else "")
+            for host, name, bake in bakes
+        ],
+    )
+    out += _table(
+        "Shadows",
+        "Host | Service | Shadow | Candidate | Result | Shadow vs production | Outputs compared | Why",
+        [_shadow_row(*item) for item in _service_items(report, "shadow")],
+    )
+    tunings = _service_items(report, "tuning")
+    out += _table(
+        "Tuning", "Host | Service | Tuning | Runs | Gain over DFLASH | Why", [_tuning_row(*item) for item in tunings]
+    )
     if tunings:
-        out += [
-            "### Tuning",
-            "",
-            "| Host | Service | Tuning | Runs | Gain over DFLASH | Why |",
-            "|---|---|---|---|---|---|",
-        ]
-        for host, name, tuning in tunings:
-            runs = (
-                "DDTREE budget %s top_k %s" % (tuning["budget"], tuning["top_k"])
-                if tuning["algorithm"] == "DDTREE"
-                else tuning["algorithm"]
-            )
-            if tuning["state"] in ("would tune", "needs tuning"):
-                runs = None
-            gains = ", ".join(
-                "%s at %s" % (_percent(gain), concurrency) for concurrency, gain in tuning["gain_over_dflash"].items()
-            )
-            why = "%s changed" % ", ".join(tuning["key_changes"]) if tuning["key_changes"] else ""
-            out.append(
-                "| %s |"
-                % " | ".join(
-                    _cell(value)
-                    for value in (
-                        host,
-                        name,
-                        tuning["state"],
-                        runs,
-                        gains,
-                        "; ".join(part for part in (why, tuning["reason"] or "") if part),
-                    )
-                )
-            )
-        out.append("")
         out += _chart_links(charts.get("tuning") or [], chart_prefix)
     not_reached = [row["host"] for row in report["hosts"] if row["status"] == "not reached"]
     if not_reached:
@@ -866,38 +875,12 @@ def render_markdown(report, charts=None, chart_prefix=""):
         for label, gate in (("deploy", service["gate"]), ("after rollback", (service["rollback"] or {}).get("gate")))
         if gate
     ]
-    if gates:
-        out += [
-            "### Health gates",
-            "",
-            "| Host | Service | Gate | Release | Result | Time to port | /health | Chat | Baseline | Tokens/s (prev) | "
-            "Accept length (prev) | Total |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ]
-        for host, name, label, gate in gates:
-            out.append(
-                "| %s |"
-                % " | ".join(
-                    _cell(value)
-                    for value in (
-                        host,
-                        name,
-                        label,
-                        _short(gate["release_id"]),
-                        "passed" if gate["passed"] else "failed at %s" % gate["stage"],
-                        _number(gate["time_to_port_s"], " s"),
-                        _number(gate["health_latency_s"], " s", 2),
-                        _number(gate["chat_latency_s"], " s", 2),
-                        gate["baseline_matches"]
-                        and "%s (%s)" % (gate["baseline"], gate["baseline_matches"])
-                        or gate["baseline"],
-                        _pair(gate["tokens_per_second"], gate["previous_tokens_per_second"]),
-                        _pair(gate["accept_length"], gate["previous_accept_length"], 2),
-                        _number(gate["total_s"], " s"),
-                    )
-                )
-            )
-        out.append("")
+    out += _table(
+        "Health gates",
+        "Host | Service | Gate | Release | Result | Time to port | /health | Chat | Baseline | Tokens/s (prev) | "
+        "Accept length (prev) | Total",
+        [_gate_row(*item) for item in gates],
+    )
 
     if report["kind"] == "plan":
         budget, left_out = PLAN_DIFF_BUDGET, 0
