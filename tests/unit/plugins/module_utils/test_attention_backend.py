@@ -4,18 +4,11 @@ the flag when a service does not, and refuses any other backend for a DDTREE ser
 import copy
 
 import pytest
+from service_samples import coder
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import services
 
-CODER = {
-    "name": "coder",
-    "model_path": "/models/coder",
-    "draft_model_path": "/models/coder-dflash",
-    "gpus": [0, 1],
-    "tp_size": 2,
-    "port": 30000,
-    "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8},
-}
+CODER = coder()
 EIGHT = list(range(8))
 
 

@@ -3,17 +3,12 @@
 import copy
 
 import pytest
+from service_samples import coder
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import autotune, services
 
-CODER = {
-    "name": "coder",
-    "model_path": "/models/coder",
-    "draft_model_path": "/models/coder-dflash",
-    "gpus": [0, 1],
-    "tp_size": 2,
-    "port": 30000,
-    "speculative": {
+CODER = coder(
+    speculative={
         "algorithm": "DDTREE",
         "autotune": {
             "budgets": [4, 8, 15],
@@ -24,7 +19,7 @@ CODER = {
             "port": 30100,
         },
     },
-}
+)
 EIGHT = list(range(8))
 
 

@@ -3,26 +3,21 @@
 import copy
 
 import pytest
+from service_samples import coder
 
 from ansible_collections.ddtree.sglang.plugins.module_utils import autotune_trials, services
 
-CODER = {
-    "name": "coder",
-    "model_path": "/models/coder",
-    "draft_model_path": "/models/coder-dflash",
-    "gpus": [0, 1],
-    "tp_size": 2,
-    "port": 30000,
-    "api_key": "s3cret",
-    "environment": {"HF_HOME": "/models/hf"},
-    "extra_args": ["--mem-fraction-static", "0.8"],
-    "health": {"min_accept_length": 2.0},
-    "speculative": {
+CODER = coder(
+    api_key="s3cret",
+    environment={"HF_HOME": "/models/hf"},
+    extra_args=["--mem-fraction-static", "0.8"],
+    health={"min_accept_length": 2.0},
+    speculative={
         "algorithm": "DDTREE",
         "allow_hybrid_unsafe": True,
         "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1, 16], "gpus": [2, 3], "port": 30100},
     },
-}
+)
 EIGHT = list(range(8))
 
 

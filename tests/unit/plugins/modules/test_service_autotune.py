@@ -4,20 +4,11 @@ whole, and its choice is what service_plan runs."""
 import json
 
 from conftest import run_module
+from service_samples import tuned_coder
 
 from ansible_collections.ddtree.sglang.plugins.modules import service_autotune, service_plan
 
-CODER = {
-    "name": "coder",
-    "model_path": "/models/coder",
-    "draft_model_path": "/models/coder-dflash",
-    "gpus": [0],
-    "port": 30000,
-    "speculative": {
-        "algorithm": "DDTREE",
-        "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1, 16], "gpus": [1], "port": 30100},
-    },
-}
+CODER = tuned_coder()
 
 
 def measure(dflash=(100.0, 1000.0), b4=(110.0, 1100.0), b8=(105.0, 1050.0)):

@@ -2,20 +2,11 @@
 setting, concurrencies and start timeout); check mode names the files and measures nothing."""
 
 from conftest import run_module
+from service_samples import tuned_coder
 
 from ansible_collections.ddtree.sglang.plugins.modules import service_autotune, service_autotune_trial
 
-CODER = {
-    "name": "coder",
-    "model_path": "/models/coder",
-    "draft_model_path": "/models/coder-dflash",
-    "gpus": [0],
-    "port": 30000,
-    "speculative": {
-        "algorithm": "DDTREE",
-        "autotune": {"budgets": [4, 8], "top_k": [4], "concurrency": [1, 16], "gpus": [1], "port": 30100},
-    },
-}
+CODER = tuned_coder()
 
 
 def planned_trials(tmp_path, capsys):

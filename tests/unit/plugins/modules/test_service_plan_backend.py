@@ -5,18 +5,11 @@ import copy
 import json
 
 from conftest import run_module
+from service_samples import coder
 
 from ansible_collections.ddtree.sglang.plugins.modules import service_plan
 
-CODER = {
-    "name": "coder",
-    "model_path": "/models/coder",
-    "draft_model_path": "/models/coder-dflash",
-    "gpus": [0, 1],
-    "tp_size": 2,
-    "port": 30000,
-    "speculative": {"algorithm": "DDTREE", "budget": 15, "top_k": 8},
-}
+CODER = coder()
 DFLASH = {
     "name": "chat",
     "model_path": "/models/chat",
