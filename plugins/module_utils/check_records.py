@@ -208,6 +208,16 @@ def write_record(path, check, key, result, recorded_at, keep=KEEP):
     return record
 
 
+def record_pass(slot, check, result, check_mode):
+    """Finish a passed check's result: write its record in slot (find_record's) unless in check mode, and name
+    where the record is (or would be) in result["record"]. No slot: nothing to record. Returns result."""
+    if slot:
+        if not check_mode:
+            write_record(slot["path"], check, slot["key"], result, utc_now())
+        result["record"] = slot["path"]
+    return result
+
+
 def prune_records(directory, keep):
     """Remove all but the keep newest records (by mtime) in a check's directory."""
     records = [os.path.join(directory, name) for name in os.listdir(directory) if name.endswith(".json")]

@@ -282,11 +282,7 @@ def main():
                 % (parsed["algorithm"], parsed["error"]),
                 **result,
             )
-    if slot:
-        if not module.check_mode:
-            check_records.write_record(slot["path"], CHECK, slot["key"], result, check_records.utc_now())
-        result["record"] = slot["path"]
-    module.exit_json(recorded=False, **result)
+    module.exit_json(recorded=False, **check_records.record_pass(slot, CHECK, result, module.check_mode))
 
 
 if __name__ == "__main__":

@@ -123,3 +123,14 @@ def test_find_record_records_nothing_without_a_state_root_or_for_unfinished_thin
     result = check_records.recorded_result(again)
     assert result["recorded"] is True and result["changed"] is False and result["matrix"] == []
     assert "not checked again" in result["msg"] and json.loads(json.dumps(result)) == result
+
+
+def test_a_pass_is_recorded_with_its_place_but_not_in_check_mode_nor_without_a_slot(tmp_path):
+    slot = check_records.find_record(str(tmp_path), "stack_verify", CODE, {"a": 1}, complete=True)
+    result = check_records.record_pass(slot, "stack_verify", {"facts": {}}, check_mode=True)
+    assert result == {"facts": {}, "record": slot["path"]} and not os.path.exists(slot["path"])
+    result = check_records.record_pass(slot, "stack_verify", {"facts": {}}, check_mode=False)
+    assert result == {"facts": {}, "record": slot["path"]}
+    # The record holds the check's result as it was, without the place it is recorded in.
+    assert check_records.read_record(slot["path"], "stack_verify", slot["key"])["result"] == {"facts": {}}
+    assert check_records.record_pass(None, "stack_verify", {"facts": {}}, check_mode=False) == {"facts": {}}
