@@ -29,7 +29,6 @@ Knobs (environment):
 
 import json
 import os
-import re
 import sys
 import time
 
@@ -173,8 +172,7 @@ def main():
         for _item, server in servers:
             try:
                 log = open(os.path.join(out, "server-%s.log" % server.name)).read()
-                server.info["graph_decode_batches"] = len(re.findall(r"cuda graph: True", log))
-                server.info["eager_decode_batches"] = len(re.findall(r"cuda graph: False", log))
+                server.info.update(sc.decode_graph_counts(log))
             except OSError:
                 pass
         save()

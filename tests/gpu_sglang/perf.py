@@ -218,8 +218,7 @@ def main():
         for s in servers:
             try:
                 log = open(os.path.join(out, "server-%s.log" % s.name)).read()
-                s.info["graph_decode_batches"] = len(re.findall(r"cuda graph: True", log))
-                s.info["eager_decode_batches"] = len(re.findall(r"cuda graph: False", log))
+                s.info.update(sc.decode_graph_counts(log))
                 s.info["ddtree_ready_line"] = (re.findall(r"DDTREE worker ready[^\n]*", log) or [None])[0]
                 s.info["ddtree_graph_line"] = re.findall(r"DDTREE tree verify[^\n]*", log) or None
                 s.info["ddtree_errors"] = re.findall(r"(?:Traceback|Error|error)[^\n]*", log)[-12:]

@@ -287,6 +287,17 @@ def one_at_a_time(servers, work, deadline, label, clock=time.time):
         span = clock() - began
 
 
+def decode_graph_counts(log):
+    """How many of a server log's decode batches replayed a CUDA graph and how many ran eagerly. SGLang logs
+    ``cuda graph: True|False`` on its prefill lines too, and those run eagerly whenever the prefill graphs
+    are off (SCENARIO_PREFILL_GRAPHS=0), so only the ``Decode batch`` lines count."""
+    decode = [line for line in log.splitlines() if "Decode batch" in line]
+    return {
+        "graph_decode_batches": sum("cuda graph: True" in line for line in decode),
+        "eager_decode_batches": sum("cuda graph: False" in line for line in decode),
+    }
+
+
 def stream_timing(arrivals):
     """Seconds from the request to each streamed chunk -> the first chunk's latency (prefill and queueing:
     costs every algorithm pays once a request) and the mean gap between later chunks (one decode step each,

@@ -1,8 +1,11 @@
-"""Add a perf run's measurements to the scoreboard: one row per DDTREE setting and concurrency.
+"""Add a perf or autotune run's measurements to the scoreboard: one row per DDTREE setting and concurrency.
 
-Usage (here, after a device call): python tests/gpu_sglang/scoreboard.py RESULTS_PERF_JSON COMMIT
+Usage (here, after a device call): python tests/gpu_sglang/scoreboard.py RESULTS_JSON COMMIT
     [--scoreboard docs/evidence/gpu-sglang/scoreboard.json] [--shape NAME] [--layers N] [--drafter NAME]
     [--source FILE] [--gpu NAME]
+
+RESULTS_JSON is perf.py's ``results-perf.json`` or autotune_real.py's ``results-autotune-DRAFTER.json``
+(``"plan": "autotune"``; rows_from_autotune).
 
 A row compares one DDTREE server with the DFLASH and NONE servers of the same run, at one concurrency:
 tokens/s (medians of the rounds after the warm-up round 0), DDTREE / DFLASH as the median of those rounds'
@@ -18,7 +21,11 @@ import argparse
 import json
 import os
 import statistics
+import sys
 from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "collections"))
+from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import parse_budget  # noqa: E402
 
 #: PERF_TARGET -> (shape, layers, tp): what the scoreboard calls the target of a run.
 SHAPES = {
@@ -101,6 +108,98 @@ def rows_from_perf(
     return out
 
 
+def budget_at(budget, concurrency: int) -> int:
+    """The budget a setting (a budget or a schedule, as ddtree_budget.parse_budget takes it) verifies with at
+    `concurrency` requests: the first schedule entry whose batch size covers it, the last one above them all."""
+    parsed = parse_budget(budget)
+    if isinstance(parsed, int):
+        return parsed
+    return next((b for batch, b in parsed if concurrency <= batch), parsed[-1][1])
+
+
+def rows_from_autotune(
+    doc: dict,
+    commit: str,
+    source: str,
+    shape: str | None = None,
+    layers: int | None = None,
+    drafter: str | None = None,
+    gpu: str | None = None,
+) -> list[dict]:
+    """The scoreboard rows of one autotune_real.py result: one per DDTREE setting of the grid and concurrency,
+    from the measurements the collection's choice decided on (tokens/s the median of all rounds: each level's
+    unmeasured warm-up requests come before its first round, so no round is left out). ``chosen`` marks the
+    rows whose budget the chosen setting runs at that concurrency, and ``autotune_choice`` names that setting."""
+    target = doc.get("target", "tiny")
+    default_shape, default_layers, tp = SHAPES.get(target, (target, None, 1))
+    measured = doc.get("measurements", [])
+    choice = doc.get("choice") or {}
+    chose_ddtree = choice.get("algorithm") == "DDTREE"
+
+    def of(algorithm: str, concurrency: int, budget=None, top_k=None) -> dict:
+        return next(
+            (
+                m
+                for m in measured
+                if (m["algorithm"], m["concurrency"], m.get("budget"), m.get("top_k"))
+                == (algorithm, concurrency, budget, top_k)
+            ),
+            {},
+        )
+
+    out = []
+    for m in measured:
+        if m["algorithm"] != "DDTREE":
+            continue
+        concurrency = m["concurrency"]
+        dflash, none = of("DFLASH", concurrency), of("NONE", concurrency)
+        per_round = [round(a / b, 3) for a, b in zip(m.get("rounds") or [], dflash.get("rounds") or []) if a and b]
+        chosen = (
+            chose_ddtree
+            and choice.get("top_k") == m.get("top_k")
+            and budget_at(choice["budget"], concurrency) == m["budget"]
+        )
+        out.append(
+            {
+                "shape": shape or default_shape,
+                "layers": layers or default_layers,
+                "tp": tp,
+                "gpu": gpu or doc.get("gpu"),
+                "drafter": drafter or doc.get("drafter") or "the shape's",
+                "accept_dflash": dflash.get("accept_length"),
+                "accept_ddtree": m.get("accept_length"),
+                "ddtree_setting": str(m["budget"]),
+                "top_k": str(m.get("top_k") or "auto"),
+                "concurrency": concurrency,
+                "new_tokens": doc.get("max_tokens"),
+                "tokens_per_s": {
+                    "NONE": none.get("tokens_per_second"),
+                    "DFLASH": dflash.get("tokens_per_second"),
+                    "DDTREE": m.get("tokens_per_second"),
+                },
+                "ddtree_over_dflash": _median(per_round),
+                "per_round": per_round,
+                "rounds": len(per_round),
+                "warm_up_round": "none",
+                "errors": [e for e in (m.get("error"), dflash.get("error")) if e],
+                "autotune_choice": format_choice(choice),
+                "chosen": bool(chosen),
+                "commit": commit,
+                "source": source,
+            }
+        )
+    return out
+
+
+def format_choice(choice: dict) -> str | None:
+    """The chosen setting in a row's words: ``DDTREE 1:31,16:31,64:15 top_k 8``, or ``DFLASH``."""
+    if not choice:
+        return None
+    if choice.get("algorithm") != "DDTREE":
+        return choice.get("algorithm")
+    return "DDTREE %s top_k %s" % (choice["budget"], choice.get("top_k"))
+
+
 def _step_ms(runs: list[dict], name: str, concurrency: int) -> dict:
     """``step_ms`` of a streamed run (perf.py's ``PERF_STREAM=1``): the decode step of every server, medians of
     the rounds after the warm-up; nothing for a run that was not streamed."""
@@ -134,7 +233,8 @@ def main() -> None:
     with open(args.results, encoding="utf-8") as fh:
         doc = json.load(fh)
     source = args.source or os.path.basename(args.results)
-    rows = rows_from_perf(doc, args.commit, source, args.shape, args.layers, args.drafter, args.gpu)
+    rows_from = rows_from_autotune if doc.get("plan") == "autotune" else rows_from_perf
+    rows = rows_from(doc, args.commit, source, args.shape, args.layers, args.drafter, args.gpu)
     board = {"rows": []}
     if os.path.exists(args.scoreboard):
         with open(args.scoreboard, encoding="utf-8") as fh:

@@ -51,6 +51,79 @@ def test_scoreboard_keeps_a_single_round():
     assert row["warm_up_round"] == "none"
 
 
+def test_decode_graph_counts_leave_the_prefill_lines_out():
+    log = "\n".join(
+        [
+            "Prefill batch, #new-seq: 1, #new-token: 6, cuda graph: False, input throughput (token/s): 5.05",
+            "Decode batch, #running-req: 1, accept len: 6.47, cuda graph: True, gen throughput (token/s): 66.55",
+            "Decode batch, #running-req: 1, accept len: 6.58, cuda graph: True, gen throughput (token/s): 510.81",
+            "Decode batch, #running-req: 49, accept len: 5.1, cuda graph: False, gen throughput (token/s): 900.0",
+        ]
+    )
+    assert scenario.decode_graph_counts(log) == {"graph_decode_batches": 2, "eager_decode_batches": 1}
+
+
+def autotune_doc(choice):
+    """An autotune_real.py result: NONE, DFLASH and DDTREE budgets 15 and 31 (top_k 8) at 1 and 16 requests."""
+    tokens = {("NONE", None): [50.0, 50.0], ("DFLASH", None): [100.0, 100.0], ("DDTREE", 15): [110.0, 130.0]}
+    tokens[("DDTREE", 31)] = [120.0, 90.0]
+    measurements = []
+    for (algorithm, budget), values in tokens.items():
+        for concurrency in (1, 16):
+            rounds = values if concurrency == 1 else [v * 10 for v in values]
+            measurements.append(
+                {
+                    "algorithm": algorithm,
+                    "budget": budget,
+                    "top_k": 8 if budget else None,
+                    "concurrency": concurrency,
+                    "tokens_per_second": sorted(rounds)[len(rounds) // 2],
+                    "accept_length": None if algorithm == "NONE" else 5.0,
+                    "rounds": rounds,
+                    "error": None,
+                }
+            )
+    return {
+        "plan": "autotune",
+        "target": "embedded-qwen3-8b",
+        "gpu": "NVIDIA H200",
+        "drafter": "upper",
+        "max_tokens": 128,
+        "measurements": measurements,
+        "choice": choice,
+    }
+
+
+def test_autotune_rows_mark_the_budgets_the_chosen_schedule_runs():
+    choice = {"algorithm": "DDTREE", "budget": "1:31,16:15", "top_k": 8}
+    rows = scoreboard.rows_from_autotune(autotune_doc(choice), "abc", "src.json")
+    assert [(r["ddtree_setting"], r["concurrency"], r["chosen"]) for r in rows] == [
+        ("15", 1, False),
+        ("15", 16, True),
+        ("31", 1, True),
+        ("31", 16, False),
+    ]
+    row = rows[0]
+    assert row["per_round"] == [1.1, 1.3] and row["ddtree_over_dflash"] == 1.2
+    assert row["tokens_per_s"] == {"NONE": 50.0, "DFLASH": 100.0, "DDTREE": 130.0}
+    assert (row["shape"], row["layers"], row["gpu"]) == ("Qwen3-8B (tiny pair embedded)", 36, "NVIDIA H200")
+    assert row["autotune_choice"] == "DDTREE 1:31,16:15 top_k 8" and row["warm_up_round"] == "none"
+
+
+def test_autotune_rows_mark_nothing_chosen_when_dflash_is_kept():
+    rows = scoreboard.rows_from_autotune(autotune_doc({"algorithm": "DFLASH"}), "abc", "src.json")
+    assert len(rows) == 4 and not any(r["chosen"] for r in rows)
+    assert {r["autotune_choice"] for r in rows} == {"DFLASH"}
+
+
+@pytest.mark.parametrize(
+    "budget, concurrency, expected",
+    [(15, 64, 15), ("1:31,16:15", 1, 31), ("1:31,16:15", 2, 15), ("1:31,16:15", 16, 15), ("1:31,16:15", 64, 15)],
+)
+def test_budget_at_a_concurrency_is_the_first_schedule_entry_that_covers_it(budget, concurrency, expected):
+    assert scoreboard.budget_at(budget, concurrency) == expected
+
+
 @pytest.mark.parametrize(
     "doc_gpu, option, expected",
     [
