@@ -53,18 +53,25 @@ def _median(values: list) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
-def rows_from_perf(
-    doc: dict,
-    commit: str,
-    source: str,
-    shape: str | None = None,
-    layers: int | None = None,
-    drafter: str | None = None,
-    gpu: str | None = None,
-) -> list[dict]:
-    """The scoreboard rows of one perf.py result (``results-perf.json``)."""
+def _head(
+    doc: dict, shape: str | None = None, layers: int | None = None, drafter: str | None = None, gpu: str | None = None
+) -> dict:
+    """What a result's rows measured: the shape, its layers and TP (from the run's target, ``SHAPES``, unless
+    given), the GPU and the drafter (from the result, unless given)."""
     target = doc.get("target", "tiny")
     default_shape, default_layers, tp = SHAPES.get(target, (target, None, 1))
+    return {
+        "shape": shape or default_shape,
+        "layers": layers or default_layers,
+        "tp": tp,
+        "gpu": gpu or doc.get("gpu"),
+        "drafter": drafter or doc.get("drafter") or "the shape's",
+    }
+
+
+def rows_from_perf(doc: dict, commit: str, source: str, **names) -> list[dict]:
+    """The scoreboard rows of one perf.py result (``results-perf.json``); ``names`` as for _head."""
+    head = _head(doc, **names)
     runs = doc.get("runs", [])
     servers = doc.get("servers", {})
     ddtree = [name for name, info in servers.items() if info.get("algorithm") == "DDTREE"]
@@ -78,11 +85,8 @@ def rows_from_perf(
             warm = _warm(per_round)
             out.append(
                 {
-                    "shape": shape or default_shape,
-                    "layers": layers or default_layers,
-                    "tp": info.get("tp", tp),
-                    "gpu": gpu or doc.get("gpu"),
-                    "drafter": drafter or doc.get("drafter") or "the shape's",
+                    **head,
+                    "tp": info.get("tp", head["tp"]),
                     "accept_dflash": _median(_by(runs, "perf-dflash", concurrency, "mean_accept")),
                     "accept_ddtree": _median(_by(runs, name, concurrency, "mean_accept")),
                     "ddtree_setting": info.get("ddtree_setting")
@@ -117,21 +121,13 @@ def budget_at(budget, concurrency: int) -> int:
     return next((b for batch, b in parsed if concurrency <= batch), parsed[-1][1])
 
 
-def rows_from_autotune(
-    doc: dict,
-    commit: str,
-    source: str,
-    shape: str | None = None,
-    layers: int | None = None,
-    drafter: str | None = None,
-    gpu: str | None = None,
-) -> list[dict]:
+def rows_from_autotune(doc: dict, commit: str, source: str, **names) -> list[dict]:
     """The scoreboard rows of one autotune_real.py result: one per DDTREE setting of the grid and concurrency,
     from the measurements the collection's choice decided on (tokens/s the median of all rounds: each level's
     unmeasured warm-up requests come before its first round, so no round is left out). ``chosen`` marks the
-    rows whose budget the chosen setting runs at that concurrency, and ``autotune_choice`` names that setting."""
-    target = doc.get("target", "tiny")
-    default_shape, default_layers, tp = SHAPES.get(target, (target, None, 1))
+    rows whose budget the chosen setting runs at that concurrency, and ``autotune_choice`` names that setting.
+    ``names`` as for _head."""
+    head = _head(doc, **names)
     measured = doc.get("measurements", [])
     choice = doc.get("choice") or {}
     chose_ddtree = choice.get("algorithm") == "DDTREE"
@@ -161,11 +157,7 @@ def rows_from_autotune(
         )
         out.append(
             {
-                "shape": shape or default_shape,
-                "layers": layers or default_layers,
-                "tp": tp,
-                "gpu": gpu or doc.get("gpu"),
-                "drafter": drafter or doc.get("drafter") or "the shape's",
+                **head,
                 "accept_dflash": dflash.get("accept_length"),
                 "accept_ddtree": m.get("accept_length"),
                 "ddtree_setting": str(m["budget"]),
@@ -234,7 +226,8 @@ def main() -> None:
         doc = json.load(fh)
     source = args.source or os.path.basename(args.results)
     rows_from = rows_from_autotune if doc.get("plan") == "autotune" else rows_from_perf
-    rows = rows_from(doc, args.commit, source, args.shape, args.layers, args.drafter, args.gpu)
+    names = {"shape": args.shape, "layers": args.layers, "drafter": args.drafter, "gpu": args.gpu}
+    rows = rows_from(doc, args.commit, source, **names)
     board = {"rows": []}
     if os.path.exists(args.scoreboard):
         with open(args.scoreboard, encoding="utf-8") as fh:
