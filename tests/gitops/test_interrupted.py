@@ -97,6 +97,26 @@ def host_state(bed):
     return dict(links, unit=unit, verdicts=verdicts, verdict=verdicts.get(links["current"]))
 
 
+def record_cell(bed, name, killed, state, proc, report, note, started, ct129):
+    """One cell of the kill matrix: what the kill left, what the re-run made of it, its report's status and
+    note, and how many of ct129's requests were answered meanwhile. Appended to the bed's rows and written to
+    the artifacts after every cell, so a failing cell still leaves the matrix so far."""
+    row = {
+        "cell": name,
+        "killed": killed,
+        "after": state,
+        "rc": proc.returncode,
+        "status": report["hosts"][0]["status"],
+        "note": note,
+        "seconds": round(time.monotonic() - started),
+        "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count),
+    }
+    bed["rows"].append(row)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "interrupted-matrix.json").write_text(json.dumps(bed["rows"], indent=1))
+    return row
+
+
 def playbook(bed, playbook_path, report, kill_at=None, kill_after=0, limit="ct200", extra=()):
     env = dict(bed["env"], DDTREE_ROLLOUT_REPORT=str(report), DDTREE_ROLLOUT_TRIGGER="interrupted-rollout test")
     marker = bed["base"] / "killed"
@@ -254,19 +274,8 @@ def test_killed_rollout_converges_on_the_next_run(bed, point, lossy):
         state = host_state(bed)
     report = json.loads(report_path.read_text())
     coder = report["hosts"][0]["services"][0]
-    row = {
-        "cell": name,
-        "killed": killed,
-        "after": state,
-        "rc": proc.returncode,
-        "status": report["hosts"][0]["status"],
-        "note": (coder.get("recovery") or {}).get("note"),
-        "seconds": round(time.monotonic() - started),
-        "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count),
-    }
-    bed["rows"].append(row)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "interrupted-matrix.json").write_text(json.dumps(bed["rows"], indent=1))
+    note = (coder.get("recovery") or {}).get("note")
+    row = record_cell(bed, name, killed, state, proc, report, note, started, ct129)
     assert not ct129.failures, ct129.failures
 
     # After the re-run: on a release that passed its gate, running, and the report says why.
@@ -369,19 +378,8 @@ def test_a_pull_run_killed_midway_is_rolled_out_again_on_the_next_tick(bed, loss
     assert "Repository has not changed" not in proc.stdout + proc.stderr and not marker.exists()
     report = json.loads((reports / "rollout.json").read_text())
     coder = report["hosts"][0]["services"][0]
-    row = {
-        "cell": name,
-        "killed": killed,
-        "after": state,
-        "rc": proc.returncode,
-        "status": report["hosts"][0]["status"],
-        "note": (coder.get("recovery") or {}).get("note"),
-        "seconds": round(time.monotonic() - started),
-        "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count),
-    }
-    bed["rows"].append(row)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "interrupted-matrix.json").write_text(json.dumps(bed["rows"], indent=1))
+    note = (coder.get("recovery") or {}).get("note")
+    row = record_cell(bed, name, killed, state, proc, report, note, started, ct129)
     assert not ct129.failures, ct129.failures
     assert killed["current"] != good and killed["verdict"] is None, row
     assert state["unit"] == "active" and state["verdict"] == "passed" and report["trigger"] == "pull timer", row
@@ -485,21 +483,12 @@ def test_a_run_killed_while_coder_is_tuned_on_its_own_gpus_leaves_ct200_serving_
             check=False,
         ).split()
     report = json.loads(report_path.read_text())
-    row = {
-        "cell": "own-gpus-tuning",
-        "killed": killed,
-        "after": state,
-        "rc": proc.returncode,
-        "status": report["hosts"][0]["status"],
-        "note": "killed with coder stopped for its grid (timer %s, trial %s); the host restarted coder %d s after the kill "
-        "(%s, /health %s)"
-        % (units[0], units[1], restored_after, restored["current"][:12] if restored["current"] else "-", answer),
-        "seconds": round(time.monotonic() - started),
-        "ct129": "%d/%d answered" % (ct129.count - len(ct129.failures), ct129.count),
-    }
-    bed["rows"].append(row)
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    (ARTIFACTS / "interrupted-matrix.json").write_text(json.dumps(bed["rows"], indent=1))
+    restored_release = restored["current"][:12] if restored["current"] else "-"
+    note = (
+        "killed with coder stopped for its grid (timer %s, trial %s); the host restarted coder %d s after the kill "
+        "(%s, /health %s)" % (units[0], units[1], restored_after, restored_release, answer)
+    )
+    row = record_cell(bed, "own-gpus-tuning", killed, state, proc, report, note, started, ct129)
     assert not ct129.failures, ct129.failures
     # Killed mid-grid: coder stopped, its trial on coder's port, the restore armed.
     assert killed["unit"] != "active" and killed["current"] == good and units[0] == "active", row
