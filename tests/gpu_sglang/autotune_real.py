@@ -3,6 +3,9 @@
 Usage (on the device, after device-setup.sh): python autotune_real.py OUT MODELS DRAFTER [ROUNDS]
   DRAFTER: the drafter's directory under MODELS (tiny-qwen3-dflash: the harness's trained drafter;
   another name: one train_models.py --drafter-only or --drafter-levels wrote, or a level of an embedded bed).
+Usage (anywhere): python autotune_real.py --choose RESULTS OUT
+  the measurements and choice of a RESULTS file written by a process that did not get to decide (one
+  stopped by a harness without the decision in its `finally`), from its runs, written to OUT.
 
 What the collection does on a host, with the collection's own code, the servers started here instead of
 as the role's temporary units: the declaration (`declaration_from_env`: a service's `autotune: {}`, the
@@ -13,7 +16,9 @@ autotune_measure.measure_setting through the health gate's own HTTP client (heal
 and autotune.choose decides. Differences from the role, and why: the servers share one GPU (the role starts
 one at a time on spare GPUs), NONE first and alone (it fills the JIT cache the others read), then the rest
 AUTOTUNE_AT_ONCE at a time, each group measured one server at a time while the others idle, and stopped
-before the next group starts; the prompts are the harness's held-out prompts of the synthetic language the
+before the next group starts (scenario.in_groups: a group that would not end before the call does, at the
+pace of the group before it, is not started, and however the process ends, the settings measured in every
+round decide); the prompts are the harness's held-out prompts of the synthetic language the
 tiny target speaks (the collection's English prompt set would be unknown words to its word-level
 tokenizer), perf.CONCURRENCY's count of them at each level; ROUNDS rounds (default 3), each setting's
 tokens/s the median of its rounds (autotune.choose takes one measurement per setting: "give one per
@@ -69,13 +74,17 @@ def level_prompts(prompts, concurrency, repeat):
     return prompts[: perf.CONCURRENCY.get(concurrency, 4 * concurrency)] * repeat
 
 
+def server_name(item):
+    """The name of the server that runs one setting (its log is server-NAME.log)."""
+    return "autotune-" + autotune.setting_name(item).lower().replace(" ", "-").replace("_", "")
+
+
 def server_for(item, port, out, models, drafter, shape):
     """A scenario.Server running one setting on the target `shape`, with DRAFTER as its drafter."""
-    name = autotune.setting_name(item).lower().replace(" ", "-").replace("_", "")
     spec = {"drafter": drafter}
     if item["algorithm"] == "DDTREE":
         spec.update(budget=item["budget"], top_k=item["top_k"])
-    return sc.Server("autotune-" + name, item["algorithm"], sc.RELEASE, port, out, models, shape=shape, **spec)
+    return sc.Server(server_name(item), item["algorithm"], sc.RELEASE, port, out, models, shape=shape, **spec)
 
 
 def median(values):
@@ -83,7 +92,78 @@ def median(values):
     return ordered[len(ordered) // 2] if ordered else None
 
 
+def not_started_reason(info):
+    """Why a server has no runs, from its info: skipped before the call's end, failed, or cut off."""
+    return info.get("skipped") or info.get("error") or "the call ended before it was measured"
+
+
+def measurements_from(doc, settings):
+    """One measurement per setting and concurrency of doc["tuning"]: the median of the setting's runs in
+    doc["runs"]. A setting that failed in any round keeps that failure, and one measured in fewer than
+    doc["rounds"] rounds (the call ended) is marked unmeasured: autotune.choose never picks either."""
+    measurements = []
+    for item in settings:
+        info = doc["servers"].get(server_name(item), {})
+        for concurrency in doc["tuning"]["concurrency"]:
+            runs = [
+                run
+                for run in doc["runs"]
+                if run["algorithm"] == item["algorithm"]
+                and run["budget"] == item["budget"]
+                and run["top_k"] == item["top_k"]
+                and run["concurrency"] == concurrency
+            ]
+            failed = [run for run in runs if run["error"] or run["tokens_per_second"] is None]
+            measurement = dict(
+                item,
+                concurrency=concurrency,
+                tokens_per_second=None,
+                accept_length=None,
+                rounds=[run["tokens_per_second"] for run in runs],
+            )
+            if not runs:
+                measurement["error"] = "not measured: %s" % not_started_reason(info)
+            elif failed:
+                measurement["error"] = failed[0]["error"] or "no tokens/s"
+            elif len(runs) < doc["rounds"]:
+                measurement["error"] = "not measured: %d of %d rounds before the call ended" % (
+                    len(runs),
+                    doc["rounds"],
+                )
+            else:
+                measurement["tokens_per_second"] = median([run["tokens_per_second"] for run in runs])
+                measurement["accept_length"] = median([run["accept_length"] for run in runs if run["accept_length"]])
+                measurement["error"] = None
+            measurements.append(measurement)
+    return measurements
+
+
+def decide(doc):
+    """doc with its measurements and autotune.choose's choice over them (settings of the grid left
+    unmeasured are candidates that failed), from its tuning and runs alone."""
+    tuning = doc["tuning"]
+    settings = [autotune.setting("NONE")] + autotune.candidate_settings(tuning)
+    doc["measurements"] = measurements_from(doc, settings)
+    try:
+        doc["choice"] = autotune.choose(tuning, doc["measurements"])
+    except autotune.IncompleteMeasurements as exc:
+        doc["choice"] = {"error": str(exc)}
+    return doc
+
+
+def choose_from_file(results, out):
+    """--choose: decide() over a results file's runs; the document says that it was decided afterwards."""
+    with open(results) as fh:
+        doc = decide(json.load(fh))
+    doc["decided"] = "after the call, from its runs: autotune_real.py --choose"
+    with open(out, "w") as fh:
+        json.dump(doc, fh, indent=1)
+    print_report(doc, doc["tuning"])
+
+
 def main():
+    if sys.argv[1] == "--choose":
+        return choose_from_file(sys.argv[2], sys.argv[3])
     sc.exit_on_sigterm()
     out, models, drafter = sys.argv[1], sys.argv[2], sys.argv[3]
     rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 3
@@ -126,46 +206,41 @@ def main():
             json.dump(doc, fh, indent=1)
 
     item_of = {server.name: item for item, server in servers}
+
+    def measure_group(ready):
+        """ROUNDS rounds over the group's ready servers, each measured at every level while the others idle."""
+        for number in range(rounds):
+            for server in ready:
+                item = item_of[server.name]
+                io = ServiceIO(None, None, None, server.name, "127.0.0.1", server.port)
+                for index, concurrency in enumerate(tuning["concurrency"]):
+                    for level in measure_setting(
+                        io.request,
+                        item,
+                        [concurrency],
+                        level_prompts(prompts, concurrency, repeat),
+                        new_tokens,
+                        timeout=120.0,
+                        warmup=1 if number == 0 and index == 0 else 0,
+                    ):
+                        doc["runs"].append(dict(level, round=number))
+                        print(
+                            "[autotune] round %d %s c%d %s tok/s accept %s %s"
+                            % (
+                                number,
+                                autotune.setting_name(item),
+                                level["concurrency"],
+                                level["tokens_per_second"],
+                                level["accept_length"],
+                                level["error"] or "",
+                            ),
+                            flush=True,
+                        )
+            save()
+
     try:
-        for group in perf.server_groups([server for _item, server in servers], at_once):
-            sc.start_group(group, limit=400)
-            print(
-                "[autotune] ready after %.0f s: %s"
-                % (time.time() - t0, {s.name: s.info.get("ready_s", s.info.get("error")) for s in group}),
-                flush=True,
-            )
-            for number in range(rounds):
-                for server in group:
-                    if "ready_s" not in server.info:
-                        continue
-                    item = item_of[server.name]
-                    io = ServiceIO(None, None, None, server.name, "127.0.0.1", server.port)
-                    for index, concurrency in enumerate(tuning["concurrency"]):
-                        for level in measure_setting(
-                            io.request,
-                            item,
-                            [concurrency],
-                            level_prompts(prompts, concurrency, repeat),
-                            new_tokens,
-                            timeout=120.0,
-                            warmup=1 if number == 0 and index == 0 else 0,
-                        ):
-                            doc["runs"].append(dict(level, round=number))
-                            print(
-                                "[autotune] round %d %s c%d %s tok/s accept %s %s"
-                                % (
-                                    number,
-                                    autotune.setting_name(item),
-                                    level["concurrency"],
-                                    level["tokens_per_second"],
-                                    level["accept_length"],
-                                    level["error"] or "",
-                                ),
-                                flush=True,
-                            )
-                save()
-            for server in group:
-                server.stop()
+        groups = perf.server_groups([server for _item, server in servers], at_once)
+        sc.in_groups(groups, measure_group, sc.call_deadline(), "autotune", limit=400)
     finally:
         for _item, server in servers:
             server.stop()
@@ -175,44 +250,10 @@ def main():
                 server.info.update(sc.decode_graph_counts(log))
             except OSError:
                 pass
+        # Also when the call's end stops this process: the settings measured in every round still decide.
         save()
-    # One measurement per setting and concurrency, the median of the rounds; a setting that failed in
-    # any round keeps that failure (autotune.choose never picks it).
-    measurements = []
-    for item in settings:
-        for concurrency in tuning["concurrency"]:
-            runs = [
-                run
-                for run in doc["runs"]
-                if run["algorithm"] == item["algorithm"]
-                and run["budget"] == item["budget"]
-                and run["top_k"] == item["top_k"]
-                and run["concurrency"] == concurrency
-            ]
-            failed = [run for run in runs if run["error"] or run["tokens_per_second"] is None]
-            measurement = dict(
-                item,
-                concurrency=concurrency,
-                tokens_per_second=None,
-                accept_length=None,
-                rounds=[run["tokens_per_second"] for run in runs],
-            )
-            if not runs:
-                started = dict((autotune.setting_name(i), srv.info) for i, srv in servers)[autotune.setting_name(item)]
-                measurement["error"] = "not measured: the server did not start (%s)" % started.get("error", "unknown")
-            elif failed:
-                measurement["error"] = failed[0]["error"] or "no tokens/s"
-            else:
-                measurement["tokens_per_second"] = median([run["tokens_per_second"] for run in runs])
-                measurement["accept_length"] = median([run["accept_length"] for run in runs if run["accept_length"]])
-                measurement["error"] = None
-            measurements.append(measurement)
-    doc["measurements"] = measurements
-    try:
-        doc["choice"] = autotune.choose(tuning, measurements)
-    except autotune.IncompleteMeasurements as exc:
-        doc["choice"] = {"error": str(exc)}
-    save()
+        decide(doc)
+        save()
     print_report(doc, tuning)
     print("[autotune] done in %.0f s" % (time.time() - t0), flush=True)
 

@@ -264,27 +264,49 @@ def server_fits(span, deadline, now):
     return not deadline or not span or now + span < deadline
 
 
-def one_at_a_time(servers, work, deadline, label, clock=time.time):
-    """Each server started, given to `work` once ready and stopped before the next starts (a shape whose
-    weights leave room for one server), unless it would not end before `deadline` at the pace of the one
-    before it: then it is not started, and its info says why."""
+def in_groups(groups, work, deadline, label, clock=time.time, **wait):
+    """Each group of servers started together (start_group, with its `wait`), its ready servers given to
+    `work` as a list, and the whole group stopped before the next starts (servers that share the GPU's
+    memory), unless the group would not end before `deadline` at the pace of the group before it: then none
+    of it starts, and each server's info says why."""
     t0, span = clock(), 0.0
-    for s in servers:
+    unit = "server" if all(len(group) == 1 for group in groups) else "group"
+    for group in groups:
         began = clock()
         if not server_fits(span, deadline, began):
-            s.info["skipped"] = "not started: %.0f s left in the call, the server before took %.0f s" % (
-                deadline - began,
-                span,
-            )
-            print("[%s] %s %s" % (label, s.name, s.info["skipped"]), flush=True)
+            for s in group:
+                s.info["skipped"] = "not started: %.0f s left in the call, the %s before took %.0f s" % (
+                    deadline - began,
+                    unit,
+                    span,
+                )
+                print("[%s] %s %s" % (label, s.name, s.info["skipped"]), flush=True)
             continue
         try:
-            if start_group([s]):
-                print("[%s] ready: %s after %.0f s" % (label, s.name, clock() - t0), flush=True)
-                work(s)
+            ready = start_group(group, **wait)
+            print(
+                "[%s] after %.0f s: %s"
+                % (
+                    label,
+                    clock() - t0,
+                    ", ".join(
+                        "%s %s" % (s.name, "ready" if s in ready else "failed: %s" % s.info.get("error")) for s in group
+                    ),
+                ),
+                flush=True,
+            )
+            if ready:
+                work(ready)
         finally:
-            s.stop()
+            for s in group:
+                s.stop()
         span = clock() - began
+
+
+def one_at_a_time(servers, work, deadline, label, clock=time.time):
+    """in_groups with a group per server (a shape whose weights leave room for one server): `work` gets
+    each ready server."""
+    in_groups([[s] for s in servers], lambda ready: work(ready[0]), deadline, label, clock)
 
 
 def decode_graph_counts(log):

@@ -329,6 +329,86 @@ def test_one_at_a_time_stops_a_server_whose_work_fails_and_gives_no_work_to_one_
     assert events == ["start dflash", "stop dflash", "start ddtree", "stop ddtree"]
 
 
+def test_in_groups_starts_a_group_together_and_skips_the_group_that_would_outlast_the_call(capsys):
+    clock, events, worked = [0.0], [], []
+    groups = [
+        [TimedServer("none", 100.0, clock, events)],
+        [TimedServer(name, 120.0, clock, events) for name in ("dflash", "ddtree-15")],
+        [TimedServer(name, 120.0, clock, events) for name in ("ddtree-31", "ddtree-63")],
+    ]
+    scenario.in_groups(
+        groups, lambda ready: worked.append([s.name for s in ready]), 500.0, "autotune", clock=lambda: clock[0]
+    )
+    assert worked == [["none"], ["dflash", "ddtree-15"]]
+    assert events[:3] == ["start none", "stop none", "start dflash"]
+    assert events[3:] == ["start ddtree-15", "stop dflash", "stop ddtree-15"]
+    assert groups[2][1].info["skipped"] == "not started: 160 s left in the call, the group before took 240 s"
+    assert "[autotune] ddtree-63 not started" in capsys.readouterr().out
+
+
+def autotune_runs(setting, rounds, values):
+    """autotune_real runs of one setting ((algorithm, budget)) at concurrency 1, `values` by round."""
+    algorithm, budget = setting
+    return [
+        {
+            "algorithm": algorithm,
+            "budget": budget,
+            "top_k": 8 if budget else None,
+            "concurrency": 1,
+            "tokens_per_second": value,
+            "accept_length": 4.0 if algorithm != "NONE" else None,
+            "error": None,
+            "round": number,
+        }
+        for number, value in zip(range(rounds), values)
+    ]
+
+
+def cut_off_autotune_doc():
+    """An autotune_real result whose call ended in its last group: budget 15 measured in all three rounds,
+    31 in one, 63 never started."""
+    runs = (
+        autotune_runs(("NONE", None), 3, [100, 101, 102])
+        + autotune_runs(("DFLASH", None), 3, [200, 210, 205])
+        + autotune_runs(("DDTREE", 15), 3, [230, 240, 250])
+        + autotune_runs(("DDTREE", 31), 1, [400])
+    )
+    tuning = autotune_real.autotune.declaration({"autotune": {"budgets": [15, 31, 63], "concurrency": [1]}})
+    return {
+        "tuning": tuning,
+        "rounds": 3,
+        "runs": runs,
+        "servers": {"autotune-ddtree-budget-63-topk-8": {"skipped": "not started: 90 s left in the call"}},
+    }
+
+
+def test_a_cut_off_autotune_decides_over_the_settings_measured_in_every_round():
+    doc = autotune_real.decide(cut_off_autotune_doc())
+    by_budget = {m["budget"]: m for m in doc["measurements"] if m["algorithm"] == "DDTREE"}
+    assert by_budget[15]["tokens_per_second"] == 240 and by_budget[15]["rounds"] == [230, 240, 250]
+    assert by_budget[31]["error"] == "not measured: 1 of 3 rounds before the call ended"
+    assert by_budget[63]["error"] == "not measured: not started: 90 s left in the call"
+    choice = doc["choice"]
+    assert (choice["algorithm"], choice["budget"], choice["status"]) == ("DDTREE", 15, "ddtree")
+    assert choice["gain_over_dflash"] == {"1": pytest.approx(240 / 205 - 1, abs=1e-4)}
+
+
+def test_a_cut_off_autotune_without_dflash_in_every_round_chooses_nothing():
+    doc = cut_off_autotune_doc()
+    doc["runs"] = [run for run in doc["runs"] if not (run["algorithm"] == "DFLASH" and run["round"] == 2)]
+    choice = autotune_real.decide(doc)["choice"]
+    assert set(choice) == {"error"} and "DFLASH" in choice["error"]
+
+
+def test_autotune_choose_decides_a_saved_result_and_says_so(tmp_path, capsys):
+    results, out = tmp_path / "results.json", tmp_path / "decided.json"
+    results.write_text(json.dumps(cut_off_autotune_doc()))
+    autotune_real.choose_from_file(str(results), str(out))
+    decided = json.loads(out.read_text())
+    assert decided["choice"]["budget"] == 15 and decided["decided"].startswith("after the call")
+    assert "choice: {'algorithm': 'DDTREE', 'budget': 15" in capsys.readouterr().out
+
+
 class FakeServer:
     def __init__(self, algo, events):
         self.algo, self.events = algo, events
