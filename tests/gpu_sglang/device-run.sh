@@ -65,9 +65,10 @@ if [ "$MODELS" = "$W/$LANG_DIR" ] && [ "$LANG_DIR" = models ]; then
   done
 fi
 # The embedded test bed's drafters besides the trained tiny-qwen3-dflash (in-server acceptance ~12): levels
-# saved by one training run when its offline acceptance first reaches each threshold (in server: ~3-4, ~6-7).
+# saved by one training run when its offline acceptance first reaches each threshold (in server: ~3-4, ~6-7);
+# `none`: no levels, the bed holds the trained drafter alone (nothing to train).
 EMBED_LEVELS=${EMBED_LEVELS:-tiny-qwen3-dflash-low:4.8,tiny-qwen3-dflash-mid:8.2}
-level_names() { echo "$EMBED_LEVELS" | tr ',' '\n' | sed 's/:[^:]*$//'; }
+level_names() { [ "$EMBED_LEVELS" = none ] && return 0; echo "$EMBED_LEVELS" | tr ',' '\n' | sed 's/:[^:]*$//'; }
 train_levels() {  # the drafter levels MODELS lacks, from one training run (the target too when MODELS has none)
   local missing=0 name target=1
   for name in $(level_names); do [ -f "$MODELS/$name/config.json" ] || missing=1; done
