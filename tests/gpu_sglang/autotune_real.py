@@ -92,9 +92,18 @@ def median(values):
     return ordered[len(ordered) // 2] if ordered else None
 
 
+def grid_settings(tuning):
+    """Every setting the run measures: NONE, then autotune.candidate_settings (DFLASH and each DDTREE)."""
+    return [autotune.setting("NONE")] + autotune.candidate_settings(tuning)
+
+
 def not_started_reason(info):
     """Why a server has no runs, from its info: skipped before the call's end, failed, or cut off."""
-    return info.get("skipped") or info.get("error") or "the call ended before it was measured"
+    if info.get("skipped"):
+        return info["skipped"]
+    if info.get("error"):
+        return "the server did not start (%s)" % info["error"]
+    return "the call ended before it was measured"
 
 
 def measurements_from(doc, settings):
@@ -142,8 +151,7 @@ def decide(doc):
     """doc with its measurements and autotune.choose's choice over them (settings of the grid left
     unmeasured are candidates that failed), from its tuning and runs alone."""
     tuning = doc["tuning"]
-    settings = [autotune.setting("NONE")] + autotune.candidate_settings(tuning)
-    doc["measurements"] = measurements_from(doc, settings)
+    doc["measurements"] = measurements_from(doc, grid_settings(tuning))
     try:
         doc["choice"] = autotune.choose(tuning, doc["measurements"])
     except autotune.IncompleteMeasurements as exc:
@@ -176,7 +184,7 @@ def main():
     if problems:
         sys.exit("the declaration is invalid: %s" % problems)
     tuning = autotune.declaration({"autotune": declared})
-    settings = [autotune.setting("NONE")] + autotune.candidate_settings(tuning)
+    settings = grid_settings(tuning)
     servers = [
         (item, server_for(item, 30200 + index, out, models, drafter, shape)) for index, item in enumerate(settings)
     ]
@@ -251,7 +259,6 @@ def main():
             except OSError:
                 pass
         # Also when the call's end stops this process: the settings measured in every round still decide.
-        save()
         decide(doc)
         save()
     print_report(doc, tuning)

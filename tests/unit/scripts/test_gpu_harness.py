@@ -393,6 +393,18 @@ def test_a_cut_off_autotune_decides_over_the_settings_measured_in_every_round():
     assert choice["gain_over_dflash"] == {"1": pytest.approx(240 / 205 - 1, abs=1e-4)}
 
 
+@pytest.mark.parametrize(
+    "info, reason",
+    [
+        ({"skipped": "not started: 90 s left in the call"}, "not started: 90 s left in the call"),
+        ({"error": "exited with 1"}, "the server did not start (exited with 1)"),
+        ({"ready_s": 60.0}, "the call ended before it was measured"),
+    ],
+)
+def test_an_unmeasured_setting_says_why_from_its_servers_info(info, reason):
+    assert autotune_real.not_started_reason(info) == reason
+
+
 def test_a_cut_off_autotune_without_dflash_in_every_round_chooses_nothing():
     doc = cut_off_autotune_doc()
     doc["runs"] = [run for run in doc["runs"] if not (run["algorithm"] == "DFLASH" and run["round"] == 2)]
