@@ -4,8 +4,8 @@ Usage (on the device, after device-setup.sh): python autotune_real.py OUT MODELS
   DRAFTER: the drafter's directory under MODELS (tiny-qwen3-dflash: the harness's trained drafter;
   another name: one train_models.py --drafter-only or --drafter-levels wrote, or a level of an embedded bed).
 Usage (anywhere): python autotune_real.py --choose RESULTS OUT
-  the measurements and choice of a RESULTS file written by a process that did not get to decide (one
-  stopped by a harness without the decision in its `finally`), from its runs, written to OUT.
+  the measurements and choice of a RESULTS file whose process was stopped before it decided, from its
+  runs, written to OUT.
 
 What the collection does on a host, with the collection's own code, the servers started here instead of
 as the role's temporary units: the declaration (`declaration_from_env`: a service's `autotune: {}`, the
