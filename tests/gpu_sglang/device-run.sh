@@ -2,7 +2,8 @@
 # On the device (through the device tool's `run`): tests/gpu_sglang/device-run.sh STEP...
 #   train   train the target and the DFlash drafter (train_models.py) -> models.tgz, train.json; with
 #           SYNTH_LANG=pairs (synth_lang.py) every step uses that language and its models (models-pairs,
-#           models-pairs.tgz)
+#           models-pairs.tgz); SYNTH_LANG=code|prose: real text (corpus_lang.py, the bundles in corpora/),
+#           models-code / models-prose, levels tiny-code-dflash-{low,mid,high} (EMBED_LEVELS below)
 #   tp1     the TP=1 scenario (scenario.py tp1) -> results-tp1.json
 #   sampled the T = 1 runs of tp1 again, one --random-seed per server -> results-sampled.json
 #   tp2     the TP=2 scenario (scenario.py tp2, kind nvidia-h200-x2) -> results-tp2.json
@@ -21,7 +22,7 @@
 #           from there); a warm machine that holds the same bed skips it; EMBED_VERIFY=1 then compares
 #           tiny and embedded logits in float32 on the GPU (embed-SHAPE.json in logs.tgz)
 #   attn    the tree-verify attention kernel against SGLang's Triton extend kernel, causal and masked
-#           (sglang_overlay/benchmarks/tree_attention.py) -> results-attn.json
+#           (sglang_overlay/benchmarks/tree_attention.py; ATTN_ARGS adds its options) -> results-attn.json
 #   stage   the graphed tree stage == the eager one, and its time (sglang_overlay/tests/adapter/
 #           gpu_stage_check.py) -> results-stage.json
 #   profile GPU time per decode step, DFLASH against DDTREE, kernel by kernel (profile_step.py, SGLang's
@@ -31,6 +32,8 @@
 #   autotune the autotune grid measured and chosen with the collection's code (autotune_real.py), once per
 #           drafter in AUTOTUNE_DRAFTERS (default tiny-qwen3-dflash) -> results-autotune-DRAFTER.json;
 #           AUTOTUNE_TARGET as PERF_TARGET (an embedded bed is made first when missing)
+#   plant   the decode step's cost by accepted path: DDTREE with planted first/middle/last-sibling paths against
+#           DFLASH, short and long prompts, profiled (plant_bench.py; PERF_TARGET default qwen3-8b) -> results-plant-TARGET.json
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
 # Models: from `train` in the same call, else .cache/gpu-sglang/models, else /tmp/gs/models (an earlier
 # call on this warm machine), else docs/evidence/gpu-sglang/models.tgz.
@@ -67,6 +70,14 @@ fi
 # The embedded test bed's drafters besides the trained tiny-qwen3-dflash (in-server acceptance ~12): levels
 # saved by one training run when its offline acceptance first reaches each threshold (in server: ~3-4, ~6-7);
 # `none`: no levels, the bed holds the trained drafter alone (nothing to train).
+# Real text (code, prose): three levels, offline 3.2 / 6.0 / 9.0 for in-server ~2-3, ~4-5, ~6-7 (offline runs
+# above in-server: 6.08 served 4.5, 9.99 served 6.1-6.4); the target and the levels train for longer
+# (TRAIN_LIMIT_S, default 420 s with the target, 300 s without: 3000 target steps of a 4096-token vocab).
+CORPUS=0
+case ${SYNTH_LANG:-phrases} in
+  code|prose) CORPUS=1
+    EMBED_LEVELS=${EMBED_LEVELS:-tiny-$SYNTH_LANG-dflash-low:3.2,tiny-$SYNTH_LANG-dflash-mid:6.0,tiny-$SYNTH_LANG-dflash-high:9.0} ;;
+esac
 EMBED_LEVELS=${EMBED_LEVELS:-tiny-qwen3-dflash-low:4.8,tiny-qwen3-dflash-mid:8.2}
 level_names() { [ "$EMBED_LEVELS" = none ] && return 0; echo "$EMBED_LEVELS" | tr ',' '\n' | sed 's/:[^:]*$//'; }
 train_levels() {  # the drafter levels MODELS lacks, from one training run (the target too when MODELS has none)
@@ -74,7 +85,12 @@ train_levels() {  # the drafter levels MODELS lacks, from one training run (the 
   for name in $(level_names); do [ -f "$MODELS/$name/config.json" ] || missing=1; done
   [ "$missing" = 1 ] || return 0
   [ -f "$MODELS/tiny-qwen3/config.json" ] || target=0
-  timeout $(( target ? 240 : 330 )) python3 "$H/train_models.py" "$MODELS" --drafter-levels "$EMBED_LEVELS" 2>&1 \
+  local limit_s=$(( target ? 240 : 330 )) train_s=${TRAIN_LIMIT_S:-}
+  if [ "$CORPUS" = 1 ]; then  # real text: longer, inside what is left of the call
+    train_s=${train_s:-$(( target ? 300 : 420 ))}; limit_s=$(( train_s + 45 ))
+    [ "$limit_s" -le "$(left)" ] || limit_s=$(left)
+  fi
+  TRAIN_LIMIT_S=${train_s:-200} timeout "$limit_s" python3 "$H/train_models.py" "$MODELS" --drafter-levels "$EMBED_LEVELS" 2>&1 \
     | tr '\r' '\n' | tee "$W/logs/train-levels.log" | grep -E "level|acceptance|budget|target: " | tail -40
   cp "$MODELS/train-levels.json" "$W/logs/" 2>/dev/null
   if [ "$target" = 1 ]; then
@@ -136,7 +152,7 @@ for step in "$@"; do
     topk) PYTHONPATH=$REPO/sglang_overlay/src timeout 240 python3 "$REPO/sglang_overlay/benchmarks/draft_topk.py" \
             --json "$W/logs/results-topk.json" 2>&1 | tee "$W/logs/topk.log" | tail -20 ;;
     attn) PYTHONPATH=$REPO/sglang_overlay/src TRITON_INTERPRET=0 timeout 200 python3 \
-            "$REPO/sglang_overlay/benchmarks/tree_attention.py" --json "$W/logs/results-attn.json" 2>&1 \
+            "$REPO/sglang_overlay/benchmarks/tree_attention.py" --json "$W/logs/results-attn.json" ${ATTN_ARGS:-} 2>&1 \
             | tee "$W/logs/attn.log" | tail -20 ;;
     stage) TRITON_INTERPRET=0 timeout 150 python3 "$REPO/sglang_overlay/tests/adapter/gpu_stage_check.py" \
             > "$W/logs/results-stage.json" 2> "$W/logs/stage.log"; echo "stage rc $?"
@@ -157,6 +173,9 @@ for step in "$@"; do
           else
             timeout "$(left)" python3 "$H/perf.py" "$W/logs" "$perf_models" "${PERF_ROUNDS:-3}" 2>&1 | tail -60
           fi ;;
+    plant) plant_models=$(target_models "${PERF_TARGET:-qwen3-8b}") || continue
+          PERF_TARGET=${PERF_TARGET:-qwen3-8b} timeout "$(left)" python3 "$H/plant_bench.py" "$W/logs" "$plant_models" 2>&1 \
+            | tail -80 ;;
     checks) timeout "${CHECKS_LIMIT:-540}" python3 "$H/device_checks.py" "$W/logs" "$MODELS" 2>&1 | tail -20 ;;
     *) echo "unknown step $step" ;;
   esac

@@ -152,6 +152,14 @@ EAGER_TREE_VERIFY = EnvBool(
 
 # Diagnostics --------------------------------------------------------------------------------------------
 
+PLANT_PATH = EnvStr(
+    "DDTREE_PLANT_PATH",
+    default="",
+    doc="RANK DEPTH (RANK first, middle or last), or @FILE holding it (re-read when it changes): every step "
+    "accepts that path instead of the target's (kernels.plant_path). Lossy: the step-cost benchmark's "
+    "instrument, never for serving.",
+)
+
 STEP_TIMING = EnvInt(
     "DDTREE_STEP_TIMING",
     default=0,

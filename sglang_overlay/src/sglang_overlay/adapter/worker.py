@@ -72,6 +72,7 @@ from sglang.srt.speculative.spec_utils import (
 
 from .. import knobs
 from ..kernels.kv_move import kv_move_available, move_path_kv
+from ..kernels.plant_path import PlantSource, plant_path
 from .diagnostics import StepTimer, SyncWatch
 from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard, install_tree_attention
 from .resolution import resolved_settings
@@ -127,6 +128,25 @@ def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
         and pool.data_ptrs.is_cuda
     )
     return pool if plain else None
+
+
+def _plant_source(log: bool) -> Optional[PlantSource]:
+    """``knobs.PLANT_PATH``'s planted path (the step-cost benchmark's), or None; a bad value plants nothing."""
+    if not knobs.PLANT_PATH.is_set():
+        return None
+    value = knobs.PLANT_PATH.get()
+    try:
+        source = PlantSource(value)
+    except ValueError as exc:
+        logger.warning("%s=%r is not valid (%s); no path is planted", knobs.PLANT_PATH.name, value, exc)
+        return None
+    if log:
+        logger.warning(
+            "DDTREE: %s=%r: every step accepts the planted path, not the target's (a benchmark, lossy)",
+            knobs.PLANT_PATH.name,
+            value,
+        )
+    return source
 
 
 class DDTreeVerifyInput(NgramVerifyInput):
@@ -265,6 +285,7 @@ class DDTreeWorker(DFlashWorkerV2):
         self._sync_watch = SyncWatch.from_env(log=get_parallel().tp_rank == 0)
         self._path_kv_pool = None  # path_kv_pool's answer (False: SGLang's move), at the first commit
         self._context_len = int(self.target_worker.model_runner.model_config.context_len)
+        self._plant = _plant_source(log=get_parallel().tp_rank == 0)
         if get_parallel().tp_rank == 0:
             logger.info(
                 "DDTREE worker ready: budget=%s, top_k=%d, drafter block=%d, verify window=%d.",
@@ -694,6 +715,10 @@ class DDTreeWorker(DFlashWorkerV2):
             grammar_mask,
             watermark_state=self.model_runner.watermark_state,
         )
+        plant = self._plant.current() if self._plant is not None else None
+        if plant is not None:
+            tree = tensors.tree
+            plant_path(tree.parents, tree.tokens, predict, accept_index, accept_lens, plant, self.ddtree.block - 1)
         verified.predict, verified.accept_index = predict, accept_index
         return predict, accept_lens, accept_index
 
