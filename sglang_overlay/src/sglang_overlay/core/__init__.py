@@ -1,6 +1,6 @@
 """Framework-free DDTree core: tree building, verify inputs, verification walks.
 
-Imports no sglang. ``heap`` is plain Python; ``tree``, ``verify`` and ``walk`` use torch and are
+Imports no sglang. ``heap`` is plain Python; ``tree``, ``verify``, ``walk`` and ``lattice`` use torch and are
 loaded lazily, so ``import sglang_overlay.core`` (and the heap builder) works without torch.
 
 Modules:
@@ -8,6 +8,8 @@ Modules:
     tree    DDTreeBatch (the canonical format), draft_topk, build_tree_batched, heap_trees_to_batch
     verify  verify_positions, ancestor_mask, prefix_tree_mask, eagle_verify_links, sglang_tree_mask
     walk    walk_tree, greedy_walk, sampled_walk, sample_target_tokens, kv_keep, compaction_plan
+    lattice build_lattice_tree_batched (the tree from a DFlash2 selector lattice), its heap oracle,
+            lattice_log_probs, lattice_draft_q
 """
 
 from __future__ import annotations
@@ -47,6 +49,17 @@ _LAZY = {
         "sampled_walk",
         "kv_keep",
         "compaction_plan",
+    ),
+    "lattice": (
+        "LatticeHeapTree",
+        "LatticeDraftQ",
+        "lattice_temperatures",
+        "lattice_log_probs",
+        "build_lattice_tree_heap",
+        "build_lattice_tree_reference",
+        "build_lattice_tree_batched",
+        "lattice_slot_candidates",
+        "lattice_draft_q",
     ),
 }
 _WHERE = {name: module for module, names in _LAZY.items() for name in names}
