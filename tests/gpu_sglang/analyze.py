@@ -211,6 +211,7 @@ def margins(summary, tp1, models):
     import synth_lang as sl
 
     model = Qwen3ForCausalLM.from_pretrained(os.path.join(models, "tiny-qwen3"), dtype=torch.float32).eval()
+    lang = sl.Language(kind=tp1.get("language"))  # results record their language; older ones: SYNTH_LANG
     seen = {}
     for part in ("tp1", "tp2"):
         for name, cmp_ in summary.get(part, {}).get("greedy", {}).items():
@@ -218,7 +219,7 @@ def margins(summary, tp1, models):
                 key = (fd["prompt"], fd["position"])
                 if key in seen:
                     continue
-                ids = [sl.token_id(w) for w in tp1["greedy_prompts"][fd["prompt"]].split()] + fd["_prefix"]
+                ids = lang.encode(tp1["greedy_prompts"][fd["prompt"]]) + fd["_prefix"]
                 with torch.no_grad():
                     probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
                 top = torch.topk(probs, 2)
@@ -248,9 +249,10 @@ def exact_fit(results, models, min_expected=5.0):
         with torch.no_grad():
             return torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1)
 
+    lang = sl.Language(kind=results.get("language"))  # results record their language; older ones: SYNTH_LANG
     exact = {}
     for pi, prompt in enumerate(results["branch_prompts"]):
-        ids = [sl.token_id(w) for w in prompt.split()]
+        ids = lang.encode(prompt)
         p1 = probs(ids)
         joint = {}
         for t1 in torch.nonzero(p1 > 1e-5).view(-1).tolist():

@@ -188,11 +188,13 @@ def main():
     servers = [
         (item, server_for(item, 30200 + index, out, models, drafter, shape)) for index, item in enumerate(settings)
     ]
-    prompts = sl.greedy_prompts(sl.Language())
+    lang = sl.Language()
+    prompts = lang.greedy_prompts()
     t0 = time.time()
     doc = {
         "plan": "autotune",
         "target": shape,
+        "language": lang.kind,
         "gpu": perf.gpu_name(),
         "drafter": drafter,
         "declaration": declared,

@@ -35,6 +35,8 @@
 #   plant   the decode step's cost by accepted path: DDTREE with planted first/middle/last-sibling paths against
 #           DFLASH, short and long prompts, profiled (plant_bench.py; PERF_TARGET default qwen3-8b) -> results-plant-TARGET.json
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
+#   traffic real traffic (traffic.py): radix cache on, chunked prefill of 4k-16k prompts, greedy and sampled in one
+#           batch, streaming, aborts; DDTREE vs NONE and the control, TRAFFIC_LIMIT_S (420) -> results-traffic.json
 # Models: from `train` in the same call, else .cache/gpu-sglang/models, else /tmp/gs/models (an earlier
 # call on this warm machine), else docs/evidence/gpu-sglang/models.tgz.
 # Everything lands in $OUT (at most 8 files): logs.tgz, results-*.json, train.json, checks.json, models.tgz.
@@ -94,6 +96,11 @@ train_levels() {  # the drafter levels MODELS lacks, from one training run (the 
     | tr '\r' '\n' | tee "$W/logs/train-levels.log" | grep -E "level|acceptance|budget|target: " | tail -40
   cp "$MODELS/train-levels.json" "$W/logs/" 2>/dev/null
   if [ "$target" = 1 ]; then
+    # shellcheck disable=SC2046
+    tar czf "$OUT/drafter-levels.tgz" -C "$MODELS" $(level_names)
+  elif [ "$CORPUS" = 1 ]; then  # real text: target and levels together pass $OUT's 16 MiB a file, so apart
+    tar czf "$OUT/$LANG_DIR.tgz" -C "$(dirname "$MODELS")" "$(basename "$MODELS")/tiny-qwen3" \
+      "$(basename "$MODELS")/train-levels.json"
     # shellcheck disable=SC2046
     tar czf "$OUT/drafter-levels.tgz" -C "$MODELS" $(level_names)
   else  # a new target: the whole models directory, for a later call to carry (.cache/gpu-sglang/LANG_DIR.tgz)
@@ -177,6 +184,7 @@ for step in "$@"; do
           PERF_TARGET=${PERF_TARGET:-qwen3-8b} timeout "$(left)" python3 "$H/plant_bench.py" "$W/logs" "$plant_models" 2>&1 \
             | tail -80 ;;
     checks) timeout "${CHECKS_LIMIT:-540}" python3 "$H/device_checks.py" "$W/logs" "$MODELS" 2>&1 | tail -20 ;;
+    traffic) timeout "$(left)" python3 "$H/traffic.py" "$W/logs" "$MODELS" 2>&1 | tail -40 ;;  # radix, chunked, mixed, stream, abort
     *) echo "unknown step $step" ;;
   esac
 done

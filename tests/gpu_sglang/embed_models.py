@@ -521,7 +521,8 @@ def draft_logits(target, drafter, seqs: torch.Tensor, anchor: int) -> torch.Tens
 @torch.no_grad()
 def verify_bed(models: str, out: str, drafters: list[str], device: str) -> dict:
     """Tiny against embedded, in float32 with Hugging Face (targets) and train_models' drafter forward, on
-    three texts of the synthetic language: compare_logits per model (anchors 12 and 23 for drafters)."""
+    three texts of the language SYNTH_LANG names (its own text: synthetic words or, for code and prose,
+    training windows of its BPE ids): compare_logits per model (anchors 12 and 23 for drafters)."""
     import random
 
     from transformers import AutoModelForCausalLM
@@ -534,6 +535,11 @@ def verify_bed(models: str, out: str, drafters: list[str], device: str) -> dict:
     lang, rng = train_models.sl.Language(), random.Random(5)
     seqs = torch.tensor([lang.sample_ids(40, rng) for _i in range(3)], device=device)
     tiny, big = load(os.path.join(models, models_for_target.TINY_TARGET)), load(os.path.join(out, TARGET_DIR))
+    if tiny.config.vocab_size != lang.vocab_size:
+        raise SystemExit(
+            "verify: %s has vocab %d, the language %s %d (set SYNTH_LANG to the models' language)"
+            % (models, tiny.config.vocab_size, lang.kind, lang.vocab_size)
+        )
     result = {TARGET_DIR: compare_logits(tiny(input_ids=seqs).logits, big(input_ids=seqs).logits)}
     for name in drafters:
         tiny_d = train_models.Drafter.from_pretrained(os.path.join(models, name)).to(device).eval()

@@ -19,7 +19,9 @@ vocabulary 151936, untied head). The drafter is shaped like the published Qwen3-
 (block 16, 5 layers of the target's width, context features from target layers 1, 9, 17, 25, 33); its exact
 layer count does not matter for the ratio (DFLASH and DDTREE run the same draft forward).
 The tokenizer is synth_lang's word-level one (the perf prompts are its words) padded with unused tokens to
-the full vocabulary, so every id the random target emits detokenizes.
+the full vocabulary, so every id the random target emits detokenizes. With SYNTH_LANG=code|prose it is the
+language's byte-level BPE (corpus_lang.py: prompts tokenize as on the embedded bed) with the unused tokens
+appended to its model's vocabulary (never produced by a merge; they decode to their own text).
 """
 
 import json
@@ -143,6 +145,19 @@ def save_tokenizer(path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    lang = sl.Language()
+    if lang.kind not in sl.SYNTH_KINDS:  # real text: its BPE, padded to VOCAB
+        spec = json.loads(lang.tokenizer_json)
+        vocab = spec["model"]["vocab"]
+        for i in range(lang.vocab_size, VOCAB):
+            vocab["<unused_%d>" % i] = i
+        PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer.from_str(json.dumps(spec)),
+            eos_token="<|endoftext|>",
+            pad_token="<|endoftext|>",
+            additional_special_tokens=sl.SPECIALS[1:],
+        ).save_pretrained(path)
+        return
     tok = Tokenizer(models.WordLevel(vocab=vocabulary(), unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")

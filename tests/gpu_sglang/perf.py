@@ -121,7 +121,7 @@ def main():
     out, models = sys.argv[1], sys.argv[2]
     rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 3
     lang = sl.Language()
-    prompts = sl.greedy_prompts(lang)
+    prompts = lang.greedy_prompts()
     shape = os.environ.get("PERF_TARGET", "tiny")
     before_env = os.environ.get("PERF_BEFORE_ENV", "DDTREE_EAGER_TREE_STAGE=1")
     drafter = os.environ.get("PERF_DRAFTER") or None
@@ -170,6 +170,7 @@ def main():
     doc = {
         "plan": "perf",
         "target": shape,
+        "language": lang.kind,
         "gpu": gpu_name(),
         "drafter": drafter,
         "rounds": rounds,

@@ -180,7 +180,8 @@ def main():
     sc.exit_on_sigterm()
     out, models = sys.argv[1], sys.argv[2]
     shape = os.environ.get("PERF_TARGET", "qwen3-8b")
-    prompts = sl.greedy_prompts(sl.Language())
+    lang = sl.Language()
+    prompts = lang.greedy_prompts()
     prompts = (prompts * (64 // len(prompts) + 1))[:64]
     budget = os.environ.get("PROFILE_DDTREE")
     ddtree = {"budget": budget, "top_k": None} if budget else {}
@@ -194,6 +195,7 @@ def main():
     one_at_a_time = os.environ.get("PROFILE_ONE_AT_A_TIME") == "1"
     tag = os.environ.get("PROFILE_TAG")
     doc = {"plan": "profile", "target": shape, "ddtree_setting": budget or "15", "steps": STEPS, "results": {}}
+    doc["language"] = lang.kind
     t0 = time.time()
 
     def profile(s):

@@ -68,7 +68,28 @@ def prefill_graph_flags():
     return ["--disable-prefill-cuda-graph"] if value == "0" else []
 
 
-def flags(models, port, tp=1, seed=1, shape="tiny"):
+# radix=True (traffic.py): the radix cache on, its pure-Python TreeCore chosen by this environment (the Rust one
+# fails on the device's torch: "insert value must be an int64 tensor, got Float").
+RADIX_ENV = {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
+
+
+def kv_pool_flags(extra, environ=None):
+    """The shape's flags with SCENARIO_KV_TOKENS (when set) as --max-total-tokens: a smaller KV pool lets one more
+    server of a shape share the GPU (three embedded 8B servers with 32768 tokens each do not fit an H100's 80 GB)."""
+    tokens = (os.environ if environ is None else environ).get("SCENARIO_KV_TOKENS")
+    if not tokens:
+        return list(extra)
+    if not tokens.isdigit() or int(tokens) < 1024:
+        raise ValueError("SCENARIO_KV_TOKENS is %r; it must be a token count of at least 1024" % tokens)
+    out = list(extra)
+    if "--max-total-tokens" in out:
+        out[out.index("--max-total-tokens") + 1] = tokens
+        return out
+    return out + ["--max-total-tokens", tokens]
+
+
+def flags(models, port, tp=1, seed=1, shape="tiny", radix=False):
+    """Every server's flags; `radix` leaves --disable-radix-cache out (the default keeps it)."""
     target, _draft, extra, _spec = SHAPES[shape]
     common = [
         "--model-path",
@@ -87,9 +108,11 @@ def flags(models, port, tp=1, seed=1, shape="tiny"):
         "--mem-fraction-static",
         "0.85",
     ]
+    if radix:
+        common.remove("--disable-radix-cache")
     return (
         common
-        + extra
+        + kv_pool_flags(extra)
         + prefill_graph_flags()
         + ["--max-running-requests", "48", "--random-seed", str(seed), "--tp-size", str(tp), "--log-level", "info"]
     )
@@ -116,15 +139,21 @@ def spec_flags(models, algo, shape="tiny", drafter=None, budget=15, top_k=8):
 
 
 class Server(object):
-    def __init__(self, name, algo, release, port, out, models, tp=1, seed=1, shape="tiny", **spec):
-        """`spec`: spec_flags' drafter, budget and top_k, for a server that differs from the defaults."""
+    def __init__(
+        self, name, algo, release, port, out, models, tp=1, seed=1, shape="tiny", radix=False, extra_flags=(), **spec
+    ):
+        """`spec`: spec_flags' drafter, budget and top_k, for a server that differs from the defaults. `radix`:
+        the radix cache on (flags' radix, RADIX_ENV in the environment); `extra_flags` go last."""
         self.name, self.algo, self.port, self.out = name, algo, port, out
         self.args = (
             [sys.executable, "-m", "sglang.launch_server"]
-            + flags(models, port, tp, seed, shape)
+            + flags(models, port, tp, seed, shape, radix=radix)
             + spec_flags(models, algo, shape, **spec)
+            + list(extra_flags)
         )
         self.env = dict(os.environ, PYTHONPATH=(release + ":" if release else "") + SITE)
+        if radix:
+            self.env.update(RADIX_ENV)
         self.proc = None
         self.info = {
             "name": name,
@@ -134,6 +163,8 @@ class Server(object):
             "seed": seed,
             "flags": self.args[3:],
         }
+        if radix:
+            self.info["radix_env"] = dict(RADIX_ENV)
 
     def set_env(self, spec):
         """Add NAME=VALUE[,NAME=VALUE...] to this server's environment (the switches a run compares)."""
@@ -372,8 +403,9 @@ def dump(out, plan, lang, results, t0):
         "plan": plan,
         "seconds": round(time.time() - t0, 1),
         "servers": results,
-        "greedy_prompts": sl.greedy_prompts(lang),
-        "branch_prompts": sl.branch_prompts(lang),
+        "language": lang.kind,
+        "greedy_prompts": lang.greedy_prompts(),
+        "branch_prompts": lang.branch_prompts(),
     }
     with open(os.path.join(out, "results-%s.json" % plan), "w") as fh:
         json.dump(doc, fh)
@@ -387,12 +419,12 @@ def scenario(server, plan, lang, results, lock):
         res.update(server.info)
         try:
             if plan != "sampled":
-                res["greedy"] = greedy(server, sl.greedy_prompts(lang))
+                res["greedy"] = greedy(server, lang.greedy_prompts())
         except Exception as e:  # noqa: BLE001 (recorded as evidence; the next phase still runs)
             res["greedy_error"] = repr(e)
         if plan in ("tp1", "sampled"):
             try:
-                res["sampled"] = sampled(server, sl.branch_prompts(lang))
+                res["sampled"] = sampled(server, lang.branch_prompts())
             except Exception as e:  # noqa: BLE001
                 res["sampled_error"] = repr(e)
         try:

@@ -2,7 +2,7 @@
 
 Usage (here, after a device call): python tests/gpu_sglang/scoreboard.py RESULTS_JSON COMMIT
     [--scoreboard docs/evidence/gpu-sglang/scoreboard.json] [--shape NAME] [--layers N] [--drafter NAME]
-    [--source FILE] [--gpu NAME]
+    [--source FILE] [--gpu NAME] [--language NAME]
 
 RESULTS_JSON is perf.py's ``results-perf.json`` or autotune_real.py's ``results-autotune-DRAFTER.json``
 (``"plan": "autotune"``; rows_from_autotune).
@@ -53,11 +53,27 @@ def _median(values: list) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
+def language_of(doc: dict, drafter: str | None = None) -> str:
+    """The language a result ran (synth_lang's SYNTH_LANG: phrases, pairs, code, prose): the result's own
+    ``language`` (perf.py, autotune_real.py and profile_step.py record it), else read from the drafter's name
+    (``tiny-pairs-...``, ``tiny-code-...``, ``tiny-prose-...``), else ``phrases`` (results from before the
+    field, the default language)."""
+    if doc.get("language"):
+        return doc["language"]
+    name = drafter or doc.get("drafter") or ""
+    return next((kind for kind in ("pairs", "code", "prose") if "-%s-" % kind in name), "phrases")
+
+
 def _head(
-    doc: dict, shape: str | None = None, layers: int | None = None, drafter: str | None = None, gpu: str | None = None
+    doc: dict,
+    shape: str | None = None,
+    layers: int | None = None,
+    drafter: str | None = None,
+    gpu: str | None = None,
+    language: str | None = None,
 ) -> dict:
     """What a result's rows measured: the shape, its layers and TP (from the run's target, ``SHAPES``, unless
-    given), the GPU and the drafter (from the result, unless given)."""
+    given), the GPU, the drafter and the language (from the result, unless given)."""
     target = doc.get("target", "tiny")
     default_shape, default_layers, tp = SHAPES.get(target, (target, None, 1))
     return {
@@ -66,6 +82,7 @@ def _head(
         "tp": tp,
         "gpu": gpu or doc.get("gpu"),
         "drafter": drafter or doc.get("drafter") or "the shape's",
+        "language": language or language_of(doc, drafter),
     }
 
 
@@ -219,6 +236,7 @@ def main() -> None:
     parser.add_argument("--shape")
     parser.add_argument("--layers", type=int)
     parser.add_argument("--drafter")
+    parser.add_argument("--language", help="the language, for a result that does not record it (perf.py's `language`)")
     parser.add_argument("--gpu", help="the GPU's name, for a result that does not record it (perf.py's `gpu`)")
     parser.add_argument("--source", help="the evidence file the rows come from (default: the results path)")
     args = parser.parse_args()
@@ -226,7 +244,13 @@ def main() -> None:
         doc = json.load(fh)
     source = args.source or os.path.basename(args.results)
     rows_from = rows_from_autotune if doc.get("plan") == "autotune" else rows_from_perf
-    names = {"shape": args.shape, "layers": args.layers, "drafter": args.drafter, "gpu": args.gpu}
+    names = {
+        "shape": args.shape,
+        "layers": args.layers,
+        "drafter": args.drafter,
+        "gpu": args.gpu,
+        "language": args.language,
+    }
     rows = rows_from(doc, args.commit, source, **names)
     board = {"rows": []}
     if os.path.exists(args.scoreboard):

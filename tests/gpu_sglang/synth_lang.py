@@ -16,6 +16,15 @@ Two kinds (SYNTH_LANG, default `phrases`), with the same phrases, successors and
   order). A target reads the phrase before from its context; a drafter that has learned only the
   current phrase's successors sees three candidates at a boundary, one of them the target's choice: the
   kind of miss a tree with siblings recovers (real drafters miss so at branch points of real text).
+
+Real text (SYNTH_LANG=code|prose): Language() is the one entry point for every kind; for `code` (CPython
+3.11's standard library sources as Debian 12 ships them) and `prose` (the Python 3.11 documentation's reST
+sources, Debian's python3.11-doc) it returns a corpus_lang.CorpusLanguage: token ids of a byte-level BPE
+(vocab 4096, the same four specials at ids 0..3, MASK_ID 3) read from the bundle make_corpus.py builds,
+with prompts taken from held-out files. Every language offers what the harness uses: `kind`,
+`vocab_size`, `specials`, `mask_id`, sample_ids(n, rng), encode(text), decode(ids), greedy_prompts(n,
+seed), branch_prompts(n, seed), long_prompts(n, seed, lo, hi), save_tokenizer(path); the synthetic kinds'
+prompts and tokenizer are the module-level functions below, unchanged.
 """
 
 import os
@@ -28,7 +37,9 @@ N_WORDS = VOCAB - len(SPECIALS)
 N_PHRASES = 48
 BRANCH_P = (0.6, 0.3, 0.1)
 LANG_SEED = 20261130
-KINDS = ("phrases", "pairs")
+SYNTH_KINDS = ("phrases", "pairs")
+CORPUS_KINDS = ("code", "prose")  # corpus_lang.py
+KINDS = SYNTH_KINDS + CORPUS_KINDS
 
 
 def kind_from_env():
@@ -48,6 +59,23 @@ def token_id(w):
 
 
 class Language(object):
+    """A synthetic language (`phrases`, `pairs`); for a real-text kind (`code`, `prose`) the constructor
+    returns a corpus_lang.CorpusLanguage instead (same interface: module docstring)."""
+
+    vocab_size = VOCAB
+    specials = SPECIALS
+    mask_id = MASK_ID
+
+    def __new__(cls, seed=LANG_SEED, kind=None):
+        kind = kind or kind_from_env()
+        if kind in CORPUS_KINDS:
+            import corpus_lang
+
+            return corpus_lang.CorpusLanguage(kind)
+        if kind not in SYNTH_KINDS:
+            raise SystemExit("SYNTH_LANG=%s: not a language kind; use one of %s" % (kind, ", ".join(KINDS)))
+        return super().__new__(cls)
+
     def __init__(self, seed=LANG_SEED, kind=None):
         self.kind = kind or kind_from_env()
         rng = random.Random(seed)
@@ -107,20 +135,52 @@ class Language(object):
         ws = self.sample_words(n, rng)[0]
         return [len(SPECIALS) + w for w in ws]
 
+    # the interface every language offers (corpus_lang.CorpusLanguage too)
+
+    @staticmethod
+    def encode(text):
+        """Token ids of a text of words and specials (what the word-level tokenizer gives)."""
+        return [SPECIALS.index(w) if w in SPECIALS else token_id(w) for w in text.split()]
+
+    @staticmethod
+    def decode(ids):
+        return to_text(ids)
+
+    def greedy_prompts(self, n=64, seed=7):
+        return greedy_prompts(self, n, seed)
+
+    def branch_prompts(self, n=8, seed=11):
+        return branch_prompts(self, n, seed)
+
+    def long_prompts(self, n=16, seed=17, lo=1024, hi=4096):
+        """n texts of lo..hi words (a seed the training never uses)."""
+        rng = random.Random(seed)
+        return [to_text(self.sample_ids(rng.randint(lo, hi), rng)) for _i in range(n)]
+
+    @staticmethod
+    def save_tokenizer(path):
+        return make_tokenizer(path)
+
 
 def to_text(ids):
     return " ".join(SPECIALS[i] if i < len(SPECIALS) else word(i - len(SPECIALS)) for i in ids)
 
 
 def greedy_prompts(lang, n=64, seed=7, lo=12, hi=40):
-    """Held-out prompts (a seed the training never uses), ending anywhere in a phrase."""
+    """Held-out prompts (a seed the training never uses), ending anywhere in a phrase. (A real-text language
+    gives its own: lang.greedy_prompts.)"""
+    if lang.kind not in SYNTH_KINDS:
+        return lang.greedy_prompts(n, seed, lo, hi)
     rng = random.Random(seed)
     return [to_text(lang.sample_ids(rng.randint(lo, hi), rng)) for _i in range(n)]
 
 
 def branch_prompts(lang, n=8, seed=11, lo=10, hi=30):
     """Prompts ending one word before a phrase's end: the first generated token closes the phrase
-    (from the prefill), the second is the 0.6 / 0.3 / 0.1 branch, produced through speculation."""
+    (from the prefill), the second is the 0.6 / 0.3 / 0.1 branch, produced through speculation. (A real-text
+    language gives its own: lang.branch_prompts.)"""
+    if lang.kind not in SYNTH_KINDS:
+        return lang.branch_prompts(n, seed, lo, hi)
     rng = random.Random(seed)
     out = []
     while len(out) < n:
@@ -131,3 +191,24 @@ def branch_prompts(lang, n=8, seed=11, lo=10, hi=30):
                 out.append(to_text([len(SPECIALS) + w for w in ws[: i + 1]]))
                 break
     return out
+
+
+def make_tokenizer(path):
+    """The word-level tokenizer (specials, then w0..w507) as transformers' PreTrainedTokenizerFast, saved."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(SPECIALS)}
+    for i in range(N_WORDS):
+        vocab[word(i)] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    ptok = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIALS[1:],
+    )
+    ptok.save_pretrained(path)
+    return ptok

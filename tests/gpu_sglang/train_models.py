@@ -1,4 +1,5 @@
-"""Train, on the device, a tiny Qwen3 target on the branching synthetic language (synth_lang.py) and a
+"""Train, on the device, a tiny Qwen3 target on the language SYNTH_LANG names (synth_lang.Language(): the
+branching synthetic `phrases`/`pairs`, or the real-text `code`/`prose` of corpus_lang.py) and a
 DFlash drafter for it in the layout SGLang 0.5.23 loads (DFlashDraftModel, dflash_config.target_layer_ids,
 mask_token_id, block 16), on the target's own hidden states and greedy continuations.
 
@@ -28,6 +29,12 @@ k/v projections (no input norm) -> k_norm -> RoPE at the context positions; the 
 sits at positions p..p+15, embedded with the target's embedding, and attends (non-causally) to the
 context and to the whole block; row i (1..15) predicts the token at position p+i through the drafter's
 final norm and the target's lm_head.
+
+Real text (SYNTH_LANG=code|prose): the target's vocab is the language's (4096, byte-level BPE), its other
+dimensions the same; it trains on random windows of the training split (TARGET_STEPS, default 3000 for
+real text); the drafter trains on the target's greedy continuations of training-split windows, and the
+offline acceptance is measured on held-out prompts (encoded with the language's tokenizer, as the server
+does). The saved models carry the language's tokenizer.
 """
 
 import json
@@ -52,8 +59,10 @@ ROPE_THETA, EPS = 10000.0, 1e-6
 # The drafter's training stops after this many seconds (TRAIN_LIMIT_S): inside a device call's limit; a CPU
 # run that trains a drafter level to keep with the evidence needs longer.
 TIME_LIMIT_S = float(os.environ.get("TRAIN_LIMIT_S", "200"))
-# The target's training steps (TARGET_STEPS): `pairs` has a successor order per pair of phrases to learn.
+# The target's training steps (TARGET_STEPS): `pairs` has a successor order per pair of phrases to learn;
+# real text (code, prose) defaults to CORPUS_TARGET_STEPS.
 TARGET_STEPS = int(os.environ.get("TARGET_STEPS", "1500"))
+CORPUS_TARGET_STEPS = 3000
 # The DDTree budgets whose offline acceptance a saved drafter level reports beside DFLASH's chain.
 TREE_BUDGETS = (15, 63, 127)
 
@@ -94,31 +103,23 @@ def draft_dims_from_config(cfg: dict) -> DraftDims:
     )
 
 
-def make_tokenizer(path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {t: i for i, t in enumerate(sl.SPECIALS)}
-    for i in range(sl.N_WORDS):
-        vocab[sl.word(i)] = len(vocab)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")
-    ptok = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=sl.SPECIALS[1:],
-    )
-    ptok.save_pretrained(path)
-    return ptok
+def make_tokenizer(path, lang=None):
+    """The language's tokenizer saved into path (the synthetic kinds: synth_lang's word-level one)."""
+    return (lang or sl.Language()).save_tokenizer(path)
 
 
-def target_config():
+def target_steps(lang) -> int:
+    """TARGET_STEPS when set, else 1500 for the synthetic kinds and CORPUS_TARGET_STEPS for real text."""
+    if "TARGET_STEPS" in os.environ or lang.kind in sl.SYNTH_KINDS:
+        return TARGET_STEPS
+    return CORPUS_TARGET_STEPS
+
+
+def target_config(vocab_size=sl.VOCAB):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=sl.VOCAB,
+        vocab_size=vocab_size,
         hidden_size=H,
         intermediate_size=INTER,
         num_hidden_layers=L,
@@ -153,6 +154,15 @@ def target_boundary_accuracy(target, lang, dev, n=64, words=128, seed=13):
     return hits / max(1, total)
 
 
+@torch.no_grad()
+def held_out_loss(target, lang, dev, n=16, tokens=256, seed=13) -> float:
+    """The target's mean next-token loss on n held-out windows (real-text kinds)."""
+    rng = random.Random(seed)
+    windows = [lang.held_out_window(rng, tokens, within_file=False) for _i in range(n)]
+    x = torch.tensor(windows, device=dev)
+    return float(target(input_ids=x, labels=x).loss)
+
+
 def lr_at(step, total, peak, warm=100):
     if step < warm:
         return peak * (step + 1) / warm
@@ -166,7 +176,7 @@ def train_target(lang, dev, steps, log, bs=128):
     rng = random.Random(2)
     seq = 128
     pool = torch.tensor([lang.sample_ids(seq, rng) for _i in range(max(512, steps * 8))], dtype=torch.long)
-    model = Qwen3ForCausalLM(target_config()).to(dev).float()
+    model = Qwen3ForCausalLM(target_config(lang.vocab_size)).to(dev).float()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
     for step in range(steps):
         for g in opt.param_groups:
@@ -327,7 +337,7 @@ def features(target, seqs, layer_ids=tuple(TARGET_LAYERS)):
     return torch.cat([hs[k + 1] for k in layer_ids], -1)
 
 
-def make_batch(seqs, feats, starts, embed, A, gen):
+def make_batch(seqs, feats, starts, embed, A, gen, mask_id=sl.MASK_ID):
     """A anchors per sequence, each in the greedy part: p in [start, T-16]."""
     B, T = seqs.shape
     lo = starts.float()
@@ -336,7 +346,7 @@ def make_batch(seqs, feats, starts, embed, A, gen):
     offs = torch.arange(BLOCK, device=seqs.device)
     pos = p[..., None] + offs  # [B, A, 16]
     labels = torch.gather(seqs[:, None, :].expand(B, A, T), 2, pos)
-    ids = torch.full_like(labels, sl.MASK_ID)
+    ids = torch.full_like(labels, mask_id)
     ids[..., 0] = labels[..., 0]
     ctx_mask = torch.arange(T, device=seqs.device)[None, None, :] < p.repeat_interleave(BLOCK, 1)[..., None]
     return feats, ctx_mask, embed(ids), pos, labels
@@ -375,11 +385,9 @@ def mean_acceptance(drafter, target, embed, head, check, dev, budget=None) -> fl
 
 
 def held_out_prompts(lang) -> list:
-    """The held-out prompts (the ones the servers are measured with) as token id lists."""
-    return [
-        [sl.SPECIALS.index(w) if w in sl.SPECIALS else sl.token_id(w) for w in p.split()]
-        for p in sl.greedy_prompts(lang)
-    ]
+    """The held-out prompts (the ones the servers are measured with) as token id lists, as the server's
+    tokenizer reads them."""
+    return [lang.encode(p) for p in lang.greedy_prompts()]
 
 
 def chain_accepted(logits, truth) -> int:
@@ -403,9 +411,9 @@ def tree_accepted(logits, truth, budget: int) -> int:
     return int(walk_tree(tree, after[tree.depths.to(torch.int64)]).accept_len[0])
 
 
-def tiny_drafter_config() -> dict:
+def tiny_drafter_config(vocab_size=sl.VOCAB) -> dict:
     """The config.json of a tiny drafter (SGLang's DFlashDraftModel over the tiny target)."""
-    dcfg = target_config().to_dict()
+    dcfg = target_config(vocab_size).to_dict()
     dcfg.update(
         architectures=["DFlashDraftModel"],
         num_hidden_layers=DL,
@@ -417,15 +425,16 @@ def tiny_drafter_config() -> dict:
     return dcfg
 
 
-def save_drafter(drafter: Drafter, path: str) -> None:
-    """A drafter directory SGLang loads: weights, config.json, the word-level tokenizer."""
+def save_drafter(drafter: Drafter, path: str, lang=None) -> None:
+    """A drafter directory SGLang loads: weights, config.json, the language's tokenizer."""
     from safetensors.torch import save_file
 
+    lang = lang or sl.Language()
     os.makedirs(path, exist_ok=True)
-    make_tokenizer(path)
+    make_tokenizer(path, lang)
     save_file(drafter.state_for_sglang(), os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as fh:
-        json.dump(tiny_drafter_config(), fh, indent=1)
+        json.dump(tiny_drafter_config(lang.vocab_size), fh, indent=1)
 
 
 def parse_levels(spec: str) -> list:
@@ -456,15 +465,15 @@ class LevelSaver:
     """--drafter-levels: a snapshot of the drafter into OUT/NAME the first time its offline acceptance reaches
     NAME's threshold; done once every level has one."""
 
-    def __init__(self, out: str, levels: list, log):
-        self.out, self.pending, self.saved, self.log = out, list(levels), [], log
+    def __init__(self, out: str, levels: list, log, lang=None):
+        self.out, self.pending, self.saved, self.log, self.lang = out, list(levels), [], log, lang
         self.tree_accept = None  # drafter -> {budget: offline DDTree acceptance}, set once the checks exist
 
     def record(self, drafter: Drafter, step: int, accept: float) -> None:
         trees = None
         while self.pending and accept >= self.pending[0][1]:
             name, threshold = self.pending.pop(0)
-            save_drafter(drafter, os.path.join(self.out, name))
+            save_drafter(drafter, os.path.join(self.out, name), self.lang)
             if trees is None and self.tree_accept is not None:
                 trees = self.tree_accept(drafter)
             self.saved.append(
@@ -485,7 +494,7 @@ class LevelSaver:
     def finish(self, drafter: Drafter, step: int, accept) -> None:
         """Levels never reached get the last drafter, marked reached: false."""
         for name, threshold in self.pending:
-            save_drafter(drafter, os.path.join(self.out, name))
+            save_drafter(drafter, os.path.join(self.out, name), self.lang)
             self.saved.append(
                 {"name": name, "threshold": threshold, "step": step, "offline_accept": accept, "reached": False}
             )
@@ -516,16 +525,22 @@ def main():
         mode, name, stop_at = "only", sys.argv[at + 1], float(sys.argv[at + 2])
     elif "--drafter-levels" in sys.argv:
         mode = "levels"
-        levels = LevelSaver(out, parse_levels(sys.argv[sys.argv.index("--drafter-levels") + 1]), log)
+        levels = LevelSaver(out, parse_levels(sys.argv[sys.argv.index("--drafter-levels") + 1]), log, lang)
     tdir, ddir = os.path.join(out, "tiny-qwen3"), os.path.join(out, name)
     os.makedirs(tdir, exist_ok=True)
     tloss = None
     # levels for a language with no target yet: the target first, in the same run
     if mode == "full" or (mode == "levels" and not os.path.exists(os.path.join(tdir, "config.json"))):
-        make_tokenizer(tdir)
-        model, tloss = train_target(lang, dev, 10 if quick else TARGET_STEPS, log, bs=4 if quick else 128)
+        make_tokenizer(tdir, lang)
+        model, tloss = train_target(lang, dev, 10 if quick else target_steps(lang), log, bs=4 if quick else 128)
         model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
-        log("target: most likely successor at %.3f of boundaries" % target_boundary_accuracy(model.eval(), lang, dev))
+        if lang.kind in sl.SYNTH_KINDS:  # phrase boundaries exist in the synthetic kinds only
+            log(
+                "target: most likely successor at %.3f of boundaries"
+                % target_boundary_accuracy(model.eval(), lang, dev)
+            )
+        else:
+            log("target: held-out loss %.4f" % held_out_loss(model.eval(), lang, dev))
     from transformers import Qwen3ForCausalLM
 
     target = Qwen3ForCausalLM.from_pretrained(tdir, dtype=torch.bfloat16).to(dev).eval()
@@ -577,11 +592,11 @@ def main():
         s, pl = groups[gi]
         idx = torch.randint(0, s.shape[0], (min(bs, s.shape[0]),), device=dev)
         starts = torch.full((idx.shape[0],), pl, device=dev)
-        f, cm, emb, pos, labels = make_batch(s[idx], gfeats[gi][idx], starts, embed, A, gen)
+        f, cm, emb, pos, labels = make_batch(s[idx], gfeats[gi][idx], starts, embed, A, gen, lang.mask_id)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             hid = drafter(f, cm, emb.detach(), pos)
             logits = hid[:, :, 1:].float() @ head.float().T
-        ce = F.cross_entropy(logits.reshape(-1, sl.VOCAB), labels[:, :, 1:].reshape(-1), reduction="none")
+        ce = F.cross_entropy(logits.reshape(-1, lang.vocab_size), labels[:, :, 1:].reshape(-1), reduction="none")
         loss = (ce.view(-1, BLOCK - 1) * wpos).sum() / (wpos.sum() * ce.numel() / (BLOCK - 1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -621,7 +636,7 @@ def main():
         with open(os.path.join(out, "train-levels.json"), "w") as fh:
             json.dump(res, fh, indent=1)
         return
-    save_drafter(drafter, ddir)
+    save_drafter(drafter, ddir, lang)
 
     # offline DFlash acceptance on the held-out greedy prompts
     accs = []
@@ -641,12 +656,12 @@ def main():
         "torch": torch.__version__,
         "log": logs,
         "language": lang.kind,
-        "target": {"vocab": sl.VOCAB, "hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": INTER},
+        "target": {"vocab": lang.vocab_size, "hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": INTER},
         "drafter": {
             "layers": DL,
             "block": BLOCK,
             "target_layer_ids": TARGET_LAYERS,
-            "mask_token_id": sl.MASK_ID,
+            "mask_token_id": lang.mask_id,
             "name": name,
             "steps": step + 1,
             "stop_at_accept": stop_at,

@@ -2,7 +2,9 @@
 
 import http.server
 import json
+import math
 import os
+import random
 import sys
 import threading
 import time
@@ -16,6 +18,7 @@ import autotune_real  # noqa: E402
 import perf  # noqa: E402
 import scenario  # noqa: E402
 import scoreboard  # noqa: E402
+import traffic  # noqa: E402
 
 
 def perf_doc(dflash, ddtree, gpu=None):
@@ -535,3 +538,497 @@ def test_language_kind_from_env_refuses_an_unknown_name(monkeypatch):
         sl.Language()
     monkeypatch.setenv("SYNTH_LANG", "pairs")
     assert sl.Language().kind == "pairs"
+
+
+# ---- the real-text languages (corpus_lang.py, make_corpus.py, corpora/) ------------------------------
+
+
+def _corpus(kind):
+    import corpus_lang
+
+    return corpus_lang.CorpusLanguage(kind)
+
+
+@pytest.mark.parametrize("kind", ["code", "prose"])
+def test_corpus_bundle_is_small_and_names_its_sources(kind):
+    import corpus_lang
+
+    path = corpus_lang.bundle_path(kind)
+    assert os.path.getsize(path) < 1_500_000  # the tracked tree and the carry share 64 MiB per device call
+    manifest = corpus_lang.read_bundle(path)
+    assert sorted(manifest) == ["held-out.u16", "manifest.json", "tokenizer.json", "train.u16"]
+    doc = json.loads(manifest["manifest.json"])
+    assert doc["language"] == kind and all(doc["source"]["packages"].values())
+    assert doc["tokenizer"]["vocab"] == 4096 and doc["tokenizer"]["mask_id"] == 3
+    assert all(len(f["sha256"]) == 64 and f["bytes"] > 0 for f in doc["files"])
+    assert sum(f["bytes"] for f in doc["files"]) <= 3_000_000
+
+
+@pytest.mark.parametrize("kind", ["code", "prose"])
+def test_corpus_held_out_and_training_files_are_disjoint(kind):
+    import make_corpus
+
+    lang = _corpus(kind)
+    files = lang.manifest["files"]
+    paths = [f["path"] for f in files]
+    train, held = make_corpus.split_files(paths)
+    assert not set(train) & set(held) and sorted(train + held) == sorted(paths)
+    assert held == [f["path"] for f in files if f["split"] == "held-out"]  # the bundle was split so
+    assert 0.02 < len(held) / len(paths) < 0.12
+    # the held-out token ids are exactly the held-out files', one <|endoftext|> between two files
+    spans = [f["span"] for f in files if f["split"] == "held-out"]
+    assert spans[0][0] == 0 and spans[-1][1] == len(lang.held_ids)
+    assert all(a[1] + 1 == b[0] and lang.held_ids[a[1]] == 0 for a, b in zip(spans, spans[1:]))
+    assert len(lang.train_ids) == lang.manifest["tokens"]["train"]
+
+
+@pytest.mark.parametrize("kind", ["code", "prose"])
+def test_corpus_prompts_are_stable_for_a_seed_and_come_from_held_out_files(kind):
+    import corpus_lang
+
+    lang = _corpus(kind)
+    prompts = lang.greedy_prompts()
+    corpus_lang._load.cache_clear()
+    again = _corpus(kind)
+    assert again.greedy_prompts() == prompts and again.branch_prompts() == lang.branch_prompts()
+    assert lang.greedy_prompts(seed=8) != prompts
+    assert len(prompts) == 64 and len(lang.branch_prompts()) == 8
+    assert all(p.endswith("\n") for p in lang.branch_prompts())
+    held, train = lang.decode(lang.held_ids), lang.decode(lang.train_ids)
+    assert all(p in held for p in prompts)
+    # held out by file: a prompt is in training text only where files share a passage (prose: 1 of 64)
+    assert sum(p in train for p in prompts) <= 2
+    long = lang.long_prompts(2, lo=1000, hi=1200)
+    assert len(long) == 2 and all(len(p) > 2000 for p in long) and long == lang.long_prompts(2, lo=1000, hi=1200)
+
+
+@pytest.mark.parametrize("kind", ["code", "prose"])
+def test_corpus_encode_and_decode_round_trip(kind):
+    pytest.importorskip("tokenizers")
+    import random
+
+    lang = _corpus(kind)
+    for f in [f for f in lang.manifest["files"] if f["split"] == "held-out"][:3]:
+        ids = lang.held_ids[f["span"][0] : f["span"][1]].tolist()
+        assert lang.encode(lang.decode(ids)) == ids  # a file's ids are its text's encoding
+    for p in lang.greedy_prompts()[:16]:
+        assert lang.decode(lang.encode(p)) == p and 8 <= len(lang.encode(p)) <= 48
+    window = lang.sample_ids(64, random.Random(1))
+    assert lang.tokenizer().decode(window, skip_special_tokens=False) == lang.decode(window)
+    assert lang.encode("<|MASK|>") == [3] and lang.decode([0, 1, 2, 3]) == "".join(lang.specials)
+
+
+@pytest.mark.parametrize("kind", ["code", "prose"])
+def test_corpus_bundle_is_deterministic(kind):
+    import corpus_lang
+    import make_corpus
+
+    path = corpus_lang.bundle_path(kind)
+    with open(path, "rb") as fh:
+        on_disk = fh.read()
+    members = corpus_lang.read_bundle(path)
+    assert make_corpus.pack(members) == make_corpus.pack(dict(members)) == on_disk
+    pytest.importorskip("tokenizers")
+    manifest = json.loads(members["manifest.json"])
+    if make_corpus.package_versions(manifest["source"]["packages"]) != manifest["source"]["packages"]:
+        pytest.skip("this machine has other %s sources than the bundle's" % kind)
+    import tokenizers
+
+    if tokenizers.__version__ != manifest["tokenizers_version"]:
+        pytest.skip("tokenizers %s, the bundle's %s" % (tokenizers.__version__, manifest["tokenizers_version"]))
+    assert make_corpus.build(kind) == on_disk
+
+
+def test_language_is_the_one_entry_point_for_every_kind(monkeypatch):
+    import synth_lang as sl
+
+    monkeypatch.setenv("SYNTH_LANG", "code")
+    lang = sl.Language()
+    assert (lang.kind, lang.vocab_size, lang.mask_id, lang.specials) == ("code", 4096, 3, sl.SPECIALS)
+    monkeypatch.setenv("SYNTH_LANG", "Code")
+    with pytest.raises(SystemExit, match="SYNTH_LANG=Code.*phrases, pairs, code, prose"):
+        sl.Language()
+    with pytest.raises(SystemExit, match="SYNTH_LANG=words.*phrases, pairs, code, prose"):
+        sl.Language(kind="words")
+    phrases = sl.Language(kind="phrases")  # the synthetic kinds: the module's prompts and word ids, unchanged
+    assert phrases.greedy_prompts() == sl.greedy_prompts(phrases)
+    assert phrases.branch_prompts() == sl.branch_prompts(phrases)
+    p = phrases.greedy_prompts()[0]
+    assert phrases.encode(p) == [sl.token_id(w) for w in p.split()] and phrases.decode(phrases.encode(p)) == p
+    assert phrases.vocab_size == sl.VOCAB == 512
+    code = sl.Language(kind="code")  # the module's prompt functions hand a real-text language its own prompts
+    assert sl.greedy_prompts(code) == code.greedy_prompts() and sl.branch_prompts(code) == code.branch_prompts()
+
+
+@pytest.mark.parametrize(
+    "doc_language, drafter, expected",
+    [("code", None, "code"), (None, "tiny-pairs-dflash-low", "pairs"), (None, None, "phrases")],
+)
+def test_scoreboard_rows_name_the_language(doc_language, drafter, expected):
+    doc = perf_doc([100.0], [80.0])
+    if doc_language:
+        doc["language"] = doc_language
+    (row,) = scoreboard.rows_from_perf(doc, "abc", "src.json", drafter=drafter)
+    assert row["language"] == expected
+
+
+# traffic.py: the real-traffic check (radix cache, chunked prefill, mixed sampling, streaming, aborts)
+
+
+def test_radix_opt_in_drops_only_the_disable_flag_and_picks_the_python_tree_core(tmp_path, monkeypatch):
+    monkeypatch.delenv("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", raising=False)
+    plain = scenario.flags("/models", 30000)
+    assert scenario.flags("/models", 30000, radix=False) == plain and "--disable-radix-cache" in plain
+    radix = scenario.flags("/models", 30000, radix=True)
+    assert "--disable-radix-cache" not in radix
+    assert [f for f in plain if f != "--disable-radix-cache"] == radix
+    default = scenario.Server("s", "DDTREE", None, 1, str(tmp_path), "/models")
+    assert "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND" not in default.env and "radix_env" not in default.info
+    assert default.args[3:] == scenario.flags("/models", 1) + scenario.spec_flags("/models", "DDTREE")
+    # every existing caller's flags, byte for byte as before the opt-in
+    assert " ".join(plain[4:13]) == (
+        "--port 30000 --attention-backend triton --sampling-backend pytorch --grammar-backend none --disable-radix-cache"
+    )
+    extra = ["--chunked-prefill-size", "2048"]
+    on = scenario.Server(
+        "s", "DDTREE", None, 1, str(tmp_path), "/models", radix=True, extra_flags=extra, budget="1:31,16:15"
+    )
+    assert on.env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
+    assert on.args[-2:] == extra and "--disable-radix-cache" not in on.args
+    assert on.args[on.args.index("--speculative-ddtree-budget") + 1] == "1:31,16:15"
+
+
+def test_traffic_servers_run_long_contexts_with_the_radix_cache(tmp_path):
+    servers = traffic.make_servers(str(tmp_path), "/models")
+    assert [s.algo for s in servers] == ["NONE", "DDTREE", "DDTREE", "DDTREE"]
+    assert servers[-1].env["PYTHONPATH"].startswith(scenario.CONTROL) and servers[1].env["PYTHONPATH"].startswith(
+        scenario.RELEASE
+    )
+    assert len({s.info["seed"] for s in servers}) == 4  # independent sampling streams for the two-sample tests
+    for s in servers:
+        assert s.env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] == "1"
+        assert s.env["SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"] == "python"
+        assert "--disable-radix-cache" not in s.args
+        assert s.args[s.args.index("--chunked-prefill-size") + 1] == "2048"
+        context = int(s.args[s.args.index("--context-length") + 1])
+        pool = int(s.args[s.args.index("--max-total-tokens") + 1])
+        assert max(traffic.CHUNK_LENGTHS) + traffic.GREEDY_NEW < context <= pool
+        assert 40 + traffic.VICTIM_NEW < context  # a victim's prompt and length fit
+        assert sum(traffic.CHUNK_LENGTHS) + 6 * traffic.GREEDY_NEW < pool  # the chunked prompts at once
+
+
+@pytest.mark.parametrize(
+    "stat, dof, p", [(3.841459, 1, 0.05), (10.827566, 1, 0.001), (18.307038, 10, 0.05), (1.0, 2, math.exp(-0.5))]
+)
+def test_traffic_chi2_sf_matches_the_known_quantiles(stat, dof, p):
+    assert traffic.chi2_sf(stat, dof) == pytest.approx(p, rel=1e-5)
+
+
+def test_traffic_chi2_sf_keeps_tiny_p_values():
+    assert 0 < traffic.chi2_sf(770.0, 48) < 1e-100
+    assert traffic.chi2_sf(0.0, 5) == 1.0
+
+
+def _branch_logits(probs, vocab=16):
+    """Logits of a next-token distribution with these leading probabilities and the rest tiny."""
+    rest = (1.0 - sum(probs)) / (vocab - len(probs))
+    return [math.log(p) for p in probs] + [math.log(rest)] * (vocab - len(probs))
+
+
+def test_traffic_sampling_distribution_cuts_as_sglangs_sampler_does():
+    lg = [math.log(p) for p in (0.5, 0.3, 0.15, 0.05)]
+    assert traffic.sampling_distribution(lg, 1.0) == pytest.approx({0: 0.5, 1: 0.3, 2: 0.15, 3: 0.05})
+    # top-p: a token stays while the mass before it is at most top_p (SGLang masks probs_sum - p > top_p)
+    assert traffic.sampling_distribution(lg, 1.0, top_p=0.85) == pytest.approx(
+        {0: 0.5 / 0.95, 1: 0.3 / 0.95, 2: 0.15 / 0.95}
+    )
+    assert traffic.sampling_distribution(lg, 1.0, top_p=0.7) == pytest.approx({0: 0.625, 1: 0.375})
+    assert traffic.sampling_distribution(lg, 1.0, top_k=1) == {0: 1.0}
+    cold = traffic.sampling_distribution(lg, 0.5)
+    assert cold[0] == pytest.approx(0.25 / (0.25 + 0.09 + 0.0225 + 0.0025))
+    assert traffic.filter_margin(lg, 1.0) == float("inf")
+    assert traffic.filter_margin(lg, 1.0, top_k=2) == pytest.approx(0.15)
+    assert traffic.filter_margin(lg, 1.0, top_p=0.79) == pytest.approx(0.01)
+    light = [math.log(p) for p in (0.97, 0.015, 0.015)]  # the cut between two tokens too light to matter
+    assert traffic.filter_margin(light, 1.0, top_k=2) == float("inf")
+    assert traffic.filter_margin(light, 1.0, top_p=0.98) == pytest.approx(0.98)  # only the heavy token counts
+
+
+def _draw(dist, n, rng):
+    tokens, weights = zip(*sorted(dist.items()))
+    return rng.choices(tokens, weights, k=n)
+
+
+def test_traffic_sampled_plan_rejects_the_argmax_walk_and_passes_a_faithful_one():
+    """The plan's counts against the language's branch (0.6 / 0.3 / 0.1 at t2, t1 certain), per setting: a
+    faithful sampler passes both tests, the planted walk (t2 always the argmax) is rejected by both at < 1e-3."""
+    rng = random.Random(3)
+    lg = _branch_logits([0.595, 0.3, 0.1])  # the trained target leaks a little mass to other words
+    n_prompts, per = 8, traffic.SHORT_SAMPLES
+    for setting in traffic.SETTINGS:
+        args = (setting["temperature"], setting["top_p"], setting["top_k"])
+        dist = traffic.sampling_distribution(lg, *args)
+        exact = {"7|%d" % t: p for t, p in dist.items()}
+        faithful_a, faithful_b, argmax, groups_ok, groups_bad = {}, {}, {}, [], []
+        for prompt in range(n_prompts):
+            obs_ok, obs_bad = {}, {}
+            for counts, draws in (
+                (faithful_a, _draw(dist, per, rng)),
+                (faithful_b, _draw(dist, per, rng)),
+                (argmax, [0] * per),
+            ):
+                for t in draws:
+                    key = "%d|7|%d" % (prompt, t)
+                    counts[key] = counts.get(key, 0) + 1
+            for t in _draw(dist, per, rng):
+                obs_ok["7|%d" % t] = obs_ok.get("7|%d" % t, 0) + 1
+            obs_bad["7|0"] = per
+            groups_ok.append((obs_ok, exact))
+            groups_bad.append((obs_bad, exact))
+        assert not traffic.homogeneity(faithful_a, faithful_b)["rejected"], setting
+        assert traffic.homogeneity(faithful_a, argmax)["p_value"] < 1e-3, setting
+        assert not traffic.goodness_of_fit(groups_ok)["rejected"], setting
+        assert traffic.goodness_of_fit(groups_bad)["p_value"] < 1e-3, setting
+
+
+def test_traffic_goodness_of_fit_pools_the_rare_cells_and_counts_unknown_tokens():
+    exact = {"a": 0.5, "b": 0.49, "c": 0.01}
+    r = traffic.goodness_of_fit([({"a": 50, "b": 49, "c": 1}, exact)])
+    assert (r["dof"], r["samples"]) == (2, 100) and r["chi2"] == pytest.approx(0.0, abs=1e-9)
+    assert traffic.goodness_of_fit([({"a": 50, "z": 50}, exact)])["rejected"]  # a token the target never gives
+
+
+def test_traffic_greedy_differences_name_the_prompt_position_and_tokens():
+    assert traffic.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert traffic.first_divergence([1, 2, 3], [1, 5, 3]) == (1, 2, 5)
+    assert traffic.first_divergence([1, 2], [1, 2, 9]) == (2, None, 9)
+    diffs = traffic.compare_outputs(["p0", "p1", "p2"], [[1, 2], [3, 4], [5]], [[1, 2], [3, 7], None], "x")
+    assert [(d["prompt"], d["position"], d["tokens"]) for d in diffs] == [("p1", 1, [4, 7]), ("p2", None, [None, None])]
+    assert diffs[0]["prefix"] == [3]
+
+
+def test_traffic_near_tie_needs_both_tokens_close_to_the_best():
+    lp = [math.log(p) for p in (0.4, 0.38, 0.22)]
+    assert traffic.near_tie(lp, 0, 1)
+    assert not traffic.near_tie(lp, 0, 2)
+    assert not traffic.near_tie(lp, 1, None)
+
+
+def test_traffic_cache_hits_and_streams():
+    outs = [{"cached_tokens": 0}, {"cached_tokens": traffic.PREFIX_LEN + 3}, {"cached_tokens": 100}, None]
+    assert traffic.cache_misses(outs, traffic.PREFIX_LEN) == [2, 3]
+    assert traffic.cache_misses(outs, traffic.PREFIX_LEN, skip_first=False) == [0, 2, 3]
+    assert traffic.stream_is_cumulative([[1], [1, 2, 3], [1, 2, 3, 4]])
+    assert not traffic.stream_is_cumulative([[1], [2, 3]])  # incremental chunks: the last is not the output
+    log = (
+        "Prefill batch, #new-seq: 1, #new-token: 2048, x\nPrefill batch, #new-seq: 2, #new-token: 512, x\nDecode batch"
+    )
+    assert traffic.max_prefill_tokens(log) == 2048 and traffic.max_prefill_tokens("") == 0
+
+
+def test_traffic_workload_is_seeded_and_of_the_planned_lengths():
+    lang = traffic.sl.Language(kind="phrases")
+    w = traffic.build_workload(lang)
+    assert w == traffic.build_workload(traffic.sl.Language(kind="phrases"))
+    assert [len(ids) for ids in w["chunked"]] == list(traffic.CHUNK_LENGTHS)
+    for kind in ("radix_seq", "radix_conc", "witness"):
+        assert all(ids[: traffic.PREFIX_LEN] == w["prefix"] for ids in w[kind])
+    suffixes = [tuple(ids[traffic.PREFIX_LEN :]) for kind in ("radix_seq", "radix_conc", "witness") for ids in w[kind]]
+    assert len(set(suffixes)) == len(suffixes)  # distinct suffixes
+    assert all(0 < t < lang.vocab_size for ids in w["chunked"] for t in ids)
+    jobs = traffic.sampled_jobs(w)
+    assert sum(j[0] == "greedy" for j in jobs) == 16
+    greedy_at = [i for i, j in enumerate(jobs) if j[0] == "greedy"]
+    assert greedy_at[0] > 0 and greedy_at[-1] < len(jobs) - 1  # sampled requests before and after them
+    per = {}
+    for kind, key, setting, _ids, params in jobs:
+        if kind == "sampled":
+            per[(key, setting)] = per.get((key, setting), 0) + 1
+            assert params["temperature"] > 0
+    assert set(per.values()) == {traffic.SHORT_SAMPLES, traffic.LONG_SAMPLES}
+
+
+class _FakeTarget:
+    """The target's log-probabilities: token 1 after everything, token 2 close behind it."""
+
+    def logprobs(self, ids):
+        lp = [math.log(1e-3)] * 8
+        lp[1], lp[2] = math.log(0.5), math.log(0.47)
+        return lp
+
+
+def _traffic_doc(ddtree_tokens, control_t2=None):
+    """Raw results of four servers: NONE's greedy outputs are [1] * n; the DDTREE servers' as given."""
+    w = traffic.build_workload(traffic.sl.Language(kind="phrases"))
+    rng = random.Random(1)
+    dist = {10: 0.6, 11: 0.3, 12: 0.1}
+
+    def samples(argmax):
+        out = []
+        for key in w["sampled"]:
+            for s in traffic.SETTINGS:
+                for _i in range(traffic.SHORT_SAMPLES):
+                    out.append([key, s["name"], [7, 10 if argmax else _draw(dist, 1, rng)[0]]])
+        return out
+
+    def server(tokens, argmax=False):
+        def g(n):
+            return [
+                {"ids": list(tokens), "cached_tokens": traffic.PREFIX_LEN, "prompt_tokens": None} for _i in range(n)
+            ]
+
+        chunked = [{"ids": list(tokens), "prompt_tokens": n} for n in traffic.CHUNK_LENGTHS]
+        stream = [dict(o, chunks=3, cumulative=True) for o in g(8) + chunked[:2]]
+        abort = {k: g(8) for k in ("base", "during", "after")}
+        abort.update(idle_after_s=0.5, health=200, flush_cache=200, health_end=200)
+        abort.update({k: {"num_used_tokens": 0} for k in ("load_idle", "load_after", "load_flushed")})
+        abort["victims"] = [{"cut": "close", "finish": None}] * 4 + [{"cut": "abort", "finish": "abort"}] * 4
+        return {
+            "radix": {"seq": g(8), "conc": g(16)},
+            "chunked": {"seq": chunked, "conc": chunked},
+            "mixed": {"greedy": g(16), "samples": samples(argmax), "errors": 0},
+            "stream": {"outputs": stream},
+            "abort": abort,
+        }
+
+    doc = {"servers": {"none": server([1] * 4)}}
+    for name in traffic.DDTREES:
+        doc["servers"][name] = server(ddtree_tokens)
+    doc["servers"]["ddtree-control"] = {"mixed": server([1] * 4, argmax=True)["mixed"]}
+    return doc, w
+
+
+def _no_exact_fit(monkeypatch):
+    """The exact fit needs the model; the stand-in target gives no logits, so the fit is replaced by a pass
+    for lossless servers and a rejection for the control (the fit itself is tested above)."""
+
+    def fit(samples, workload, target, setting):
+        argmax = all(ids[1] == 10 for _k, _s, ids in samples)
+        return {"p_value": 0.0 if argmax else 0.5, "rejected": argmax}
+
+    monkeypatch.setattr(traffic, "fit_server", fit)
+
+
+def test_traffic_checks_pass_a_lossless_run(monkeypatch):
+    _no_exact_fit(monkeypatch)
+    doc, w = _traffic_doc([1] * 4)
+    unchunked = "Prefill batch, #new-seq: 1, #new-token: 4096, cuda graph: False"
+    logs = {"none": "Prefill batch, #new-token: 2048, x", "ddtree-schedule": unchunked}
+    checks = traffic.evaluate(doc, w, _FakeTarget(), logs=logs)
+    assert {k: c["problems"] for k, c in checks.items() if not c["pass"]} == {
+        "chunked": [
+            "ddtree: no server log to read the prefill batches from",
+            "ddtree-schedule: a prefill batch of 4096 new tokens (chunk 2048)",
+        ]
+    }
+    logs = {n: "Prefill batch, #new-token: 2048, x" for n in ("none",) + traffic.DDTREES}
+    checks = traffic.evaluate(doc, w, _FakeTarget(), logs=logs)
+    assert all(c["pass"] for c in checks.values()), {k: c["problems"] for k, c in checks.items()}
+    assert checks["mixed"]["tests"]["T1"]["ddtree-control"]["vs_none"]["rejected"]
+    assert not checks["mixed"]["tests"]["T1"]["ddtree"]["vs_none"]["rejected"]
+
+
+def test_traffic_checks_explain_a_near_tie_and_fail_a_wrong_token(monkeypatch):
+    _no_exact_fit(monkeypatch)
+    doc, w = _traffic_doc([1, 2, 1, 1])  # token 2 at position 1: within 0.1 nats of token 1
+    checks = traffic.evaluate(doc, w, _FakeTarget())
+    assert checks["radix"]["pass"] and checks["radix"]["differences"][0]["near_tie"]
+    d = checks["radix"]["differences"][0]
+    assert (d["prompt"], d["position"], d["tokens"]) == ("radix_seq[0]", 1, [1, 2])
+    doc, w = _traffic_doc([1, 5, 1, 1])  # token 5: far below the target's best
+    checks = traffic.evaluate(doc, w, _FakeTarget())
+    for name in ("radix", "chunked", "mixed", "stream", "abort"):
+        assert not checks[name]["pass"], name
+        assert not checks[name]["differences"][0]["near_tie"]
+    assert not traffic.evaluate(doc, w, None)["radix"]["pass"]  # no model: a difference stays unexplained
+
+
+def test_traffic_checks_fail_a_lost_cache_a_held_kv_and_an_unrejected_control(monkeypatch):
+    _no_exact_fit(monkeypatch)
+    doc, w = _traffic_doc([1] * 4)
+    doc["servers"]["ddtree"]["radix"]["conc"][3]["cached_tokens"] = 0
+    doc["servers"]["ddtree"]["abort"]["load_idle"] = {"num_used_tokens": 37}
+    doc["servers"]["ddtree"]["abort"]["victims"][5] = {"cut": "abort", "finish": "length"}
+    doc["servers"]["ddtree-schedule"]["abort"]["idle_after_s"] = 25.0  # a closed victim ran on to its end
+    doc["servers"]["ddtree-control"] = {"mixed": doc["servers"]["none"]["mixed"]}  # a lossless "control"
+    checks = traffic.evaluate(doc, w, _FakeTarget())
+    assert checks["radix"]["problems"] == ["ddtree: 1 request(s) missed the cached prefix: [11]"]
+    assert "ddtree: load_idle num_used_tokens 37" in checks["abort"]["problems"]
+    assert any("/abort_request victims finished with" in p for p in checks["abort"]["problems"])
+    assert any(p.startswith("ddtree-schedule: busy 25.0 s after the witnesses") for p in checks["abort"]["problems"])
+    assert any("control not rejected" in p for p in checks["mixed"]["problems"])
+
+
+class _AbortableGenerate(http.server.BaseHTTPRequestHandler):
+    """/generate streaming until /abort_request names its rid (then a last chunk with finish_reason abort)."""
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.server.bodies.append((self.path, body))
+        if self.path == "/abort_request":
+            self.server.aborted.add(body["rid"])
+            self.send_response(200)  # SGLang's answer: 200 and no body
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        ids = []
+        for step in range(50):
+            ids.append(step)
+            done = body.get("rid") in self.server.aborted
+            meta = {"completion_tokens": len(ids), "cached_tokens": 5, "prompt_tokens": len(body["input_ids"])}
+            meta["finish_reason"] = {"type": "abort"} if done else None
+            try:
+                self.wfile.write(
+                    b"data: " + json.dumps({"output_ids": list(ids), "meta_info": meta}).encode() + b"\n\n"
+                )
+                self.wfile.flush()
+            except OSError:
+                return
+            if done:
+                break
+            time.sleep(0.01)
+        try:
+            self.wfile.write(b"data: [DONE]\n\n")
+        except OSError:
+            pass
+
+    def log_message(self, *args):
+        pass
+
+
+def test_traffic_generate_streams_closes_and_aborts_by_rid(tmp_path):
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AbortableGenerate)
+    httpd.bodies, httpd.aborted = [], set()
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        server = scenario.Server("s", "DDTREE", None, httpd.server_address[1], str(tmp_path), str(tmp_path))
+        out = traffic.generate(
+            server, [4, 5, 6], {"max_new_tokens": 9}, stream=True, rid="r1", cut_after=3, cut="abort"
+        )
+        assert httpd.bodies[0][1]["input_ids"] == [4, 5, 6] and httpd.bodies[0][1]["rid"] == "r1"
+        assert ("/abort_request", {"rid": "r1"}) in httpd.bodies
+        assert out["finish"] == "abort" and out["cumulative"] and 3 <= out["chunks"] < 50 and out["prompt_tokens"] == 3
+        out = traffic.generate(server, [4], {}, stream=True, rid="r2", cut_after=2, cut="close")
+        assert out["chunks"] == 2 and out["finish"] is None and "r2" not in httpd.aborted
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_kv_pool_flags_replace_the_shapes_pool_only_when_asked():
+    shaped = ["--load-format", "dummy", "--max-total-tokens", "32768"]
+    assert scenario.kv_pool_flags(shaped, {}) == shaped
+    assert scenario.kv_pool_flags(shaped, {"SCENARIO_KV_TOKENS": "16384"}) == [
+        "--load-format",
+        "dummy",
+        "--max-total-tokens",
+        "16384",
+    ]
+    assert scenario.kv_pool_flags([], {"SCENARIO_KV_TOKENS": "4096"}) == ["--max-total-tokens", "4096"]
+    assert shaped[-1] == "32768"  # the shape's own list is never changed
+    for bad in ("16k", "512"):
+        with pytest.raises(ValueError, match="SCENARIO_KV_TOKENS"):
+            scenario.kv_pool_flags(shaped, {"SCENARIO_KV_TOKENS": bad})
