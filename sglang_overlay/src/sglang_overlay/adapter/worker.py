@@ -75,6 +75,7 @@ from ..kernels.kv_move import kv_move_available, move_path_kv
 from ..kernels.plant_path import PlantSource, plant_path
 from .diagnostics import StepTimer, SyncWatch
 from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard, install_tree_attention
+from .hybrid import classify_hybrid
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree, format_budget
 from .tree_stage import GraphedTreeStage, backend_mask_buffer, eager_tree_stage
@@ -128,6 +129,32 @@ def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
         and pool.data_ptrs.is_cuda
     )
     return pool if plain else None
+
+
+def _check_hybrid(hybrid, settings: ResolvedDDTree) -> None:
+    """Refuse a hybrid target by its layout (``hybrid.classify_hybrid``), or warn under the override.
+
+    This worker verifies every tree with the linear-attention backend SGLang built for DFLASH's chain (top-k 1),
+    which continues each window slot from its predecessor's recurrent state: on a hybrid target a branching
+    tree is then verified against the wrong state. So every hybrid is refused, with its layout's own reason
+    where SGLang has no tree path for it, and ``--speculative-ddtree-allow-hybrid-unsafe`` runs it with a
+    warning that says so.
+    """
+    if hybrid is None:
+        return
+    verdict = classify_hybrid(type(hybrid).__name__, use_kda=getattr(hybrid, "use_kda", None))
+    if verdict.refused:
+        reason = verdict.message
+    else:
+        reason = (
+            f"DDTREE refuses the hybrid target {verdict.config_class} ({verdict.layout}): SGLang's kernels give "
+            "each tree node its parent's state on this layout, but this worker still verifies with the chain's "
+            "top-k-1 linear-attention backend, which continues each slot from its predecessor's state."
+        )
+    if not settings.allow_hybrid_unsafe:
+        raise DDTreeConfigError(reason + " (--speculative-ddtree-allow-hybrid-unsafe overrides)")
+    if get_parallel().tp_rank == 0:
+        logger.warning("%s Running it anyway (--speculative-ddtree-allow-hybrid-unsafe): outputs may be lossy.", reason)
 
 
 def _plant_source(log: bool) -> Optional[PlantSource]:
@@ -266,12 +293,7 @@ class DDTreeWorker(DFlashWorkerV2):
                 "DDTREE supports plain DFlash drafters; this draft model has a candidate "
                 "selector / LiLiCorr head / Domino rollout"
             )
-        hybrid = mambaish_config(self.model_runner.model_config)
-        if hybrid is not None and not settings.allow_hybrid_unsafe:
-            raise DDTreeConfigError(
-                f"DDTREE refuses the hybrid target {type(hybrid).__name__}: a tree verify cannot "
-                "branch a recurrent state (--speculative-ddtree-allow-hybrid-unsafe overrides)"
-            )
+        _check_hybrid(mambaish_config(self.model_runner.model_config), settings)
         install_graph_guard()
         # The grouped tree-verify attention kernel (hooks.install_tree_attention; knobs.TREE_ATTENTION off:
         # SGLang's); also applied before the target's verify graphs are captured, in after_get_spec_info.
