@@ -1,13 +1,13 @@
 """The decode step's cost by accepted path: DDTREE with planted paths against DFLASH, in one run.
 
 Usage (on the device, after device-setup.sh): python plant_bench.py OUT MODELS
-Starts a DFLASH server and one DDTREE server per budget in PLANT_BUDGETS (default "15": window 16; "15,31" adds
-window 32), every one with scenario.py's flags (CUDA graphs on), on PERF_TARGET (default qwen3-8b: random weights)
+Starts a DFLASH server and one DDTREE server per budget or schedule in PLANT_BUDGETS (`;`-separated, default "15":
+window 16; "15;31" adds window 32; "15;1:31,16:15,64:15" a schedule, whose window 16 runs on a second target state), every one with scenario.py's flags (CUDA graphs on), on PERF_TARGET (default qwen3-8b: random weights)
 with PERF_DRAFTER's drafter. Each DDTREE server reads its planted path from a file (the overlay's
 DDTREE_PLANT_PATH=@FILE, kernels/plant_path.py): `none` (the target's own acceptance), or `RANK DEPTH` (from the
 root, DEPTH times the first, middle or last child in best-first order), rewritten between measurements, so one
 server measures every path. For each concurrency (PLANT_CONCS, default 1,16,64; a budget's server only at the
-concurrencies PLANT_BUDGET_CONCS gives it, e.g. "31:1") and each prompt set (`short`: the held-out prompts; `long`:
+concurrencies PLANT_BUDGET_CONCS gives it, e.g. "31@1;1:31,16:15@1,16") and each prompt set (`short`: the held-out prompts; `long`:
 those prompts joined to about PLANT_LONG_WORDS words, default 1000, at the concurrencies PLANT_LONG_CONCS,
 default 1,16: the 8B shapes' KV pool holds 32768 tokens), it profiles PLANT_STEPS decode steps
 (default 24; SGLang's torch profiler, GPU activity; profile_step.py's summary): the span per step (the step's
@@ -40,6 +40,19 @@ def long_prompts(prompts, words):
             j += 1
             text += " " + prompts[j % len(prompts)]
         out.append(" ".join(text.split()[:words]))
+    return out
+
+
+def budget_concs(text):
+    """PLANT_BUDGET_CONCS, "BUDGET@C1,C2;..." -> {budget: {C1, C2}} (a budget or schedule as PLANT_BUDGETS spells it)."""
+    out = {}
+    for item in text.split(";"):
+        if not item.strip():
+            continue
+        budget, sep, concs = item.strip().rpartition("@")
+        if not sep or not budget:
+            raise ValueError("PLANT_BUDGET_CONCS item %r: expected BUDGET@C1,C2" % item)
+        out[budget] = {int(c) for c in concs.split(",")}
     return out
 
 
@@ -92,14 +105,14 @@ def main():
     sets = {"short": base, "long": long_prompts(base, int(os.environ.get("PLANT_LONG_WORDS", "1000")))}
     concs = [int(c) for c in os.environ.get("PLANT_CONCS", "1,16,64").split(",")]
     plants = [p.strip() for p in os.environ.get("PLANT_PATHS", "none;first 15;middle 15;last 15").split(";")]
-    budgets = [b.strip() for b in os.environ.get("PLANT_BUDGETS", "15").split(",")]
+    budgets = [b.strip() for b in os.environ.get("PLANT_BUDGETS", "15").split(";") if b.strip()]
     long_concs = os.environ.get("PLANT_LONG_CONCS", "1,16").split(",")
-    only = dict(item.split(":", 1) for item in os.environ.get("PLANT_BUDGET_CONCS", "").split(";") if item)
+    only = budget_concs(os.environ.get("PLANT_BUDGET_CONCS", ""))
     servers = [sc.Server("plant-dflash", "DFLASH", sc.RELEASE, 30121, out, models, shape=shape, drafter=drafter)]
     plant_files = {}
     for i, budget in enumerate(budgets):
         s = sc.Server(
-            "plant-ddtree-%s" % budget,
+            "plant-ddtree-%d" % i,
             "DDTREE",
             sc.RELEASE,
             30122 + i,
@@ -110,7 +123,8 @@ def main():
             budget=budget,
             top_k=None,
         )
-        plant_files[s.name] = os.path.join(out, "plant-%s" % budget)
+        plant_files[s.name] = os.path.join(out, "plant-%d" % i)
+        s.info["budget"] = budget
         with open(plant_files[s.name], "w") as fh:
             fh.write("none")
         s.set_env("DDTREE_PLANT_PATH=@" + plant_files[s.name])
@@ -125,8 +139,8 @@ def main():
                 if set_name == "long" and str(conc) not in long_concs:
                     continue
                 for s in ready:
-                    budget = s.name.rsplit("-", 1)[-1]
-                    if s.algo == "DDTREE" and budget in only and str(conc) not in only[budget].split(","):
+                    budget = s.info.get("budget")
+                    if s.algo == "DDTREE" and budget in only and conc not in only[budget]:
                         continue
                     for plant in plants if s.algo == "DDTREE" else ["-"]:
                         if sc.call_deadline() and time.time() > sc.call_deadline() - 20:

@@ -16,6 +16,7 @@ sys.path.insert(0, HARNESS)
 
 import autotune_real  # noqa: E402
 import perf  # noqa: E402
+import plant_bench  # noqa: E402
 import scenario  # noqa: E402
 import scoreboard  # noqa: E402
 import traffic  # noqa: E402
@@ -1032,3 +1033,21 @@ def test_kv_pool_flags_replace_the_shapes_pool_only_when_asked():
     for bad in ("16k", "512"):
         with pytest.raises(ValueError, match="SCENARIO_KV_TOKENS"):
             scenario.kv_pool_flags(shaped, {"SCENARIO_KV_TOKENS": bad})
+
+
+def test_plant_bench_reads_budget_concurrencies_with_schedules():
+    got = plant_bench.budget_concs("31@1; 1:31,16:15,64:15@1,16")
+    assert got == {"31": {1}, "1:31,16:15,64:15": {1, 16}}
+    assert plant_bench.budget_concs("") == {}
+    with pytest.raises(ValueError, match="BUDGET@C1,C2"):
+        plant_bench.budget_concs("31:1")
+
+
+def test_plant_bench_asks_enough_tokens_for_its_steps_and_long_prompts_hold_their_words():
+    # a planted path of depth 15 emits up to 16 tokens a step: the wave must outlast the profiled steps
+    assert plant_bench.new_tokens_for("last 15") >= 16 * plant_bench.STEPS
+    assert plant_bench.new_tokens_for("none") >= plant_bench.STEPS
+    prompts = ["a b c", "d e", "f g h i"]
+    long = plant_bench.long_prompts(prompts, 10)
+    assert [len(p.split()) for p in long] == [10, 10, 10]
+    assert long[1].startswith("d e f g h i a b c")
