@@ -2,13 +2,14 @@
 
 Usage (on the device, after device-setup.sh): python plant_bench.py OUT MODELS
 Starts a DFLASH server and one DDTREE server per budget or schedule in PLANT_BUDGETS (`;`-separated, default "15":
-window 16; "15;31" adds window 32; "15;1:31,16:15,64:15" a schedule, whose window 16 runs on a second target state), every one with scenario.py's flags (CUDA graphs on), on PERF_TARGET (default qwen3-8b: random weights)
-with PERF_DRAFTER's drafter. Each DDTREE server reads its planted path from a file (the overlay's
+window 16; "15;31" adds window 32; "15;1:31,16:15,64:15" a schedule, whose window 16 runs on a second target
+state), every one with scenario.py's flags (CUDA graphs on), on PERF_TARGET (default qwen3-8b: random weights) with
+PERF_DRAFTER's drafter. Each DDTREE server reads its planted path from a file (the overlay's
 DDTREE_PLANT_PATH=@FILE, kernels/plant_path.py): `none` (the target's own acceptance), or `RANK DEPTH` (from the
 root, DEPTH times the first, middle or last child in best-first order), rewritten between measurements, so one
 server measures every path. For each concurrency (PLANT_CONCS, default 1,16,64; a budget's server only at the
-concurrencies PLANT_BUDGET_CONCS gives it, e.g. "31@1;1:31,16:15@1,16") and each prompt set (`short`: the held-out prompts; `long`:
-those prompts joined to about PLANT_LONG_WORDS words, default 1000, at the concurrencies PLANT_LONG_CONCS,
+concurrencies PLANT_BUDGET_CONCS gives it, e.g. "31@1;1:31,16:15@1,16") and each prompt set (`short`: the held-out
+prompts; `long`: those prompts joined to about PLANT_LONG_WORDS words, default 1000, at the concurrencies PLANT_LONG_CONCS,
 default 1,16: the 8B shapes' KV pool holds 32768 tokens), it profiles PLANT_STEPS decode steps
 (default 24; SGLang's torch profiler, GPU activity; profile_step.py's summary): the span per step (the step's
 length, idle gaps included), the GPU busy time per step and the kernels. Plants: PLANT_PATHS (default
@@ -17,7 +18,6 @@ Writes OUT/results-plant-TARGET.json and prints, per cell, DDTREE's span over DF
 """
 
 import concurrent.futures as cf
-import glob
 import json
 import os
 import sys
@@ -80,16 +80,8 @@ def profile_cell(server, prompts, conc, key, out, plant="none"):
         server,
         {"output_dir": pdir, "num_steps": STEPS, "activities": ["GPU"], "profile_id": os.path.basename(pdir)},
     )
-    outs, files, deadline = [], [], time.time() + 90
-    while time.time() < deadline and not files:
-        outs += wave(server, prompts, conc, new_tokens)
-        for _poll in range(4):
-            time.sleep(1)
-            files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
-            if files:
-                break
-    time.sleep(2)  # the exporter may still be writing
-    result = ps.summarize(files[0], STEPS) if files else {"error": "no trace in %s" % pdir}
+    outs, trace = ps.waves_until_trace(lambda: wave(server, prompts, conc, new_tokens), pdir, 90)
+    result = ps.summarize(trace, STEPS) if trace else {"error": "no trace in %s" % pdir}
     result["mean_accept"] = sum(o["accept"] or 0 for o in outs) / max(1, len(outs))
     result["top"] = result.get("top", [])[:15]
     return result

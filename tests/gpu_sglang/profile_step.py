@@ -58,6 +58,22 @@ def start_profile(server, body):
         return r.read().decode(errors="replace")
 
 
+def waves_until_trace(run_wave, pdir, limit_s):
+    """Request waves (``run_wave()`` -> outputs) until the profiler has written its trace under ``pdir``, at most
+    ``limit_s`` seconds: a drafter that accepts finishes a wave's requests in fewer steps than the profiler
+    counts. Returns (every wave's outputs, the trace's path or None)."""
+    outs, files, deadline = [], [], time.time() + limit_s
+    while time.time() < deadline and not files:
+        outs += run_wave()
+        for _poll in range(4):
+            time.sleep(1)
+            files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
+            if files:
+                break
+    time.sleep(2)  # the exporter may still be writing
+    return outs, (files[0] if files else None)
+
+
 def busy_union(intervals):
     total, end = 0.0, None
     for s, e in sorted(intervals):
@@ -216,18 +232,8 @@ def main():
                         "profile_id": key.replace("/", "-"),
                     },
                 )
-                # Waves until the profiler has seen its steps: a drafter that accepts finishes a wave's
-                # requests in fewer steps than PROFILE_STEPS.
-                outs, files, deadline = [], [], time.time() + 120
-                while time.time() < deadline and not files:
-                    outs += wave(s, prompts, conc)
-                    for _poll in range(4):
-                        time.sleep(1)
-                        files = glob.glob(os.path.join(pdir, "**", "*.trace.json.gz"), recursive=True)
-                        if files:
-                            break
-                time.sleep(2)  # the exporter may still be writing
-                result = summarize(files[0], STEPS, with_host) if files else {"error": "no trace in %s" % pdir}
+                outs, trace = waves_until_trace(lambda c=conc: wave(s, prompts, c), pdir, 120)
+                result = summarize(trace, STEPS, with_host) if trace else {"error": "no trace in %s" % pdir}
                 result["mean_accept"] = sum(o["accept"] or 0 for o in outs) / len(outs)
                 doc["results"][key] = result
                 print("[profile] %s %s" % (key, {k: v for k, v in result.items() if k != "top"}), flush=True)
