@@ -270,7 +270,13 @@ class _WorkerPorts:
 
 
 class DDTreeWorker(DFlashWorkerV2):
-    """DFlash drafting + DDTree tree verification (spec-v2 worker, overlap capable)."""
+    """DFlash drafting + DDTree tree verification (spec-v2 worker, overlap capable).
+
+    Longer than 300 lines because it is one SGLang worker: the methods override or feed ``DFlashWorkerV2``'s
+    own (the draft forward, the verify windows, the tree step's ports, the commit) and share its buffers and
+    runners; the step's logic lives outside it, in ``tree_step`` (control flow), ``tree_verify`` (tensors)
+    and the kernels, which the CPU suite tests.
+    """
 
     def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker):
         settings = resolved_settings(server_args)
@@ -453,35 +459,7 @@ class DDTreeWorker(DFlashWorkerV2):
         step = result.step
         can_run_graph = bool(result.verified.target_out.can_run_cuda_graph)
         if window not in self._graph_use_logged and get_parallel().tp_rank == 0:
-            # The target's graphs are captured after this worker is built: say once what happened.
-            state = self._window_states.get(window)
-            runner = (
-                state.graph_runner
-                if state is not None
-                else getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
-            )
-            logger.info(
-                "DDTREE tree verify (window %d): CUDA graph replay %s (target verify graphs %s the tree mask); "
-                "tree stage: %s; FULL mask: %s; KV move: %s; verify attention: %s.",
-                window,
-                "on" if can_run_graph else "off for this batch",
-                "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
-                "CUDA graphs for batch sizes %s" % stage.captured_sizes if stage.enabled else "eager",
-                "written by the stage into the attention backend's buffer"
-                if self._tree_mask_buffers.get(window) is not None
-                else "allocated per step",
-                "the path only, per request" if self._path_kv_pool else "SGLang's",
-                "the grouped tree kernel"
-                if getattr(
-                    getattr(
-                        getattr(self.target_worker.model_runner, "attn_backend", None), "extend_attention_fwd", None
-                    ),
-                    "_ddtree_tree_attention",
-                    False,
-                )
-                else "SGLang's extend kernel",
-            )
-            self._graph_use_logged.add(window)
+            self._log_first_step(window, stage, can_run_graph)
         new_seq_lens = prefix_lens + step.accept_lens.to(prefix_lens.dtype)
         # (on_publish ran inside the commit, before the drafter-KV writes, as in DFlash.)
         logits_output = result.verified.logits_output
@@ -499,6 +477,38 @@ class DDTreeWorker(DFlashWorkerV2):
             routed_experts_output=result.verified.target_out.routed_experts_output,
             indexer_topk_output=result.verified.target_out.indexer_topk_output,
         )
+
+    def _log_first_step(self, window: int, stage: GraphedTreeStage, can_run_graph: bool) -> None:
+        """Say once per verify window what its first step ran: graphs, tree stage, mask, KV move, attention.
+
+        The target's graphs are captured after this worker is built, so only a step can tell.
+        """
+        state = self._window_states.get(window)
+        runner = (
+            state.graph_runner
+            if state is not None
+            else getattr(self.target_worker.model_runner, "decode_cuda_graph_runner", None)
+        )
+        logger.info(
+            "DDTREE tree verify (window %d): CUDA graph replay %s (target verify graphs %s the tree mask); "
+            "tree stage: %s; FULL mask: %s; KV move: %s; verify attention: %s.",
+            window,
+            "on" if can_run_graph else "off for this batch",
+            "read" if getattr(runner, TREE_MASK_CAPTURED, False) else "do not read",
+            "CUDA graphs for batch sizes %s" % stage.captured_sizes if stage.enabled else "eager",
+            "written by the stage into the attention backend's buffer"
+            if self._tree_mask_buffers.get(window) is not None
+            else "allocated per step",
+            "the path only, per request" if self._path_kv_pool else "SGLang's",
+            "the grouped tree kernel"
+            if getattr(
+                getattr(getattr(self.target_worker.model_runner, "attn_backend", None), "extend_attention_fwd", None),
+                "_ddtree_tree_attention",
+                False,
+            )
+            else "SGLang's extend kernel",
+        )
+        self._graph_use_logged.add(window)
 
     def _graphed_tree_stage(self, step_settings: ResolvedDDTree) -> GraphedTreeStage:
         """Steps 2-3 of the tree step, replayed from CUDA graphs where the target has decode graphs.
@@ -534,15 +544,15 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # ---- 1. draft (DFlash's draft forward, eager block preparation) -------------------------
 
-    def _draft_block_hidden(self, batch: ScheduleBatch, root_tokens, prefix_lens):
+    def _draft_block_slots(self, batch: ScheduleBatch, root_tokens, prefix_lens):
+        """The drafter's block in DFlash's buffers: ids ``[root, MASK, ...]``, positions ``prefix + i`` and the
+        KV slots it writes, each ``[bs, block]``."""
         bs = len(batch.seq_lens)
         block = int(self.block_size)
-        device = self.device
         self._ensure_draft_block_buffers(bs)
         block_ids = self._draft_block_ids_buf[:bs]
         positions_2d = self._draft_block_positions_buf[:bs]
         loc_2d = self._draft_verify_out_cache_loc_buf[:bs]
-
         block_ids.fill_(int(self._mask_token_id))
         block_ids[:, 0].copy_(root_tokens)
         torch.add(prefix_lens.unsqueeze(1), self._block_pos_offsets, out=positions_2d)
@@ -553,19 +563,17 @@ class DDTreeWorker(DFlashWorkerV2):
             end_offset=prefix_lens + block,
             batch_size=bs,
             draft_token_num=block,
-            device=device,
+            device=self.device,
         )
         loc_2d.copy_(loc.view(bs, block))
+        return block_ids, positions_2d, loc_2d
 
-        target_model = self.target_worker.model_runner.model
-        if self._full_embed_gpu is not None:
-            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
-        else:
-            embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
-            noise = embed(block_ids)
-        if self._noise_embed_scale != 1.0:
-            noise = noise * self._noise_embed_scale
-        input_embeds = noise.view(-1, noise.shape[-1])
+    def _draft_block_hidden(self, batch: ScheduleBatch, root_tokens, prefix_lens):
+        bs = len(batch.seq_lens)
+        block = int(self.block_size)
+        device = self.device
+        block_ids, positions_2d, loc_2d = self._draft_block_slots(batch, root_tokens, prefix_lens)
+        input_embeds = self._draft_block_embeds(block_ids)
         positions = positions_2d.reshape(-1)
         out_cache_loc = loc_2d.reshape(-1)
 
@@ -577,18 +585,7 @@ class DDTreeWorker(DFlashWorkerV2):
             write_virtual=out_cache_loc,
             read_extent=block,
         )
-        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
-        if batch.seq_lens_cpu is not None:
-            seq_lens_cpu.copy_(batch.seq_lens_cpu)
-            seq_lens_cpu.add_(block)
-            seq_lens_sum = int(seq_lens_cpu.sum())
-        elif draft_input.nxt_kv_lens_cpu is not None:
-            seq_lens_cpu.copy_(draft_input.nxt_kv_lens_cpu)
-            seq_lens_sum = int(draft_input.nxt_kv_lens_sum)
-        else:
-            for i, req in enumerate(batch.reqs):
-                seq_lens_cpu[i] = req.kv.kv_allocated_len
-            seq_lens_sum = int(seq_lens_cpu.sum())
+        seq_lens_cpu, seq_lens_sum = self._draft_seq_lens(batch, draft_input, bs, block)
 
         forward_batch = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY,
@@ -617,6 +614,34 @@ class DDTreeWorker(DFlashWorkerV2):
         if hidden is None:
             raise RuntimeError("DDTREE: the DFlash draft model returned no hidden states")
         return hidden.view(bs, block, -1), kv_loc_plan, loc_2d
+
+    def _draft_block_embeds(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """``[bs * block, H]``: the block ``[root, MASK, ...]`` embedded as DFlash embeds it (the target's
+        embedding, or DFlash's full copy of it, times its noise scale)."""
+        if self._full_embed_gpu is not None:
+            noise = torch.nn.functional.embedding(block_ids, self._full_embed_gpu)
+        else:
+            target_model = self.target_worker.model_runner.model
+            embed = unwrap_lora_layer(_resolve_dflash_embedding_module(self.draft_model, target_model))
+            noise = embed(block_ids)
+        if self._noise_embed_scale != 1.0:
+            noise = noise * self._noise_embed_scale
+        return noise.view(-1, noise.shape[-1])
+
+    def _draft_seq_lens(self, batch: ScheduleBatch, draft_input, bs: int, block: int):
+        """The draft forward's host lengths and their sum, without a device sync: the batch's own lengths plus
+        the block where it carries them, else SGLang's reserved lengths, else each request's allocated KV."""
+        seq_lens_cpu = self._draft_seq_lens_cpu_buf[:bs]
+        if batch.seq_lens_cpu is not None:
+            seq_lens_cpu.copy_(batch.seq_lens_cpu)
+            seq_lens_cpu.add_(block)
+            return seq_lens_cpu, int(seq_lens_cpu.sum())
+        if draft_input.nxt_kv_lens_cpu is not None:
+            seq_lens_cpu.copy_(draft_input.nxt_kv_lens_cpu)
+            return seq_lens_cpu, int(draft_input.nxt_kv_lens_sum)
+        for i, req in enumerate(batch.reqs):
+            seq_lens_cpu[i] = req.kv.kv_allocated_len
+        return seq_lens_cpu, int(seq_lens_cpu.sum())
 
     def _stage_capture_context(self):
         """What the tree stage's graphs are captured inside: at TP > 1 SGLang's ``graph_capture`` (the
