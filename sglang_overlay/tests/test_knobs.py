@@ -54,7 +54,8 @@ def test_every_knob_is_declared_once_with_a_doc_line():
     names = [k.name for k in knobs.ALL]
     assert len(names) == len(set(names))
     for knob in knobs.ALL:
-        assert KNOB_NAME.fullmatch(knob.name), knob
+        fallback = isinstance(knob, knobs.FlagFallback)
+        assert (FLAG_FALLBACK_NAME if fallback else KNOB_NAME).fullmatch(knob.name), knob
         assert knob.doc.strip() and "\n" not in knob.doc and "|" not in knob.doc, knob
     # ALL is every Knob the module declares.
     declared = [v for v in vars(knobs).values() if isinstance(v, knobs.Knob)]

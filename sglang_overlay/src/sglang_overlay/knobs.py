@@ -6,10 +6,10 @@ environment when it is called, never at import, so a server's environment and a 
 A value that does not parse is logged as a warning and the default applies, as SGLang does: these
 knobs switch measurement and fallback paths, and a typo must not stop a serving process.
 
-Not here: ``SGLANG_DDTREE_BUDGET``, ``SGLANG_DDTREE_TOP_K`` and ``SGLANG_DDTREE_ALLOW_HYBRID_UNSAFE``,
-the environment side of the DDTree flags. ``adapter.settings`` declares and parses them: the flag
-beats the variable, a bad value fails the start with an error naming the variable, and that module
-must load on its own (the deploy tooling's tests load it by path, without this package).
+The DDTree flags' environment fallbacks (``SGLANG_DDTREE_BUDGET``, ``SGLANG_DDTREE_TOP_K``,
+``SGLANG_DDTREE_ALLOW_HYBRID_UNSAFE``) are declared here too, as ``FlagFallback`` knobs: ``adapter.settings``
+reads their text (``raw()``) and parses it with the flag's own rules, the flag beating the variable and a bad
+value failing the start with an error naming the variable (a bad budget is no measurement switch).
 
 No import of torch, triton, sglang or the rest of the package: any layer may import this module.
 ``python -m sglang_overlay.knobs`` prints the table that docs/adapter.md carries (a test compares).
@@ -23,7 +23,7 @@ from typing import Any, Mapping, Optional
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Knob", "EnvBool", "EnvInt", "EnvStr", "ALL", "markdown_table"]
+__all__ = ["Knob", "EnvBool", "EnvInt", "EnvStr", "FlagFallback", "ALL", "markdown_table"]
 
 
 class Knob:
@@ -96,6 +96,40 @@ class EnvStr(Knob):
     def parse(self, raw: str) -> str:
         return raw
 
+
+class FlagFallback(Knob):
+    """A DDTree flag's environment fallback: ``adapter.settings`` reads ``raw()`` and parses it with the flag's
+    parser, which refuses a bad value (``get()`` gives the text unparsed)."""
+
+    kind = "flag fallback"
+
+    def __init__(self, name: str, *, flag: str, doc: str):
+        super().__init__(name, default=None, doc=doc)
+        self.flag = flag
+
+    def parse(self, raw: str) -> str:
+        return raw
+
+
+# The DDTree flags' environment fallbacks (adapter.settings parses them) ---------------------------------
+
+BUDGET = FlagFallback(
+    "SGLANG_DDTREE_BUDGET",
+    flag="--speculative-ddtree-budget",
+    doc="The budget when --speculative-ddtree-budget is not given: an integer (nodes besides the root) or a "
+    "schedule BS:BUDGET,...; unset: the drafter's block minus the root.",
+)
+TOP_K = FlagFallback(
+    "SGLANG_DDTREE_TOP_K",
+    flag="--speculative-ddtree-top-k",
+    doc="The per-position candidates when --speculative-ddtree-top-k is not given; unset: the budget's default.",
+)
+ALLOW_HYBRID_UNSAFE = FlagFallback(
+    "SGLANG_DDTREE_ALLOW_HYBRID_UNSAFE",
+    flag="--speculative-ddtree-allow-hybrid-unsafe",
+    doc="1/0, true/false, yes/no or on/off when --speculative-ddtree-allow-hybrid-unsafe is not given; unset: "
+    "off (a hybrid target is refused).",
+)
 
 # Verify path -----------------------------------------------------------------------------------------
 

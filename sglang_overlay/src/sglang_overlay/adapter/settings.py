@@ -15,6 +15,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
+
+def _load_knobs():
+    """``sglang_overlay.knobs``: from the package, or by path beside it when this module is loaded on its own
+    (the deploy tooling's tests load it by path, without the package); knobs.py imports nothing of ours."""
+    try:
+        from .. import knobs
+
+        return knobs
+    except ImportError:
+        import importlib.util
+        import sys
+
+        path = Path(__file__).resolve().parents[1] / "knobs.py"
+        spec = importlib.util.spec_from_file_location("sglang_overlay_knobs_by_path", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+_knobs = _load_knobs()
+
 # ---- names -------------------------------------------------------------------------------
 
 FLAG_BUDGET = "--speculative-ddtree-budget"
@@ -26,9 +48,10 @@ DEST_BUDGET = "speculative_ddtree_budget"
 DEST_TOP_K = "speculative_ddtree_top_k"
 DEST_ALLOW_HYBRID = "speculative_ddtree_allow_hybrid_unsafe"
 
-ENV_BUDGET = "SGLANG_DDTREE_BUDGET"
-ENV_TOP_K = "SGLANG_DDTREE_TOP_K"
-ENV_ALLOW_HYBRID = "SGLANG_DDTREE_ALLOW_HYBRID_UNSAFE"
+# The variables are declared once, in knobs.py (``FlagFallback``); their names here are the knobs'.
+ENV_BUDGET = _knobs.BUDGET.name
+ENV_TOP_K = _knobs.TOP_K.name
+ENV_ALLOW_HYBRID = _knobs.ALLOW_HYBRID_UNSAFE.name
 
 ALGORITHM_NAME = "DDTREE"
 
@@ -49,8 +72,8 @@ DEFAULT_TOP_K = 8
 MAX_TOP_K = 64
 DEFAULT_ALLOW_HYBRID_UNSAFE = False
 
-_TRUE = frozenset({"1", "true", "yes", "on"})
-_FALSE = frozenset({"0", "false", "no", "off"})
+_TRUE = frozenset(_knobs.EnvBool.TRUE)
+_FALSE = frozenset(_knobs.EnvBool.FALSE)
 
 
 class DDTreeConfigError(ValueError):
@@ -248,13 +271,6 @@ def parse_bool(raw: Any, name: str) -> bool:
     raise DDTreeConfigError(f"{name} must be one of 1/0, true/false, yes/no, on/off, got {raw!r}")
 
 
-def _env_value(environ: Mapping[str, str], name: str) -> Optional[str]:
-    value = environ.get(name)
-    if value is None or value.strip() == "":
-        return None  # unset and empty mean the same (systemd's Environment=NAME=)
-    return value
-
-
 def resolve_settings(
     flags: Optional[Mapping[str, Any]] = None,
     environ: Optional[Mapping[str, str]] = None,
@@ -266,13 +282,13 @@ def resolve_settings(
     budget, budget_source = DEFAULT_BUDGET, "default"
     if flags.get(DEST_BUDGET) is not None:
         budget, budget_source = parse_budget(flags[DEST_BUDGET], FLAG_BUDGET), FLAG_BUDGET
-    elif (raw := _env_value(environ, ENV_BUDGET)) is not None:
+    elif (raw := _knobs.BUDGET.raw(environ)) is not None:
         budget, budget_source = parse_budget(raw, ENV_BUDGET), ENV_BUDGET
 
     top_k, top_k_source = None, "default"
     if flags.get(DEST_TOP_K) is not None:
         top_k, top_k_source = parse_positive_int(flags[DEST_TOP_K], FLAG_TOP_K), FLAG_TOP_K
-    elif (raw := _env_value(environ, ENV_TOP_K)) is not None:
+    elif (raw := _knobs.TOP_K.raw(environ)) is not None:
         top_k, top_k_source = parse_positive_int(raw, ENV_TOP_K), ENV_TOP_K
     if top_k is not None and top_k > MAX_TOP_K:
         raise DDTreeConfigError(f"{top_k_source} must be at most {MAX_TOP_K}, got {top_k}")
@@ -280,7 +296,7 @@ def resolve_settings(
     allow, allow_source = DEFAULT_ALLOW_HYBRID_UNSAFE, "default"
     if flags.get(DEST_ALLOW_HYBRID) is not None:
         allow, allow_source = parse_bool(flags[DEST_ALLOW_HYBRID], FLAG_ALLOW_HYBRID), FLAG_ALLOW_HYBRID
-    elif (raw := _env_value(environ, ENV_ALLOW_HYBRID)) is not None:
+    elif (raw := _knobs.ALLOW_HYBRID_UNSAFE.raw(environ)) is not None:
         allow, allow_source = parse_bool(raw, ENV_ALLOW_HYBRID), ENV_ALLOW_HYBRID
 
     return DDTreeSettings(
