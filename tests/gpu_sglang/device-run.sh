@@ -158,8 +158,9 @@ for step in "$@"; do
     tp1|sampled|tp2) timeout "$(left)" python3 "$H/scenario.py" "$W/logs" "$MODELS" "$step" 2>&1 | tail -20 ;;
     topk) PYTHONPATH=$REPO/sglang_overlay/src timeout 240 python3 "$REPO/sglang_overlay/benchmarks/draft_topk.py" \
             --json "$W/logs/results-topk.json" 2>&1 | tee "$W/logs/topk.log" | tail -20 ;;
-    attn) PYTHONPATH=$REPO/sglang_overlay/src TRITON_INTERPRET=0 timeout 200 python3 \
-            "$REPO/sglang_overlay/benchmarks/tree_attention.py" --json "$W/logs/results-attn.json" ${ATTN_ARGS:-} 2>&1 \
+    attn) read -r -a attn_args <<< "${ATTN_ARGS:-}"  # the benchmark's options, split on spaces
+          PYTHONPATH=$REPO/sglang_overlay/src TRITON_INTERPRET=0 timeout 200 python3 \
+            "$REPO/sglang_overlay/benchmarks/tree_attention.py" --json "$W/logs/results-attn.json" "${attn_args[@]}" 2>&1 \
             | tee "$W/logs/attn.log" | tail -20 ;;
     stage) TRITON_INTERPRET=0 timeout 150 python3 "$REPO/sglang_overlay/tests/adapter/gpu_stage_check.py" \
             > "$W/logs/results-stage.json" 2> "$W/logs/stage.log"; echo "stage rc $?"
