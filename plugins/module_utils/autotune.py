@@ -22,6 +22,7 @@ import json
 import math
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import parse_budget, schedule_from_levels
+from ansible_collections.ddtree.sglang.plugins.module_utils.schema import option
 
 # The declaration's fields and their defaults: `autotune: {}` measures verify windows from 8 to 128 tokens
 # at one, 16 and 64 requests at a time, so the choice can be a schedule: a wide tree where the GPU has
@@ -35,7 +36,18 @@ DEFAULTS = {"budgets": [7, 15, 31, 63, 127], "top_k": [8], "concurrency": [1, 16
 # grid or the tuning key: which GPUs of a host is not what the speed depends on (the key is per host; its
 # GPUs are one model).
 TRIAL_FIELDS = ("gpus", "port", "own_gpus")
-FIELDS = tuple(DEFAULTS) + TRIAL_FIELDS
+# `speculative.autotune`'s fields, declared once (services.SPECULATIVE_FIELDS holds them; autotune_problems checks
+# what needs more than a type: distinct values, the grid's size, where it measures).
+AUTOTUNE_FIELDS = {
+    "budgets": option("list", "DDTREE budgets to measure, distinct integers >= 1", elements="int"),
+    "top_k": option("list", "DDTREE top-k values to measure, distinct integers >= 1", elements="int"),
+    "concurrency": option("list", "Requests at a time each setting is measured with", elements="int"),
+    "min_gain": option("float", "Share DDTREE must beat DFLASH by at every concurrency, in [0, 1)"),
+    "gpus": option("list", "Spare GPUs the temporary instances run on (as many as the service's)", elements="int"),
+    "port": option("int", "The temporary instances' port (1-65535, autotune_problems)"),
+    "own_gpus": option("bool", "Measure on the service's own GPUs and port, stopped in the host's rollout window"),
+}
+FIELDS = tuple(AUTOTUNE_FIELDS)
 # The temporary instance's name: the service's, with this suffix (its unit sglang-<name>-autotune.service).
 TRIAL_SUFFIX = "-autotune"
 # Each DDTREE setting is a server start plus a measurement (minutes on a GPU host): a grid larger than

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import time
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import argument_spec, option
+from ansible_collections.ddtree.sglang.plugins.module_utils.schema import argument_spec, option, without
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import spans_nodes
 
 GUARD_STATE_FORMAT = 1
@@ -49,14 +49,15 @@ GUARD_SETTINGS = {
 ACTIONS = ("switch", "hold", "keep", "unknown")
 
 
+def settings_declarations() -> dict:
+    """A service's `guard` fields: their types only (guard_settings fills the defaults, so a service that sets
+    none has the same plan entry as before; guard_problems checks the values, choices included)."""
+    return without(GUARD_SETTINGS, "default", "choices")
+
+
 def settings_spec() -> dict:
-    """The `guard` sub-options of a service: their types only (guard_settings fills the defaults, so a service
-    that sets none has the same plan entry as before; guard_problems checks the values, choices included:
-    ansible-core refuses an unset sub-option that has choices)."""
-    return {
-        name: {key: value for key, value in spec.items() if key in ("type", "no_log")}
-        for name, spec in argument_spec(GUARD_SETTINGS).items()
-    }
+    """The `guard` sub-options of a service, as ansible-core takes them (settings_declarations)."""
+    return argument_spec(settings_declarations())
 
 
 def guard_settings(service: dict) -> dict:

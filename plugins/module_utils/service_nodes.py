@@ -20,8 +20,8 @@ interface NCCL and Gloo use) identically on every node. This module holds the ru
 
 from __future__ import annotations
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import option
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_journal import clip_line
+from ansible_collections.ddtree.sglang.plugins.module_utils.schema import option
 
 # The `nodes` field's options, declared once (services.SERVICE_FIELDS and the role's argument spec use them).
 NODE_FIELDS = {
