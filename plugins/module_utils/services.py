@@ -80,7 +80,9 @@ SPECULATIVE_FIELDS = {
     "allow_hybrid_unsafe": option("bool", "DDTREE: run a hybrid target (--speculative-ddtree-allow-hybrid-unsafe)"),
     "num_steps": option("int", "EAGLE-style algorithms: draft steps (--speculative-num-steps)"),
     "eagle_topk": option("int", "EAGLE-style algorithms: top-k per step (--speculative-eagle-topk)"),
-    "num_draft_tokens": option("int", "EAGLE-style algorithms: draft tokens (--speculative-num-draft-tokens)"),
+    "num_draft_tokens": option(
+        "int", "EAGLE-style algorithms: draft tokens (--speculative-num-draft-tokens)", no_log=False
+    ),
     "autotune": option(
         "dict",
         "DDTREE: budget and top-k chosen per host from measurements (docs/autotune.md)",
@@ -507,13 +509,14 @@ def service_environment(service):
     return env
 
 
-def gate_settings(service: dict, defaults: dict) -> dict:
+def gate_settings(service: dict, defaults: dict, compared: bool = False) -> dict:
     """The health-gate settings of a service: its own `health` values over the role's defaults.
 
-    The one place that merges them, so the gate after a deploy and the gate after a rollback run with
+    The one place that decides them, so the gate after a deploy and the gate after a rollback run with
     the same settings (a slow-starting model needs its start_timeout on the way back too). Settings
     set neither way are left out: the module's defaults apply. A shadow's acceptance length is read from
-    one /generate request, the one its production service is measured with.
+    one /generate request, the one its production service is measured with when compared with it
+    (`compared`: the plan's compare_gate, which the role's shadow comparison gates with).
     """
     own = service.get("health") or {}
     settings = {}
@@ -523,7 +526,7 @@ def gate_settings(service: dict, defaults: dict) -> dict:
             value = (defaults or {}).get(key)
         if value is not None:
             settings[key] = value
-    if service.get("shadow_of"):
+    if compared or service.get("shadow_of"):
         # A shadow and its production service are compared on the same /generate request (docs/services.md).
         settings["accept_length_from"] = "generate"
     return settings

@@ -226,7 +226,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 services:
-  description: Per service, in order.
+  description:
+    - Per service, in order. C(gate) holds the health-gate settings of every gate of it; C(compare_gate), on a service
+      a shadow runs beside, those it is measured with for the shadow's comparison (acceptance from one C(/generate)).
   returned: success
   type: list
   elements: dict
@@ -248,6 +250,7 @@ services:
       has_api_key: true
       served_model_name: coder
       gate: {start_timeout: 1800, no_progress_timeout: 120}
+      compare_gate: {start_timeout: 1800, no_progress_timeout: 120, accept_length_from: generate}
       tuned: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree, speed_floor: 112.4}
 needs_base_release:
   description:
@@ -346,17 +349,20 @@ def main():
             problems=problems,
         )
     plan = []
+    shadowed = {service.get("shadow_of") for service, _tuning in services}
     for service, tuning in services:
-        plan.append(
-            dict(
-                unit_entry(service, host),
-                release=service.get("release") or CANDIDATE,
-                shadow_of=service.get("shadow_of"),
-                shadow_max_slowdown=service.get("shadow_max_slowdown"),
-                gate=gate_settings(service, module.params["gate_defaults"]),
-                tuned=tuning,
-            )
+        entry = dict(
+            unit_entry(service, host),
+            release=service.get("release") or CANDIDATE,
+            shadow_of=service.get("shadow_of"),
+            shadow_max_slowdown=service.get("shadow_max_slowdown"),
+            gate=gate_settings(service, module.params["gate_defaults"]),
+            tuned=tuning,
         )
+        if service["name"] in shadowed:
+            # How it is gated when measured for its shadow's comparison (the role's shadow.yml).
+            entry["compare_gate"] = gate_settings(service, module.params["gate_defaults"], compared=True)
+        plan.append(entry)
     # The stack's base release: what a service without the overlay runs, and a tuned service's DFLASH.
     needs_base_release = bool(untuned) or any(not entry["loads_overlay"] for entry in plan)
     module.exit_json(

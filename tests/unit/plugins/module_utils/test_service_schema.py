@@ -227,7 +227,7 @@ def ansible_localhost_service_plan(service_list):
         text=True,
         check=False,
     ).stdout
-    status, _, result = next(line for line in out.splitlines() if line.startswith("localhost |")).partition(" => ")
+    status, result = next(line for line in out.splitlines() if line.startswith("localhost |")).split(" => ", 1)
     return status, json.loads(result)
 
 
