@@ -37,7 +37,8 @@ def option(
     type_: str, doc: str, default=None, per_service: bool = False, doc_default: str | None = None, **spec
 ) -> dict:
     """One option: its ansible-core spec keys, its doc line, whether a service may set it in `health` (the
-    gate's options), and optionally `options` (a dict's fields, declared the same way), `minimum`, `maximum`,
+    gate's options), and optionally `options` (a dict's fields, declared the same way), `allowed` (choices this
+    module's check refuses others of, not ansible-core's: its refusal names the service), `minimum`, `maximum`,
     `check` (a function of the value that returns what is wrong with it, or None) and `example` (shown when a
     value of the wrong type is refused)."""
     declared = dict(spec, type=type_, doc=doc, per_service=per_service)
@@ -151,8 +152,9 @@ def _value_problems(value, declared: dict, where: str, path: str) -> list:
         return problems
     if kind == "dict" and declared.get("options"):
         return _mapping_problems(converted, declared["options"], where, path + ".")
-    if declared.get("choices") and converted not in declared["choices"]:
-        return ["%s: %s %r is not one of %s" % (where, path, value, ", ".join(map(str, declared["choices"])))]
+    choices = declared.get("choices") or declared.get("allowed")
+    if choices and converted not in choices:
+        return ["%s: %s %r is not one of %s" % (where, path, value, ", ".join(map(str, choices)))]
     low, high = declared.get("minimum"), declared.get("maximum")
     if (low is not None and converted < low) or (high is not None and converted > high):
         return ["%s: %s is %r; it must be from %s to %s" % (where, path, value, low, high)]

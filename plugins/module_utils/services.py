@@ -70,7 +70,8 @@ PORT = {"minimum": 1, "maximum": 65535}
 # `speculative`'s fields, declared once (SERVICE_FIELDS holds them); _speculative_problems checks what needs
 # several fields (a drafter for the algorithms that need one, a budget DDTREE can run).
 SPECULATIVE_FIELDS = {
-    "algorithm": option("str", "The speculative algorithm (unset: NONE)", choices=list(ALGORITHMS)),
+    # `allowed`, not `choices`: the plan refuses another value naming the service, before ansible-core would.
+    "algorithm": option("str", "The speculative algorithm (unset: NONE)", allowed=list(ALGORITHMS)),
     "budget": option(
         "raw",
         "DDTREE: tree nodes (1-%d), or a schedule by batch size such as {1: 63, 16: 15}" % MAX_BUDGET,
@@ -250,56 +251,18 @@ def autotune_host_problems(services, gpu_indices, host="host"):
     the host's rollout window (autotune.own_gpus: true; the service stops while its grid runs). A tuned
     service that says neither is refused with both fixes: stopping production is never implied."""
     problems = []
-    gpu_owner = {gpu: service.get("name") for service in services for gpu in service.get("gpus") or []}
-    port_owner = {service.get("port"): service.get("name") for service in services}
+    owners = {
+        "gpus": {gpu: service.get("name") for service in services for gpu in service.get("gpus") or []},
+        "ports": {service.get("port"): service.get("name") for service in services},
+    }
     names = {service.get("name") for service in services}
-    spare = [gpu for gpu in gpu_indices if gpu not in gpu_owner]
     for position, service in enumerate(services):
         spec = service.get("speculative") or {}
         own = spec.get("autotune")
         if not isinstance(own, dict) or spec.get("algorithm") != "DDTREE":
             continue  # not tuned, or autotune_problems says what is wrong with it
         label = "%s: sglang_services[%d] (%s)" % (host, position, service.get("name"))
-        count = len(service.get("gpus") or [])
-        free = ", ".join(str(gpu) for gpu in spare) or "none"
-        gpus, port = own.get("gpus"), own.get("port")
-        if own.get("own_gpus") is True and gpus is None and port is None:
-            pass  # measured on its own GPUs and port, in the host's window: nothing beside it to place
-        elif gpus is None:
-            problems.append(
-                "%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
-                "before the candidate takes traffic: set autotune.gpus to %d spare GPU(s) (free on %s: %s) and "
-                "autotune.port to measure beside the service, or autotune.own_gpus: true to measure on its own "
-                "GPUs in this host's rollout window (the service stops while its grid runs), or remove autotune "
-                "and set budget and top_k" % (label, count, host, free)
-            )
-        elif isinstance(gpus, list):
-            if len(gpus) != count:
-                problems.append(
-                    "%s: speculative.autotune.gpus %s has %d GPU(s), but the service runs on %d; measure on as "
-                    "many as it runs on (free on %s: %s)" % (label, gpus, len(gpus), count, host, free)
-                )
-            for gpu in gpus:
-                if gpu not in gpu_indices:
-                    problems.append(
-                        "%s: speculative.autotune.gpus: GPU %s does not exist on %s, which has GPUs %s"
-                        % (label, gpu, host, ", ".join(str(index) for index in gpu_indices) or "none")
-                    )
-                elif gpu in gpu_owner:
-                    problems.append(
-                        "%s: speculative.autotune.gpus: GPU %s is used by service %s; the temporary instances "
-                        "need spare GPUs (free on %s: %s)" % (label, gpu, gpu_owner[gpu], host, free)
-                    )
-        if gpus is not None and port is None:
-            problems.append(
-                "%s: speculative.autotune.port is not set; give the temporary instances a port of their own, "
-                "e.g. %s" % (label, (service.get("port") or 30000) + 100)
-            )
-        elif port is not None and port in port_owner:
-            problems.append(
-                "%s: speculative.autotune.port %s is used by service %s; give the temporary instances a port "
-                "of their own" % (label, port, port_owner[port])
-            )
+        problems.extend(_autotune_place_problems(label, service, own, gpu_indices, owners, host))
         if "%s%s" % (service.get("name"), TRIAL_SUFFIX) in names:
             problems.append(
                 "%s: a service is named %s%s, the name of this service's temporary tuning instance; rename it"
@@ -312,6 +275,54 @@ def autotune_host_problems(services, gpu_indices, host="host"):
                 "autotune and pin the setting tuned before (budget and top_k from autotune.json)"
                 % (label, service.get("release"))
             )
+    return problems
+
+
+def _autotune_place_problems(label: str, service: dict, own: dict, gpu_indices, owners: dict, host: str) -> list:
+    """Where a tuned service measures: its autotune.gpus (spare, as many as its own) and autotune.port (free),
+    or own_gpus alone. owners: {"gpus": {gpu: service}, "ports": {port: service}} of the host's services."""
+    problems = []
+    spare = [gpu for gpu in gpu_indices if gpu not in owners["gpus"]]
+    count = len(service.get("gpus") or [])
+    free = ", ".join(str(gpu) for gpu in spare) or "none"
+    gpus, port = own.get("gpus"), own.get("port")
+    if own.get("own_gpus") is True and gpus is None and port is None:
+        return []  # measured on its own GPUs and port, in the host's window: nothing beside it to place
+    if gpus is None:
+        problems.append(
+            "%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
+            "before the candidate takes traffic: set autotune.gpus to %d spare GPU(s) (free on %s: %s) and "
+            "autotune.port to measure beside the service, or autotune.own_gpus: true to measure on its own "
+            "GPUs in this host's rollout window (the service stops while its grid runs), or remove autotune "
+            "and set budget and top_k" % (label, count, host, free)
+        )
+    elif isinstance(gpus, list):
+        if len(gpus) != count:
+            problems.append(
+                "%s: speculative.autotune.gpus %s has %d GPU(s), but the service runs on %d; measure on as "
+                "many as it runs on (free on %s: %s)" % (label, gpus, len(gpus), count, host, free)
+            )
+        for gpu in gpus:
+            if gpu not in gpu_indices:
+                problems.append(
+                    "%s: speculative.autotune.gpus: GPU %s does not exist on %s, which has GPUs %s"
+                    % (label, gpu, host, ", ".join(str(index) for index in gpu_indices) or "none")
+                )
+            elif gpu in owners["gpus"]:
+                problems.append(
+                    "%s: speculative.autotune.gpus: GPU %s is used by service %s; the temporary instances "
+                    "need spare GPUs (free on %s: %s)" % (label, gpu, owners["gpus"][gpu], host, free)
+                )
+    if gpus is not None and port is None:
+        problems.append(
+            "%s: speculative.autotune.port is not set; give the temporary instances a port of their own, "
+            "e.g. %s" % (label, (service.get("port") or 30000) + 100)
+        )
+    elif port is not None and port in owners["ports"]:
+        problems.append(
+            "%s: speculative.autotune.port %s is used by service %s; give the temporary instances a port "
+            "of their own" % (label, port, owners["ports"][port])
+        )
     return problems
 
 

@@ -62,9 +62,10 @@ options:
         default: {algorithm: NONE}
         suboptions:
           algorithm:
-            description: The speculative algorithm; unset, NONE.
+            description:
+              - The speculative algorithm - NONE (unset), EAGLE, EAGLE3, NEXTN, DFLASH, DSPARK, UNO, FROZEN_KV_MTP,
+                STANDALONE, NGRAM or DDTREE; another is refused naming the service.
             type: str
-            choices: [NONE, EAGLE, EAGLE3, NEXTN, DFLASH, DSPARK, UNO, FROZEN_KV_MTP, STANDALONE, NGRAM, DDTREE]
           budget:
             description:
               - "DDTREE - tree nodes besides the root (1-511), or a schedule by batch size such as C({1: 63, 16: 15})
@@ -317,14 +318,7 @@ def main():
     )
     services = [declared_values(service) for service in module.params["services"]]
     host = module.params["host"]
-    interfaces, addresses = module.params["interfaces"], module.params["addresses"]
-    if any(spans_nodes(service) for service in services):
-        if interfaces is None:
-            interfaces = [name for _index, name in socket.if_nameindex()]
-        if addresses is None:
-            ip = module.get_bin_path("ip")
-            rc, out, _err = module.run_command([ip, "-j", "address"]) if ip else (1, "", "")
-            addresses = ip_addresses(out) if rc == 0 else None
+    interfaces, addresses = _host_network(module, services)
     problems = service_problems(services, module.params["gpu_indices"], host, interfaces, addresses)
     if problems:
         module.fail_json(
@@ -348,6 +342,29 @@ def main():
             % (len(problems), " | ".join(problems)),
             problems=problems,
         )
+    plan = _plan_entries(services, host, module.params["gate_defaults"])
+    # The stack's base release: what a service without the overlay runs, and a tuned service's DFLASH.
+    needs_base_release = bool(untuned) or any(not entry["loads_overlay"] for entry in plan)
+    module.exit_json(
+        changed=False, services=plan, untuned=untuned, needs_base_release=needs_base_release, guarded=guarded
+    )
+
+
+def _host_network(module, services):
+    """The host's interfaces and addresses, read on the host when a service spans hosts and they were not given."""
+    interfaces, addresses = module.params["interfaces"], module.params["addresses"]
+    if any(spans_nodes(service) for service in services):
+        if interfaces is None:
+            interfaces = [name for _index, name in socket.if_nameindex()]
+        if addresses is None:
+            ip = module.get_bin_path("ip")
+            rc, out, _err = module.run_command([ip, "-j", "address"]) if ip else (1, "", "")
+            addresses = ip_addresses(out) if rc == 0 else None
+    return interfaces, addresses
+
+
+def _plan_entries(services, host, gate_defaults):
+    """Each service's plan entry: what its unit runs, its release, its gate settings, its tuned choice."""
     plan = []
     shadowed = {service.get("shadow_of") for service, _tuning in services}
     for service, tuning in services:
@@ -356,18 +373,14 @@ def main():
             release=service.get("release") or CANDIDATE,
             shadow_of=service.get("shadow_of"),
             shadow_max_slowdown=service.get("shadow_max_slowdown"),
-            gate=gate_settings(service, module.params["gate_defaults"]),
+            gate=gate_settings(service, gate_defaults),
             tuned=tuning,
         )
         if service["name"] in shadowed:
             # How it is gated when measured for its shadow's comparison (the role's shadow.yml).
-            entry["compare_gate"] = gate_settings(service, module.params["gate_defaults"], compared=True)
+            entry["compare_gate"] = gate_settings(service, gate_defaults, compared=True)
         plan.append(entry)
-    # The stack's base release: what a service without the overlay runs, and a tuned service's DFLASH.
-    needs_base_release = bool(untuned) or any(not entry["loads_overlay"] for entry in plan)
-    module.exit_json(
-        changed=False, services=plan, untuned=untuned, needs_base_release=needs_base_release, guarded=guarded
-    )
+    return plan
 
 
 def _guarded(module, services):

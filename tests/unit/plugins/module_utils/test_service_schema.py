@@ -129,12 +129,16 @@ def test_every_field_mistyped_is_refused_naming_the_field(path, declared):
 
 
 @pytest.mark.parametrize(
-    "path, declared", [(path, declared) for path, declared in FIELDS if declared.get("choices")], ids=str
+    "path, declared",
+    [(path, declared) for path, declared in FIELDS if declared.get("choices") or declared.get("allowed")],
+    ids=str,
 )
 def test_every_field_with_choices_refuses_another_value(path, declared):
     problems = services.service_problems([service_with(path, "NOT-A-CHOICE")], EIGHT, "ct200")
     assert (
-        "%s: %s 'NOT-A-CHOICE' is not one of %s" % (LABEL, ".".join(path), ", ".join(declared["choices"])) in problems
+        "%s: %s 'NOT-A-CHOICE' is not one of %s"
+        % (LABEL, ".".join(path), ", ".join(declared.get("choices") or declared["allowed"]))
+        in problems
     )
 
 
