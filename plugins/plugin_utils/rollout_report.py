@@ -39,7 +39,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.rollout_policy impor
 
 # The report as text lives in rollout_report_render; its functions are named here too, where the callback and
 # the tests take them with the report's builder.
-from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report_render import (  # noqa: F401
+from ansible_collections.ddtree.sglang.plugins.plugin_utils.rollout_report_render import (  # noqa: F401  # pylint: disable=unused-import
     render_markdown,
     report_charts,
     resume_command,
