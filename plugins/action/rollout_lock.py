@@ -31,6 +31,19 @@ def default_lock_dir():
     return os.environ.get("DDTREE_LOCK_DIR") or cache_dir("locks")
 
 
+def _owner(playbook_pid, hosts):
+    """Who holds the locks: the run's process, controller, user, start, revision and trigger, and its hosts."""
+    return {
+        "pid": playbook_pid,
+        "controller": socket.gethostname(),
+        "user": getpass.getuser(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "revision": os.environ.get("DDTREE_ROLLOUT_REVISION", ""),
+        "trigger": os.environ.get("DDTREE_ROLLOUT_TRIGGER", ""),
+        "hosts": sorted(hosts),
+    }
+
+
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
@@ -50,15 +63,7 @@ class ActionModule(ActionBase):
         # The worker running this task is a fork of the ansible-playbook process: hold the locks
         # while that process lives.
         playbook_pid = os.getppid()
-        owner = {
-            "pid": playbook_pid,
-            "controller": socket.gethostname(),
-            "user": getpass.getuser(),
-            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "revision": os.environ.get("DDTREE_ROLLOUT_REVISION", ""),
-            "trigger": os.environ.get("DDTREE_ROLLOUT_TRIGGER", ""),
-            "hosts": sorted(args["hosts"]),
-        }
+        owner = _owner(playbook_pid, args["hosts"])
 
         def on_wait(path, holder):
             display.display(

@@ -22,6 +22,7 @@ import json
 import math
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import parse_budget, schedule_from_levels
+from ansible_collections.ddtree.sglang.plugins.module_utils.schema import option
 
 # The declaration's fields and their defaults: `autotune: {}` measures verify windows from 8 to 128 tokens
 # at one, 16 and 64 requests at a time, so the choice can be a schedule: a wide tree where the GPU has
@@ -35,7 +36,18 @@ DEFAULTS = {"budgets": [7, 15, 31, 63, 127], "top_k": [8], "concurrency": [1, 16
 # grid or the tuning key: which GPUs of a host is not what the speed depends on (the key is per host; its
 # GPUs are one model).
 TRIAL_FIELDS = ("gpus", "port", "own_gpus")
-FIELDS = tuple(DEFAULTS) + TRIAL_FIELDS
+# `speculative.autotune`'s fields, declared once (services.SPECULATIVE_FIELDS holds them; autotune_problems checks
+# what needs more than a type: distinct values, the grid's size, where it measures).
+AUTOTUNE_FIELDS = {
+    "budgets": option("list", "DDTREE budgets to measure, distinct integers >= 1", elements="int"),
+    "top_k": option("list", "DDTREE top-k values to measure, distinct integers >= 1", elements="int"),
+    "concurrency": option("list", "Requests at a time each setting is measured with", elements="int"),
+    "min_gain": option("float", "Share DDTREE must beat DFLASH by at every concurrency, in [0, 1)"),
+    "gpus": option("list", "Spare GPUs the temporary instances run on (as many as the service's)", elements="int"),
+    "port": option("int", "The temporary instances' port (1-65535, autotune_problems)"),
+    "own_gpus": option("bool", "Measure on the service's own GPUs and port, stopped in the host's rollout window"),
+}
+FIELDS = tuple(AUTOTUNE_FIELDS)
 # The temporary instance's name: the service's, with this suffix (its unit sglang-<name>-autotune.service).
 TRIAL_SUFFIX = "-autotune"
 # Each DDTREE setting is a server start plus a measurement (minutes on a GPU host): a grid larger than
@@ -111,6 +123,29 @@ def autotune_problems(spec: dict) -> list:
             "speculative.autotune has unknown field(s) %s; its fields are %s"
             % (", ".join(repr(name) for name in unknown), ", ".join(FIELDS))
         )
+    problems += _grid_problems(own) + _place_problems(own)
+    # One place says which budget and top_k run: a fixed one beside the grid would be ignored silently.
+    for fixed, field in (("budget", "budgets"), ("top_k", "top_k")):
+        if spec.get(fixed) is not None:
+            problems.append(
+                "speculative.%s %r is fixed, but autotune chooses it: remove speculative.%s, or pin it "
+                "in the grid with autotune.%s: [%s]" % (fixed, spec[fixed], fixed, field, spec[fixed])
+            )
+    if not problems:
+        tuning = declaration(spec)
+        settings = len(tuning["budgets"]) * len(tuning["top_k"])
+        if settings > MAX_SETTINGS:
+            problems.append(
+                "speculative.autotune spans %d DDTREE settings (%d budgets x %d top_k), each a server start "
+                "and a measurement; list at most %d"
+                % (settings, len(tuning["budgets"]), len(tuning["top_k"]), MAX_SETTINGS)
+            )
+    return problems
+
+
+def _grid_problems(own: dict) -> list:
+    """What is wrong with the grid's fields: budgets, top_k, concurrency, min_gain."""
+    problems = []
     for field, what, example in (
         ("budgets", "tree nodes besides the root", "[4, 8, 15]"),
         ("top_k", "candidates per draft position", "[4, 8]"),
@@ -127,6 +162,12 @@ def autotune_problems(spec: dict) -> list:
                 "speculative.autotune.min_gain is %r; it must be a number from 0 up to, not including, 1 "
                 "(0.03: DDTREE must be at least 3%% faster than DFLASH at every declared concurrency)" % (gain,)
             )
+    return problems
+
+
+def _place_problems(own: dict) -> list:
+    """What is wrong with where the grid is measured: gpus and port, or own_gpus."""
+    problems = []
     if own.get("gpus") is not None:
         gpus = own["gpus"]
         if (
@@ -160,22 +201,6 @@ def autotune_problems(spec: dict) -> list:
                     "on spare GPUs (gpus and port) or on the service's own (own_gpus: true): remove one"
                     % (" and ".join(spare), "are" if len(spare) > 1 else "is")
                 )
-    # One place says which budget and top_k run: a fixed one beside the grid would be ignored silently.
-    for fixed, field in (("budget", "budgets"), ("top_k", "top_k")):
-        if spec.get(fixed) is not None:
-            problems.append(
-                "speculative.%s %r is fixed, but autotune chooses it: remove speculative.%s, or pin it "
-                "in the grid with autotune.%s: [%s]" % (fixed, spec[fixed], fixed, field, spec[fixed])
-            )
-    if not problems:
-        tuning = declaration(spec)
-        settings = len(tuning["budgets"]) * len(tuning["top_k"])
-        if settings > MAX_SETTINGS:
-            problems.append(
-                "speculative.autotune spans %d DDTREE settings (%d budgets x %d top_k), each a server start "
-                "and a measurement; list at most %d"
-                % (settings, len(tuning["budgets"]), len(tuning["top_k"]), MAX_SETTINGS)
-            )
     return problems
 
 
@@ -408,18 +433,9 @@ def _schedule_verdict(top_k: int, verdicts: list, tuning: dict) -> dict | None:
     )
 
 
-def choose(tuning: dict, measurements: list) -> dict:
-    """The setting to run, from the measurements of one tuning.
-
-    -> {"algorithm": "DDTREE" | "DFLASH", "budget", "top_k", "status": "ddtree" | "fallback", "reason",
-        "tokens_per_second": {concurrency: float}, "gain_over_dflash": {...}, "gain_over_none": {...},
-        "settings": [every DDTREE setting's verdict]}; concurrencies are strings (JSON keys).
-    Raises IncompleteMeasurements when measurements fall outside the grid or DFLASH was not measured
-    at every declared concurrency: without the yardstick nothing can be chosen, not even DFLASH (its
-    failure is the candidate's, for the health gate to judge).
-    """
+def _dflash_speeds(tuning: dict, measurements: list, by_identity: dict) -> dict:
+    """{concurrency: DFLASH's tokens/s}; raises IncompleteMeasurements when the measurements cannot decide."""
     problems = measurement_problems(tuning, measurements)
-    by_identity = {_identity(item): item for item in measurements}
     dflash = {}
     for concurrency in tuning["concurrency"]:
         measurement = by_identity.get(("DFLASH", None, None, concurrency))
@@ -437,6 +453,51 @@ def choose(tuning: dict, measurements: list) -> dict:
             dflash[concurrency] = value
     if problems:
         raise IncompleteMeasurements(problems)
+    return dflash
+
+
+def _ddtree_choice(best: dict, tuning: dict) -> tuple:
+    """(setting, tokens/s per concurrency, reason, status) of the fastest DDTREE setting that qualifies."""
+    reason = "%s is the fastest setting that beats DFLASH by min_gain %s at every declared concurrency (%s)" % (
+        setting_name(best),
+        _percent(tuning["min_gain"]),
+        ", ".join(
+            "%s at concurrency %s" % (_percent(gain), concurrency)
+            for concurrency, gain in best["gain_over_dflash"].items()
+        ),
+    )
+    if best.get("levels"):
+        reason += "; a budget per load: %s" % ", ".join(
+            "%s at concurrency up to %s" % (budget, level) for level, budget in best["levels"].items()
+        )
+    return setting("DDTREE", best["budget"], best["top_k"]), best["tokens_per_second"], reason, "ddtree"
+
+
+def _fallback_choice(verdicts: list, tuning: dict, dflash: dict) -> tuple:
+    """(setting, tokens/s per concurrency, reason, status) of DFLASH, when no DDTREE setting qualifies."""
+    speeds = {str(concurrency): value for concurrency, value in dflash.items()}
+    reason = "no DDTREE setting beats DFLASH by min_gain %s at every declared concurrency: running DFLASH" % _percent(
+        tuning["min_gain"]
+    )
+    measured = [item for item in verdicts if item["status"] == "too_slow"]
+    if measured:
+        closest = sorted(measured, key=_rank)[0]
+        reason += " (closest: %s, %s)" % (setting_name(closest), "; ".join(closest["reasons"]))
+    return setting("DFLASH"), speeds, reason, "fallback"
+
+
+def choose(tuning: dict, measurements: list) -> dict:
+    """The setting to run, from the measurements of one tuning.
+
+    -> {"algorithm": "DDTREE" | "DFLASH", "budget", "top_k", "status": "ddtree" | "fallback", "reason",
+        "tokens_per_second": {concurrency: float}, "gain_over_dflash": {...}, "gain_over_none": {...},
+        "settings": [every DDTREE setting's verdict]}; concurrencies are strings (JSON keys).
+    Raises IncompleteMeasurements when measurements fall outside the grid or DFLASH was not measured
+    at every declared concurrency: without the yardstick nothing can be chosen, not even DFLASH (its
+    failure is the candidate's, for the health gate to judge).
+    """
+    by_identity = {_identity(item): item for item in measurements}
+    dflash = _dflash_speeds(tuning, measurements, by_identity)
     none = {}
     for concurrency in tuning["concurrency"]:
         measurement = by_identity.get(("NONE", None, None, concurrency))
@@ -446,34 +507,9 @@ def choose(tuning: dict, measurements: list) -> dict:
     schedules = [item for item in (_schedule_verdict(top_k, verdicts, tuning) for top_k in tuning["top_k"]) if item]
     qualifying = sorted((item for item in verdicts + schedules if item["status"] == "qualifies"), key=_rank)
     if qualifying:
-        best = qualifying[0]
-        chosen = setting("DDTREE", best["budget"], best["top_k"])
-        speeds = best["tokens_per_second"]
-        reason = "%s is the fastest setting that beats DFLASH by min_gain %s at every declared concurrency (%s)" % (
-            setting_name(best),
-            _percent(tuning["min_gain"]),
-            ", ".join(
-                "%s at concurrency %s" % (_percent(gain), concurrency)
-                for concurrency, gain in best["gain_over_dflash"].items()
-            ),
-        )
-        if best.get("levels"):
-            reason += "; a budget per load: %s" % ", ".join(
-                "%s at concurrency up to %s" % (budget, level) for level, budget in best["levels"].items()
-            )
-        status = "ddtree"
+        chosen, speeds, reason, status = _ddtree_choice(qualifying[0], tuning)
     else:
-        chosen = setting("DFLASH")
-        speeds = {str(concurrency): value for concurrency, value in dflash.items()}
-        reason = (
-            "no DDTREE setting beats DFLASH by min_gain %s at every declared concurrency: running DFLASH"
-            % _percent(tuning["min_gain"])
-        )
-        measured = [item for item in verdicts if item["status"] == "too_slow"]
-        if measured:
-            closest = sorted(measured, key=_rank)[0]
-            reason += " (closest: %s, %s)" % (setting_name(closest), "; ".join(closest["reasons"]))
-        status = "fallback"
+        chosen, speeds, reason, status = _fallback_choice(verdicts, tuning, dflash)
     gain_over_dflash = {key: round(_gain(value, dflash[int(key)]), 4) for key, value in speeds.items()}
     gain_over_none = {key: round(_gain(value, none[int(key)]), 4) for key, value in speeds.items() if int(key) in none}
     return dict(

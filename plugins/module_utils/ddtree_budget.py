@@ -65,6 +65,27 @@ def parse_budget(value):
     return tuple(sorted(schedule.items()))
 
 
+def budget_problem(value) -> str | None:
+    """What is wrong with a declared budget (an int, a schedule mapping or the flag's schedule text), or None.
+    A number in quotes is refused: it reads as a schedule's text to some and as a typo to others."""
+    if isinstance(value, str) and ":" not in value:
+        return (
+            "%r is a string; write the number without quotes (budget: %s) or a schedule by batch size such as "
+            "{1: 63, 16: 15}" % (value, value.strip())
+        )
+    try:
+        parse_budget(value)
+    except ValueError as err:
+        return (
+            "%s; DDTREE takes a number of tree nodes (1-%d) or a schedule by batch size such as {1: 63, 16: 15, 48: 7}"
+            % (
+                err,
+                MAX_BUDGET,
+            )
+        )
+    return None
+
+
 def format_budget(value) -> str:
     """The flag's text of a budget or schedule (``"63"``, ``"1:63,16:15"``)."""
     parsed = parse_budget(value)

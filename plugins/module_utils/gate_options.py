@@ -14,26 +14,13 @@ against it by that test.
 
 from __future__ import annotations
 
-# The keys an option declaration may carry besides its doc line; the rest are ansible-core's own.
-SPEC_KEYS = ("type", "elements", "required", "default", "choices", "aliases", "no_log")
+from ansible_collections.ddtree.sglang.plugins.module_utils.schema import argument_spec, option, without
 
 DEFAULT_PROMPTS = [
     "List the first ten prime numbers, separated by commas.",
     "Write a Python function that returns the n-th Fibonacci number.",
     "Translate into German and Japanese: The weather is nice today.",
 ]
-
-
-def option(
-    type_: str, doc: str, default=None, per_service: bool = False, doc_default: str | None = None, **spec
-) -> dict:
-    """One option: its ansible-core spec keys, its doc line, and whether a service may set it in `health`."""
-    declared = dict(spec, type=type_, doc=doc, per_service=per_service)
-    if default is not None:
-        declared["default"] = default
-    if doc_default is not None:
-        declared["doc_default"] = doc_default
-    return declared
 
 
 GATE_OPTIONS = {
@@ -129,23 +116,15 @@ GATE_SETTINGS = tuple(name for name, declared in GATE_OPTIONS.items() if declare
 GATE_DICT_KEYS = GATE_SETTINGS + ("accept_length_from",)
 
 
-def argument_spec(options: dict) -> dict:
-    """ansible-core's argument spec of declared options (a fresh copy: ansible-core fills defaults into it)."""
-    spec = {}
-    for name, declared in options.items():
-        entry = {key: declared[key] for key in SPEC_KEYS if key in declared}
-        if isinstance(entry.get("default"), (list, dict)):
-            entry["default"] = type(entry["default"])(entry["default"])
-        spec[name] = entry
-    return spec
+def settings_declarations() -> dict:
+    """A service's `health` fields: the gate's options marked per_service, without their defaults (unset: the
+    role's or the gate's)."""
+    return without({name: GATE_OPTIONS[name] for name in GATE_SETTINGS}, "default")
 
 
 def settings_spec() -> dict:
     """The per-service `health` settings' spec: the gate's types, no defaults (unset: the role's or the gate's)."""
-    return {
-        name: {key: value for key, value in argument_spec({name: GATE_OPTIONS[name]})[name].items() if key != "default"}
-        for name in GATE_SETTINGS
-    }
+    return argument_spec(settings_declarations())
 
 
 def default(name: str):

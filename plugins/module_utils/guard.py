@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 import time
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import argument_spec, option
+from ansible_collections.ddtree.sglang.plugins.module_utils.schema import argument_spec, option, without
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import spans_nodes
 
 GUARD_STATE_FORMAT = 1
@@ -49,14 +49,15 @@ GUARD_SETTINGS = {
 ACTIONS = ("switch", "hold", "keep", "unknown")
 
 
+def settings_declarations() -> dict:
+    """A service's `guard` fields: their types only (guard_settings fills the defaults, so a service that sets
+    none has the same plan entry as before; guard_problems checks the values, choices included)."""
+    return without(GUARD_SETTINGS, "default", "choices")
+
+
 def settings_spec() -> dict:
-    """The `guard` sub-options of a service: their types only (guard_settings fills the defaults, so a service
-    that sets none has the same plan entry as before; guard_problems checks the values, choices included:
-    ansible-core refuses an unset sub-option that has choices)."""
-    return {
-        name: {key: value for key, value in spec.items() if key in ("type", "no_log")}
-        for name, spec in argument_spec(GUARD_SETTINGS).items()
-    }
+    """The `guard` sub-options of a service, as ansible-core takes them (settings_declarations)."""
+    return argument_spec(settings_declarations())
 
 
 def guard_settings(service: dict) -> dict:
@@ -249,6 +250,37 @@ def live_numbers(
 # ---- the decision ----------------------------------------------------------------------------------------
 
 
+def _speed_problems(settings: dict, live: dict, dflash: dict | None) -> list:
+    """tokens/s per request below DFLASH's recorded at this load, less the margin."""
+    speed = live.get("tokens_per_second")
+    if not (dflash and speed is not None and dflash.get("tokens_per_second")):
+        return []
+    floor = dflash["tokens_per_second"] * (1 - settings["margin"])
+    if not speed < floor:
+        return []
+    return [
+        "tokens/s %.1f per request is below DFLASH's %.1f recorded on this host at concurrency %d (load %d) "
+        "less the margin %.0f%% (%.1f)"
+        % (speed, dflash["tokens_per_second"], dflash["concurrency"], live["load"], settings["margin"] * 100, floor)
+    ]
+
+
+def _accept_problems(settings: dict, live: dict, dflash: dict | None, release: dict | None) -> list:
+    """The acceptance length collapsed below collapse_ratio of the release's recorded one (else DFLASH's tuning's)."""
+    accept = live.get("accept_length")
+    recorded_accept = (release or {}).get("accept_length") or (dflash or {}).get("accept_length")
+    if accept is None or not recorded_accept:
+        return []
+    floor = recorded_accept * settings["collapse_ratio"]
+    if not accept < floor:
+        return []
+    whose = "this release's gate" if (release or {}).get("accept_length") else "DFLASH's tuning"
+    return [
+        "acceptance length %.2f (%s) collapsed below %.0f%% of the %.2f %s recorded (%.2f)"
+        % (accept, live.get("accept_length_source"), settings["collapse_ratio"] * 100, recorded_accept, whose, floor)
+    ]
+
+
 def decide(
     settings: dict,
     live: dict | None,
@@ -279,40 +311,9 @@ def decide(
             ],
             "hold_until": None,
         }
-    problems = []
-    speed = live.get("tokens_per_second")
-    if dflash and speed is not None and dflash.get("tokens_per_second"):
-        floor = dflash["tokens_per_second"] * (1 - settings["margin"])
-        if speed < floor:
-            problems.append(
-                "tokens/s %.1f per request is below DFLASH's %.1f recorded on this host at concurrency %d (load %d) "
-                "less the margin %.0f%% (%.1f)"
-                % (
-                    speed,
-                    dflash["tokens_per_second"],
-                    dflash["concurrency"],
-                    live["load"],
-                    settings["margin"] * 100,
-                    floor,
-                )
-            )
-    accept = live.get("accept_length")
+    speed, accept = live.get("tokens_per_second"), live.get("accept_length")
     recorded_accept = (release or {}).get("accept_length") or (dflash or {}).get("accept_length")
-    if accept is not None and recorded_accept:
-        floor = recorded_accept * settings["collapse_ratio"]
-        if accept < floor:
-            whose = "this release's gate" if (release or {}).get("accept_length") else "DFLASH's tuning"
-            problems.append(
-                "acceptance length %.2f (%s) collapsed below %.0f%% of the %.2f %s recorded (%.2f)"
-                % (
-                    accept,
-                    live.get("accept_length_source"),
-                    settings["collapse_ratio"] * 100,
-                    recorded_accept,
-                    whose,
-                    floor,
-                )
-            )
+    problems = _speed_problems(settings, live, dflash) + _accept_problems(settings, live, dflash, release)
     if speed is None and accept is None:
         return {
             "action": "unknown",

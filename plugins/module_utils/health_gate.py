@@ -197,104 +197,10 @@ def _now_utc() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-class HealthGate:
-    """One run of the gate over a service. params: the sglang_health module's options.
-
-    run() -> (passed, message, result). Records (baseline, metrics) are written through write(path,
-    document) only when every stage passed, and never in check mode; warn(text) takes warnings.
-    """
-
-    def __init__(
-        self,
-        params: dict,
-        io: ServiceIO,
-        check_mode: bool = False,
-        warn=None,
-        write=None,
-        clock=time.monotonic,
-        sleep=time.sleep,
-    ):
-        self.params = params
-        self.io = io
-        self.check_mode = check_mode
-        self.warn = warn or (lambda text: None)
-        self.write = write
-        self.clock = clock
-        self.sleep = sleep
-        self.unit = unit_name(params["name"])
-        self.since = None
-        self.watch = None
-        self.t0 = clock()
-        self.origin = self.t0
-        self.stage = STAGES[0]
-        self.result = {
-            "unit": self.unit,
-            "service": params["name"],
-            "release_id": params["release_id"],
-            "stage": self.stage,
-            "passed": False,
-            "timings": {},
-            "recorded": {"baseline": False, "metrics": False},
-            "unit_state": {},
-        }
-        self.pending = {}  # what to record once every stage passed
-        self.model = params["model"]
-        self.chat_text = ""
-        self.generations = []
-        self._server_info = None  # /server_info's answer for the baseline key, fetched once
-        self._key = None  # decoding_key()
-        self.ready_pid = None  # the unit's MainPID when unit_watch saw the port answer
-
-    # ---- the run ---------------------------------------------------------------------------------
-
-    def run(self) -> tuple:
-        try:
-            for stage in STAGES:
-                self.stage = self.result["stage"] = stage
-                start = self.clock()
-                try:
-                    getattr(self, "stage_" + stage)()
-                finally:
-                    self.result["timings"][stage] = round(self.clock() - start, 3)
-        except GateFailed as failure:
-            return self.failed(failure)
-        for what, path in (("baseline", self.params["baseline_file"]), ("metrics", self.params["metrics_file"])):
-            if what in self.pending:
-                if not self.check_mode:
-                    self.write(path, self.pending[what])
-                self.result["recorded"][what] = True
-        self.result["timings"]["total"] = round(self.clock() - self.t0, 3)
-        self.result["passed"] = True
-        performance = self.result.get("performance", {})
-        message = "%s is healthy: port after %s s, /health %s s, %s tokens/s, acceptance length %s%s" % (
-            self.unit,
-            self.result["startup"].get("time_to_port_s"),
-            self.result["health"]["latency_s"],
-            performance.get("tokens_per_second"),
-            performance.get("accept_length"),
-            " (%s)" % performance["accept_length_source"] if performance.get("accept_length_source") else "",
-        )
-        return True, message, self.result
-
-    def failed(self, failure: GateFailed) -> tuple:
-        self.result["timings"]["total"] = round(self.clock() - self.t0, 3)
-        if self.watch is not None:
-            self.record_startup()
-            self.result["journal_excerpt"] = self.watch.excerpt()
-            self.result["signature_matches"] = self.watch.evidence()
-        self.result.update(failure.evidence)
-        stage = failure.stage or self.stage
-        self.result.update(failed_stage=stage, failure_kind=failure.kind)
-        message = "%s failed at %s (%s): %s" % (self.unit, stage, failure.kind, failure.reason)
-        return False, redact(message, self.params["api_key"]), self.result
-
-    def read_record(self, path: str | None) -> dict | None:
-        try:
-            return read_json(path)
-        except (OSError, ValueError) as exc:
-            raise GateFailed("state_file", "cannot read %s: %s" % (path, exc)) from None
-
-    # ---- unit watch ------------------------------------------------------------------------------
+class _UnitWatch:
+    """HealthGate's unit_watch stage, and the look at the unit and its journal that every later stage takes when
+    a request fails (check_unit). Each part of HealthGate reads and writes the gate's state (params, io,
+    result, watch, ...), which HealthGate.__init__ sets: one gate, split by stage to be read a stage at a time."""
 
     def unit_props(self) -> dict:
         props = self.io.unit_properties()
@@ -424,7 +330,10 @@ class HealthGate:
             }
         )
 
-    # ---- health, chat, outputs -------------------------------------------------------------------
+
+class _Serving:
+    """HealthGate's health, chat and degenerate stages, the requests they make, and what the later stages key
+    their records by (decoding_key, fleet_document). A part of HealthGate (see _UnitWatch)."""
 
     def stage_health(self):
         path = self.params["health_path"]
@@ -560,9 +469,13 @@ class HealthGate:
         except ValueError as exc:
             raise GateFailed("state_file", str(exc)) from None
 
+
+class _Baseline:
+    """HealthGate's baseline stage: greedy outputs against this host's baseline, else the fleet's. A part of
+    HealthGate (see _UnitWatch)."""
+
     def stage_baseline(self):
-        path = self.params["baseline_file"]
-        max_tokens = self.params["max_tokens"]
+        path, max_tokens = self.params["baseline_file"], self.params["max_tokens"]
         document = self.read_record(path) if path else None
         fleet = self.fleet_document() if path else None
         results = []
@@ -580,107 +493,128 @@ class HealthGate:
         new_entries = None  # what this run records: the role adds it to the fleet's baselines
         mismatches = []
         for prompt in self.params["prompts"]:
-            reply = self.generate(prompt, max_tokens, "baseline prompt %r" % prompt[:60])
-            self.generations.append(reply)
-            entry = {
-                "prompt": prompt,
-                "text": reply["text"][:TEXT_LIMIT],
-                "completion_tokens": reply["completion_tokens"],
-                "seconds": reply["seconds"],
-            }
-            results.append(entry)
-            verdict = degenerate_output(reply["text"])
-            if verdict["degenerate"]:
-                entry["status"] = "degenerate"
-                self.result["baseline"]["status"] = "failed"
-                raise GateFailed(
-                    "degenerate",
-                    "the output for baseline prompt %r is degenerate: %s" % (prompt[:60], verdict["reason"]),
-                )
-            if not path:
-                entry["status"] = "unchecked"
-                continue
-            # This host's baseline, else the fleet's (fleet_baselines.py): a blank host's first release is
-            # compared too, and only a key with no reference anywhere is recorded unchecked.
-            recorded, entry["reference"] = reference_for(document, fleet, key["key"], prompt, max_tokens)
-            if recorded is not None:
-                comparison = compare_output(recorded.get("text", ""), reply["text"], self.params["baseline_tolerance"])
-                entry.update(comparison, status="match" if comparison["match"] else "mismatch")
-                if entry["reference"] == FLEET:
-                    entry["reference_host"], entry["reference_release_id"] = (
-                        recorded.get("host"),
-                        recorded.get("release_id"),
-                    )
-                if not comparison["match"]:
-                    mismatches.append((prompt, comparison, recorded, entry["reference"]))
-                    continue
-                if entry["reference"] != FLEET:
-                    continue
-            elif not self.params["record_baseline"]:
-                entry["status"] = "missing"
-                continue
-            else:
-                entry["status"] = "new"
-            if self.params["record_baseline"]:
+            record = self.baseline_prompt(prompt, results, document, fleet, key, mismatches)
+            if record is not None:
                 # New here: recorded on this host (a fleet entry it matched becomes its own).
-                record = {
-                    "text": reply["text"],
-                    "completion_tokens": reply["completion_tokens"],
-                    "recorded_at": _now_utc(),
-                    "release_id": self.params["release_id"],
-                }
                 new_document = baseline_add(new_document, key["key"], prompt, max_tokens, record)
                 new_entries = baseline_add(new_entries, key["key"], prompt, max_tokens, record)
-        statuses = [entry["status"] for entry in results]
-        references = [entry["reference"] for entry in results if "reference" in entry]
         self.result["baseline"]["status"] = "passed" if path else "skipped"
         if path:
-            self.result["baseline"]["reference"] = overall_reference(references)
+            self.result["baseline"]["reference"] = overall_reference(
+                [entry["reference"] for entry in results if "reference" in entry]
+            )
         if mismatches:
             self.result["baseline"]["status"] = "failed"
-            prompt, comparison, recorded, reference = mismatches[0]
-            whose = "this host's baseline"
-            if reference == FLEET:
-                whose = "the fleet's baseline (recorded on %s by release %s at %s; this host has none)" % (
-                    recorded.get("host") or "?",
-                    recorded.get("release_id") or "?",
-                    recorded.get("recorded_at") or "?",
-                )
-            raise GateFailed(
-                "baseline_mismatch",
-                (
-                    "%d of %d greedy outputs differ from %s for %s (max_tokens %d); prompt %r differs "
-                    "after character %d (%d differ, %d allowed): expected %r, got %r"
-                )
-                % (
-                    len(mismatches),
-                    len(results),
-                    whose,
-                    key["key"],
-                    max_tokens,
-                    prompt[:60],
-                    comparison["common_prefix"],
-                    comparison["differing_chars"],
-                    comparison["allowed_chars"],
-                    comparison.get("expected_excerpt"),
-                    comparison.get("actual_excerpt"),
-                ),
-            )
+            raise self.baseline_mismatch(mismatches, len(results), key["key"])
         if new_entries is not None:
             self.pending["baseline"] = new_document
             self.result["baseline"]["new_baselines"] = new_entries
+        self.baseline_outcome([entry["status"] for entry in results], key["key"], fleet is not None)
+
+    def baseline_prompt(self, prompt: str, results: list, document, fleet, key: dict, mismatches: list) -> dict | None:
+        """Generate one baseline prompt and compare it with its reference: its entry goes into results, a
+        mismatch into mismatches; -> what to record for it (None: nothing)."""
+        max_tokens = self.params["max_tokens"]
+        reply = self.generate(prompt, max_tokens, "baseline prompt %r" % prompt[:60])
+        self.generations.append(reply)
+        entry = {
+            "prompt": prompt,
+            "text": reply["text"][:TEXT_LIMIT],
+            "completion_tokens": reply["completion_tokens"],
+            "seconds": reply["seconds"],
+        }
+        results.append(entry)
+        verdict = degenerate_output(reply["text"])
+        if verdict["degenerate"]:
+            entry["status"] = "degenerate"
+            self.result["baseline"]["status"] = "failed"
+            raise GateFailed(
+                "degenerate",
+                "the output for baseline prompt %r is degenerate: %s" % (prompt[:60], verdict["reason"]),
+            )
+        if not self.params["baseline_file"]:
+            entry["status"] = "unchecked"
+            return None
+        # This host's baseline, else the fleet's (fleet_baselines.py): a blank host's first release is
+        # compared too, and only a key with no reference anywhere is recorded unchecked.
+        recorded, entry["reference"] = reference_for(document, fleet, key["key"], prompt, max_tokens)
+        if recorded is not None:
+            comparison = compare_output(recorded.get("text", ""), reply["text"], self.params["baseline_tolerance"])
+            entry.update(comparison, status="match" if comparison["match"] else "mismatch")
+            if entry["reference"] == FLEET:
+                entry["reference_host"], entry["reference_release_id"] = (
+                    recorded.get("host"),
+                    recorded.get("release_id"),
+                )
+            if not comparison["match"]:
+                mismatches.append((prompt, comparison, recorded, entry["reference"]))
+                return None
+            if entry["reference"] != FLEET:
+                return None
+        elif not self.params["record_baseline"]:
+            entry["status"] = "missing"
+            return None
+        else:
+            entry["status"] = "new"
+        if not self.params["record_baseline"]:
+            return None
+        return {
+            "text": reply["text"],
+            "completion_tokens": reply["completion_tokens"],
+            "recorded_at": _now_utc(),
+            "release_id": self.params["release_id"],
+        }
+
+    def baseline_mismatch(self, mismatches: list, count: int, key: str) -> GateFailed:
+        """The failure of greedy outputs that differ from their reference, told by the first of them."""
+        prompt, comparison, recorded, reference = mismatches[0]
+        whose = "this host's baseline"
+        if reference == FLEET:
+            whose = "the fleet's baseline (recorded on %s by release %s at %s; this host has none)" % (
+                recorded.get("host") or "?",
+                recorded.get("release_id") or "?",
+                recorded.get("recorded_at") or "?",
+            )
+        return GateFailed(
+            "baseline_mismatch",
+            (
+                "%d of %d greedy outputs differ from %s for %s (max_tokens %d); prompt %r differs "
+                "after character %d (%d differ, %d allowed): expected %r, got %r"
+            )
+            % (
+                len(mismatches),
+                count,
+                whose,
+                key,
+                self.params["max_tokens"],
+                prompt[:60],
+                comparison["common_prefix"],
+                comparison["differing_chars"],
+                comparison["allowed_chars"],
+                comparison.get("expected_excerpt"),
+                comparison.get("actual_excerpt"),
+            ),
+        )
+
+    def baseline_outcome(self, statuses: list, key: str, with_fleet: bool):
+        """A stage that passed: say whether it recorded new baselines, or had none to compare with."""
         if "new" in statuses:
             self.result["baseline"]["status"] = "recorded"
             self.result["baseline"]["note"] = new_key_note(
-                key["key"], max_tokens, self.params["release_id"], fleet is not None
+                key, self.params["max_tokens"], self.params["release_id"], with_fleet
             )
             self.warn("%s: %s" % (self.unit, self.result["baseline"]["note"]))
         elif "missing" in statuses:
             self.result["baseline"]["status"] = "missing"
             self.warn(
                 "%s: no baseline in %s for %s (max_tokens %d) and record_baseline is false: outputs "
-                "were not compared" % (self.unit, path, key["key"], max_tokens)
+                "were not compared" % (self.unit, self.params["baseline_file"], key, self.params["max_tokens"])
             )
+
+
+class _Performance:
+    """HealthGate's performance stage: tokens/s and the acceptance length against floors and the previous
+    release. A part of HealthGate (see _UnitWatch)."""
 
     def tokens_per_second_short(self, current: dict, floors: dict, previous) -> bool:
         """Whether tokens/s alone misses its floor or the previous release's number."""
@@ -694,38 +628,12 @@ class HealthGate:
     def stage_performance(self):
         params = self.params
         current = {"tokens_per_second": tokens_per_second(self.generations), "accept_length": None}
-        # Read anew: the acceptance length must include the baseline stage's requests (the answer fetched for
-        # the baseline key, before them, has none yet on a fresh server; docs/decisions/accept-length-source.md).
-        info = self.io.request("GET", "/server_info", timeout=params["request_timeout"], auth=True)
-        if info["status"] != 200:
-            self.check_unit("GET /server_info", describe(info))
-        if params.get("accept_length_from", "server_info") == "server_info":
-            try:
-                current["accept_length"] = info["data"]["internal_states"][0].get("avg_spec_accept_length")
-            except (TypeError, KeyError, IndexError, AttributeError):
-                current["server_info_error"] = info["error"] or "HTTP %s" % info["status"]
-        # accept_length_from generate: the server's average depends on all it served since it started, so two
-        # servers (a shadow and its production service) are compared on one request each, the same one.
-        source = "server_info" if current["accept_length"] is not None else None
-        accept_detail = {}
-        if source is None and self.decoding_key()["family"] != "NONE" and params["prompts"]:
-            accept_detail = self.accept_length_from_generate(params["prompts"][0], params["max_tokens"])
-            current["accept_length"] = accept_detail.pop("accept_length")
-            source = "generate meta_info" if current["accept_length"] is not None else None
+        source, accept_detail = self.accept_length(current)
         previous = params["previous"]
         if previous is None and params["metrics_file"]:
             previous = previous_metrics(self.read_record(params["metrics_file"]), self.decoding_key()["key"])
         floors = {"tokens_per_second": params["min_tokens_per_second"], "accept_length": params["min_accept_length"]}
-        rounds = [current["tokens_per_second"]]
-        if params["prompts"] and self.tokens_per_second_short(current, floors, previous):
-            # A shortfall is confirmed before it fails the release: the prompts run once more and the faster
-            # round counts. A slow release is slow twice; a host busy for a moment (a neighbour's job, a
-            # first request's warm-up) is not, and a rollback for it would throw a good release away.
-            again = [
-                self.generate(p, params["max_tokens"], "performance re-measure %r" % p[:60]) for p in params["prompts"]
-            ]
-            rounds.append(tokens_per_second(again))
-            current["tokens_per_second"] = max((r for r in rounds if r is not None), default=None)
+        rounds = self.confirmed_rounds(current, floors, previous)
         problems = compare_metrics(current, floors, previous, params["max_regression"])
         if current["accept_length"] is None and accept_detail.get("accept_length_error"):
             problems = [
@@ -749,20 +657,63 @@ class HealthGate:
         if problems:
             raise GateFailed("performance", "; ".join(problems))
         if params["record_metrics"]:
-            self.pending["metrics"] = metrics_add(
-                self.read_record(params["metrics_file"]),
-                {
-                    "model": self.model,
-                    "key": self.decoding_key()["key"],
-                    "release_id": params["release_id"],
-                    "recorded_at": _now_utc(),
-                    "tokens_per_second": current["tokens_per_second"],
-                    "accept_length": current["accept_length"],
-                    "accept_length_source": source,
-                    "prompts": len(self.generations),
-                    "max_tokens": params["max_tokens"],
-                },
-            )
+            self.pending["metrics"] = self.metrics_record(current, source)
+
+    def accept_length(self, current: dict) -> tuple:
+        """Fill current's accept_length (and server_info_error) -> (its source or None, the /generate detail)."""
+        params = self.params
+        # Read anew: the acceptance length must include the baseline stage's requests (the answer fetched for
+        # the baseline key, before them, has none yet on a fresh server; docs/decisions/accept-length-source.md).
+        info = self.io.request("GET", "/server_info", timeout=params["request_timeout"], auth=True)
+        if info["status"] != 200:
+            self.check_unit("GET /server_info", describe(info))
+        if params.get("accept_length_from", "server_info") == "server_info":
+            try:
+                current["accept_length"] = info["data"]["internal_states"][0].get("avg_spec_accept_length")
+            except (TypeError, KeyError, IndexError, AttributeError):
+                current["server_info_error"] = info["error"] or "HTTP %s" % info["status"]
+        # accept_length_from generate: the server's average depends on all it served since it started, so two
+        # servers (a shadow and its production service) are compared on one request each, the same one.
+        source = "server_info" if current["accept_length"] is not None else None
+        accept_detail = {}
+        if source is None and self.decoding_key()["family"] != "NONE" and params["prompts"]:
+            accept_detail = self.accept_length_from_generate(params["prompts"][0], params["max_tokens"])
+            current["accept_length"] = accept_detail.pop("accept_length")
+            source = "generate meta_info" if current["accept_length"] is not None else None
+        return source, accept_detail
+
+    def confirmed_rounds(self, current: dict, floors: dict, previous) -> list:
+        """tokens/s of each round: a shortfall is confirmed before it fails the release (current keeps the faster)."""
+        params = self.params
+        rounds = [current["tokens_per_second"]]
+        if params["prompts"] and self.tokens_per_second_short(current, floors, previous):
+            # A shortfall is confirmed before it fails the release: the prompts run once more and the faster
+            # round counts. A slow release is slow twice; a host busy for a moment (a neighbour's job, a
+            # first request's warm-up) is not, and a rollback for it would throw a good release away.
+            again = [
+                self.generate(p, params["max_tokens"], "performance re-measure %r" % p[:60]) for p in params["prompts"]
+            ]
+            rounds.append(tokens_per_second(again))
+            current["tokens_per_second"] = max((r for r in rounds if r is not None), default=None)
+        return rounds
+
+    def metrics_record(self, current: dict, source) -> dict:
+        """The metrics document with this run's numbers added (written once every stage passed)."""
+        params = self.params
+        return metrics_add(
+            self.read_record(params["metrics_file"]),
+            {
+                "model": self.model,
+                "key": self.decoding_key()["key"],
+                "release_id": params["release_id"],
+                "recorded_at": _now_utc(),
+                "tokens_per_second": current["tokens_per_second"],
+                "accept_length": current["accept_length"],
+                "accept_length_source": source,
+                "prompts": len(self.generations),
+                "max_tokens": params["max_tokens"],
+            },
+        )
 
     def accept_length_from_generate(self, prompt: str, max_tokens: int) -> dict:
         """The acceptance length of one greedy generation, from SGLang's own per-request meta_info.
@@ -801,3 +752,99 @@ class HealthGate:
                 "spec_verify_ct"
             )
         return detail
+
+
+class HealthGate(_UnitWatch, _Serving, _Baseline, _Performance):
+    """One run of the gate over a service. params: the sglang_health module's options.
+
+    run() -> (passed, message, result). Records (baseline, metrics) are written through write(path,
+    document) only when every stage passed, and never in check mode; warn(text) takes warnings.
+    """
+
+    def __init__(
+        self,
+        params: dict,
+        io: ServiceIO,
+        check_mode: bool = False,
+        warn=None,
+        write=None,
+        clock=time.monotonic,
+        sleep=time.sleep,
+    ):
+        self.params = params
+        self.io = io
+        self.check_mode = check_mode
+        self.warn = warn or (lambda text: None)
+        self.write = write
+        self.clock = clock
+        self.sleep = sleep
+        self.unit = unit_name(params["name"])
+        self.since = None
+        self.watch = None
+        self.t0 = clock()
+        self.origin = self.t0
+        self.stage = STAGES[0]
+        self.result = {
+            "unit": self.unit,
+            "service": params["name"],
+            "release_id": params["release_id"],
+            "stage": self.stage,
+            "passed": False,
+            "timings": {},
+            "recorded": {"baseline": False, "metrics": False},
+            "unit_state": {},
+        }
+        self.pending = {}  # what to record once every stage passed
+        self.model = params["model"]
+        self.chat_text = ""
+        self.generations = []
+        self._server_info = None  # /server_info's answer for the baseline key, fetched once
+        self._key = None  # decoding_key()
+        self.ready_pid = None  # the unit's MainPID when unit_watch saw the port answer
+
+    def run(self) -> tuple:
+        try:
+            for stage in STAGES:
+                self.stage = self.result["stage"] = stage
+                start = self.clock()
+                try:
+                    getattr(self, "stage_" + stage)()
+                finally:
+                    self.result["timings"][stage] = round(self.clock() - start, 3)
+        except GateFailed as failure:
+            return self.failed(failure)
+        for what, path in (("baseline", self.params["baseline_file"]), ("metrics", self.params["metrics_file"])):
+            if what in self.pending:
+                if not self.check_mode:
+                    self.write(path, self.pending[what])
+                self.result["recorded"][what] = True
+        self.result["timings"]["total"] = round(self.clock() - self.t0, 3)
+        self.result["passed"] = True
+        performance = self.result.get("performance", {})
+        message = "%s is healthy: port after %s s, /health %s s, %s tokens/s, acceptance length %s%s" % (
+            self.unit,
+            self.result["startup"].get("time_to_port_s"),
+            self.result["health"]["latency_s"],
+            performance.get("tokens_per_second"),
+            performance.get("accept_length"),
+            " (%s)" % performance["accept_length_source"] if performance.get("accept_length_source") else "",
+        )
+        return True, message, self.result
+
+    def failed(self, failure: GateFailed) -> tuple:
+        self.result["timings"]["total"] = round(self.clock() - self.t0, 3)
+        if self.watch is not None:
+            self.record_startup()
+            self.result["journal_excerpt"] = self.watch.excerpt()
+            self.result["signature_matches"] = self.watch.evidence()
+        self.result.update(failure.evidence)
+        stage = failure.stage or self.stage
+        self.result.update(failed_stage=stage, failure_kind=failure.kind)
+        message = "%s failed at %s (%s): %s" % (self.unit, stage, failure.kind, failure.reason)
+        return False, redact(message, self.params["api_key"]), self.result
+
+    def read_record(self, path: str | None) -> dict | None:
+        try:
+            return read_json(path)
+        except (OSError, ValueError) as exc:
+            raise GateFailed("state_file", "cannot read %s: %s" % (path, exc)) from None

@@ -82,6 +82,38 @@ def main_exit(props: dict) -> dict | None:
     return None
 
 
+def _death(result: str, exit_info: dict | None, exit_text: str) -> tuple | None:
+    """(kind, reason) of a unit's death, read from its Result and its main process's exit status; None when
+    neither says."""
+    if result == "oom-kill":
+        return "oom", "the kernel OOM killer killed it (Result=oom-kill, %s)" % exit_text
+    if result == "start-limit-hit":
+        return "crash_loop", "systemd gave up restarting it (Result=start-limit-hit)"
+    if result == "timeout":
+        return "timeout", "systemd timed out (Result=timeout, %s)" % exit_text
+    if exit_info and exit_info["code"] == "exited" and exit_info["status"] == 2:
+        return "bad_flag", "it exited with status=2, a rejected launch flag (Result=%s)" % result
+    if exit_info and exit_info["code"] in ("killed", "dumped"):
+        return "killed", "it was killed by a signal (Result=%s, %s)" % (result, exit_text)
+    if exit_info and exit_info["code"] == "exited":
+        return "exited", "it exited (Result=%s, %s)" % (result, exit_text)
+    return None
+
+
+def _restart_reason(sub: str, state: str, restarts: int, exit_text: str, result: str) -> str:
+    if sub == "auto-restart":
+        reason = "it died and systemd is about to restart it (%s, NRestarts=%d, last exit %s)" % (
+            state,
+            restarts,
+            exit_text,
+        )
+    else:
+        reason = "it crashed and systemd restarted it (NRestarts=%d, %s, last exit %s)" % (restarts, state, exit_text)
+    if result == "oom-kill":
+        reason += "; Result=oom-kill"
+    return reason
+
+
 def classify_unit(props: dict, restarts_at_start: int = 0) -> dict:
     """Decide from `systemctl show` properties whether a starting service is alive.
 
@@ -97,17 +129,8 @@ def classify_unit(props: dict, restarts_at_start: int = 0) -> dict:
     exit_info = main_exit(props)
     exit_text = exit_info["text"] if exit_info else "no exit status"
     state = "%s/%s" % (active, sub)
-    verdict = {
-        "phase": None,
-        "alive": False,
-        "fatal": True,
-        "kind": None,
-        "reason": "",
-        "exit": exit_info,
-        "state": state,
-        "result": result,
-        "restarts": restarts,
-    }
+    verdict = dict(phase=None, alive=False, fatal=True, kind=None, reason="", exit=exit_info, state=state)
+    verdict.update(result=result, restarts=restarts)
 
     def fail(phase, kind, reason):
         verdict.update(phase=phase, kind=kind, reason=reason)
@@ -115,39 +138,15 @@ def classify_unit(props: dict, restarts_at_start: int = 0) -> dict:
 
     def by_result(phase):
         """The kind of death, read from Result and the exit status."""
-        if result == "oom-kill":
-            return fail(phase, "oom", "the kernel OOM killer killed it (Result=oom-kill, %s)" % exit_text)
-        if result == "start-limit-hit":
-            return fail(phase, "crash_loop", "systemd gave up restarting it (Result=start-limit-hit)")
-        if result == "timeout":
-            return fail(phase, "timeout", "systemd timed out (Result=timeout, %s)" % exit_text)
-        if exit_info and exit_info["code"] == "exited" and exit_info["status"] == 2:
-            return fail(phase, "bad_flag", "it exited with status=2, a rejected launch flag (Result=%s)" % result)
-        if exit_info and exit_info["code"] in ("killed", "dumped"):
-            return fail(phase, "killed", "it was killed by a signal (Result=%s, %s)" % (result, exit_text))
-        if exit_info and exit_info["code"] == "exited":
-            return fail(phase, "exited", "it exited (Result=%s, %s)" % (result, exit_text))
-        return None
+        death = _death(result, exit_info, exit_text)
+        return fail(phase, *death) if death else None
 
     if props.get("LoadState") == "not-found":
         return fail("missing", "unit_missing", "the unit is not loaded (LoadState=not-found)")
     if restarts > restarts_at_start or sub == "auto-restart":
-        verdict.update(phase="restarting", kind="restarted")
-        if sub == "auto-restart":
-            reason = "it died and systemd is about to restart it (%s, NRestarts=%d, last exit %s)" % (
-                state,
-                restarts,
-                exit_text,
-            )
-        else:
-            reason = "it crashed and systemd restarted it (NRestarts=%d, %s, last exit %s)" % (
-                restarts,
-                state,
-                exit_text,
-            )
-        if result == "oom-kill":
-            reason += "; Result=oom-kill"
-        verdict["reason"] = reason
+        verdict.update(
+            phase="restarting", kind="restarted", reason=_restart_reason(sub, state, restarts, exit_text, result)
+        )
         return verdict
     if active == "failed":
         return by_result("failed") or fail("failed", "failed", "the unit failed (Result=%s, %s)" % (result, exit_text))

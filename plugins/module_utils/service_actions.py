@@ -190,6 +190,21 @@ def failure_message(host: str, rollback: list, releases: dict, state_root: str) 
     )
 
 
+def _decisions(services, releases, switched, changed, recorded, window_restarted, installed) -> dict:
+    """{name: decide_service's decision with the service's unit and release id}, before the gates."""
+    switched, window_restarted = changed_names(switched), changed_names(window_restarted)
+    installed = None if installed is None else set(installed)
+    decisions = {}
+    for service in services:
+        status = recorded.get(service["name"]) or {}
+        decisions[service["name"]] = dict(
+            decide_service(service, status, changed, switched, window_restarted, installed),
+            unit=service["unit"],
+            release_id=(releases.get(service["name"]) or {}).get("release_id"),
+        )
+    return decisions
+
+
 def service_actions(
     services: list,
     releases: dict,
@@ -217,17 +232,7 @@ def service_actions(
     promotions; without them both lists are empty. In check mode nothing is gated or quick-checked (the
     services' decisions still say what would be).
     """
-    switched = changed_names(switched)
-    window_restarted = changed_names(window_restarted)
-    installed = None if installed is None else set(installed)
-    decisions = {}
-    for service in services:
-        status = recorded.get(service["name"]) or {}
-        decisions[service["name"]] = dict(
-            decide_service(service, status, changed, switched, window_restarted, installed),
-            unit=service["unit"],
-            release_id=(releases.get(service["name"]) or {}).get("release_id"),
-        )
+    decisions = _decisions(services, releases, switched, changed, recorded, window_restarted, installed)
 
     def entries(flag: str) -> list:
         return [
@@ -250,8 +255,15 @@ def service_actions(
         "promote": [],
         "msg": "",
     }
-    # Each production service that waits for its shadow: compared with it once the shadow is gated.
-    result["compare_shadow"] = [
+    result["compare_shadow"] = _waiting_for_shadows(services, releases, decisions)
+    if gate_results is not None:
+        _add_after_gates(result, services, releases, recorded, gate_results, shadow_verdicts, host, state_root)
+    return result
+
+
+def _waiting_for_shadows(services, releases, decisions) -> list:
+    """Each production service that waits for its shadow: compared with it once the shadow is gated."""
+    return [
         dict(
             service,
             release_id=decisions[service["name"]]["release_id"],
@@ -260,8 +272,11 @@ def service_actions(
         for service in services
         if (releases.get(service["name"]) or {}).get("follows") == "shadow"
     ]
-    if gate_results is None:
-        return result
+
+
+def _add_after_gates(result, services, releases, recorded, gate_results, shadow_verdicts, host, state_root):
+    """What follows this run's gates, in result: the shadows' comparisons, the rollbacks and the promotions."""
+    decisions = result["services"]
     result["compare_shadow"] = [shadow_comparison(entry, services, gate_results) for entry in result["compare_shadow"]]
     outcome = after_gates(services, decisions, recorded, gate_results, shadow_verdicts or {})
     for failed in outcome["rollback"]:
@@ -269,7 +284,6 @@ def service_actions(
     for entry in outcome["promote"]:
         decisions[entry["name"]]["promote"] = True
     result.update(outcome, msg=failure_message(host, outcome["rollback"], releases, state_root))
-    return result
 
 
 def rollback_gate(failed: dict, gate_results: list) -> dict | None:

@@ -20,8 +20,8 @@ interface NCCL and Gloo use) identically on every node. This module holds the ru
 
 from __future__ import annotations
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import option
 from ansible_collections.ddtree.sglang.plugins.module_utils.health_journal import clip_line
+from ansible_collections.ddtree.sglang.plugins.module_utils.schema import option
 
 # The `nodes` field's options, declared once (services.SERVICE_FIELDS and the role's argument spec use them).
 NODE_FIELDS = {
@@ -96,23 +96,7 @@ def node_problems(
             "%s: nodes.hosts %s names fewer than 2 hosts; list every host of the service in rank order (the head "
             "first), or remove nodes for a service on one host" % (label, hosts)
         )
-    if len(set(hosts)) != len(hosts):
-        problems.append("%s: nodes.hosts %s names a host twice; list each node once, in rank order" % (label, hosts))
-    if hosts and host not in hosts:
-        problems.append(
-            "%s: nodes.hosts %s does not name %s; declare the service only on its nodes (a group's group_vars), "
-            "or add %s to nodes.hosts" % (label, hosts, host, host)
-        )
-    if not nodes.get("dist_init_addr"):
-        problems.append(
-            "%s: nodes.dist_init_addr is not set; set it to the address of the head %s that the other nodes reach"
-            % (label, hosts[0] if hosts else "(the first of nodes.hosts)")
-        )
-    if not nodes.get("interface"):
-        problems.append(
-            "%s: nodes.interface is not set; name the network interface between the nodes (NCCL and Gloo "
-            "otherwise pick one themselves, often the wrong one)" % label
-        )
+    problems.extend(_declared_node_problems(label, nodes, host))
     problems.extend(_port_problems(label, service, services))
     gpus = service.get("gpus") or []
     tp_size = service.get("tp_size", 1)
@@ -140,6 +124,38 @@ def node_problems(
             "%s: a service across hosts is not tuned by autotune; remove speculative.autotune and set budget "
             "and top_k" % label
         )
+    problems.extend(_host_node_problems(label, nodes, host, interfaces, addresses))
+    return problems
+
+
+def _declared_node_problems(label: str, nodes: dict, host: str) -> list:
+    """What nodes must say: each host once, this host among them, the head's address, the interface."""
+    hosts = nodes.get("hosts") or []
+    problems = []
+    if len(set(hosts)) != len(hosts):
+        problems.append("%s: nodes.hosts %s names a host twice; list each node once, in rank order" % (label, hosts))
+    if hosts and host not in hosts:
+        problems.append(
+            "%s: nodes.hosts %s does not name %s; declare the service only on its nodes (a group's group_vars), "
+            "or add %s to nodes.hosts" % (label, hosts, host, host)
+        )
+    if not nodes.get("dist_init_addr"):
+        problems.append(
+            "%s: nodes.dist_init_addr is not set; set it to the address of the head %s that the other nodes reach"
+            % (label, hosts[0] if hosts else "(the first of nodes.hosts)")
+        )
+    if not nodes.get("interface"):
+        problems.append(
+            "%s: nodes.interface is not set; name the network interface between the nodes (NCCL and Gloo "
+            "otherwise pick one themselves, often the wrong one)" % label
+        )
+    return problems
+
+
+def _host_node_problems(label: str, nodes: dict, host: str, interfaces, addresses) -> list:
+    """What this host must have: the interface nodes names, and (the head) the address the others reach."""
+    hosts = nodes.get("hosts") or []
+    problems = []
     interface = nodes.get("interface")
     if interface and interfaces is not None and interface not in interfaces:
         problems.append(

@@ -12,16 +12,27 @@ from __future__ import annotations
 
 import re
 
-from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import TRIAL_SUFFIX, autotune_problems
-from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import MAX_BUDGET, format_budget, parse_budget
-from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import (
-    GATE_SETTINGS,
-    argument_spec,
-    option,
-    settings_spec,
+from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
+    AUTOTUNE_FIELDS,
+    TRIAL_SUFFIX,
+    autotune_problems,
 )
+from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import (
+    MAX_BUDGET,
+    budget_problem,
+    format_budget,
+)
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import GATE_SETTINGS, settings_declarations
 from ansible_collections.ddtree.sglang.plugins.module_utils.guard import guard_problems
-from ansible_collections.ddtree.sglang.plugins.module_utils.guard import settings_spec as guard_settings_spec
+from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
+    settings_declarations as guard_settings_declarations,
+)
+from ansible_collections.ddtree.sglang.plugins.module_utils.schema import (
+    argument_spec,
+    declaration_problems,
+    option,
+    well_declared,
+)
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import (
     NODE_FIELDS,
     node_environment,
@@ -55,8 +66,34 @@ ALGORITHMS = (
 NEEDS_DRAFT_MODEL = ("DDTREE", "DFLASH", "EAGLE", "EAGLE3", "STANDALONE")
 CHAIN_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
+PORT = {"minimum": 1, "maximum": 65535}
+# `speculative`'s fields, declared once (SERVICE_FIELDS holds them); _speculative_problems checks what needs
+# several fields (a drafter for the algorithms that need one, a budget DDTREE can run).
+SPECULATIVE_FIELDS = {
+    # `allowed`, not `choices`: the plan refuses another value naming the service, before ansible-core would.
+    "algorithm": option("str", "The speculative algorithm (unset: NONE)", allowed=list(ALGORITHMS)),
+    "budget": option(
+        "raw",
+        "DDTREE: tree nodes (1-%d), or a schedule by batch size such as {1: 63, 16: 15}" % MAX_BUDGET,
+        check=budget_problem,
+    ),
+    "top_k": option("int", "DDTREE: candidates per draft position (>= 1)"),
+    "allow_hybrid_unsafe": option("bool", "DDTREE: run a hybrid target (--speculative-ddtree-allow-hybrid-unsafe)"),
+    "num_steps": option("int", "EAGLE-style algorithms: draft steps (--speculative-num-steps)"),
+    "eagle_topk": option("int", "EAGLE-style algorithms: top-k per step (--speculative-eagle-topk)"),
+    "num_draft_tokens": option(
+        "int", "EAGLE-style algorithms: draft tokens (--speculative-num-draft-tokens)", no_log=False
+    ),
+    "autotune": option(
+        "dict",
+        "DDTREE: budget and top-k chosen per host from measurements (docs/autotune.md)",
+        options=AUTOTUNE_FIELDS,
+        example="autotune: {gpus: [2, 3], port: 30100} for the default grid",
+    ),
+}
 # A service's fields, declared once: service_plan's argument spec is made from this, and the role's argument
 # spec (sglang_services) and service_plan's DOCUMENTATION are checked against it (tests/unit/test_schemas.py).
+# Every mapping a service sets declares its fields, but `environment`, whose keys are variable names.
 # `health` holds the gate settings a service may set for itself (gate_options.GATE_SETTINGS).
 SERVICE_FIELDS = {
     "name": option("str", "Service name (unit C(sglang-<name>.service))", required=True),
@@ -66,9 +103,12 @@ SERVICE_FIELDS = {
     "gpus": option("list", "GPU indices the service uses", elements="int", required=True),
     "tp_size": option("int", "Tensor-parallel size", default=1),
     "host": option("str", "Address to listen on", default="127.0.0.1"),
-    "port": option("int", "Port to listen on", required=True),
+    "port": option("int", "Port to listen on", required=True, **PORT),
     "speculative": option(
-        "dict", "Speculative decoding: algorithm and its parameters, or autotune", default={"algorithm": "NONE"}
+        "dict",
+        "Speculative decoding: algorithm and its parameters, or autotune",
+        default={"algorithm": "NONE"},
+        options=SPECULATIVE_FIELDS,
     ),
     "api_key": option("str", "API key (from Ansible Vault); never returned", no_log=True),
     "release": option("str", "candidate, or a release id or source revision to pin", default="candidate"),
@@ -80,20 +120,57 @@ SERVICE_FIELDS = {
     "extra_args": option("list", "More launch_server flags", elements="str", default=[]),
     "environment": option("dict", "More environment variables", default={}),
     "health": option(
-        "dict", "This service's own health-gate settings (sglang_health's options of the same name)", default={}
+        "dict",
+        "This service's own health-gate settings (sglang_health's options of the same name)",
+        default={},
+        options=settings_declarations(),
     ),
-    "nodes": option("dict", "The hosts one server spans, in rank order (docs/services.md, Services across hosts)"),
-    "guard": option("dict", "The guard's settings after rollouts (docs/guard.md)", default={}),
+    "nodes": option(
+        "dict",
+        "The hosts one server spans, in rank order (docs/services.md, Services across hosts)",
+        options=NODE_FIELDS,
+    ),
+    "guard": option(
+        "dict", "The guard's settings after rollouts (docs/guard.md)", default={}, options=guard_settings_declarations()
+    ),
 }
 
 
 def service_spec() -> dict:
-    """service_plan's argument spec of one service: the declared fields, `health` with the gate's settings."""
-    spec = argument_spec(SERVICE_FIELDS)
-    spec["health"]["options"] = settings_spec()
-    spec["nodes"]["options"] = argument_spec(NODE_FIELDS)
-    spec["guard"]["options"] = guard_settings_spec()
-    return spec
+    """service_plan's argument spec of one service, made from SERVICE_FIELDS (its mappings' fields included)."""
+    return argument_spec(SERVICE_FIELDS)
+
+
+def service_label(host: str, position: int, service) -> str:
+    """How a problem names a service: "ct200: sglang_services[0] (coder)"."""
+    name = service.get("name") if isinstance(service, dict) else None
+    name = name if isinstance(name, str) or name is None else "?"
+    return "%s: sglang_services[%d] (%s)" % (host, position, name)
+
+
+def declared_problems(services, host="host") -> list:
+    """What is wrong with the services' declarations field by field, before any rule that needs several fields:
+    unknown keys (naming the closest field), types, choices and ranges (schema.declaration_problems)."""
+    problems = []
+    for position, service in enumerate(services or []):
+        label = service_label(host, position, service)
+        if not isinstance(service, dict):
+            problems.append("%s is %r; a service is a mapping of %s" % (label, service, ", ".join(SERVICE_FIELDS)))
+            continue
+        problems.extend(declaration_problems(service, SERVICE_FIELDS, label))
+    return problems
+
+
+def declared_values(service: dict) -> dict:
+    """The service with its speculative settings as declared: the unset fields ansible-core fills with None
+    left out (the guard compares them with what it recorded, and the tuning reads its grid from them)."""
+    spec = service.get("speculative")
+    if not isinstance(spec, dict):
+        return service
+    spec = {key: value for key, value in spec.items() if value is not None}
+    if isinstance(spec.get("autotune"), dict):
+        spec["autotune"] = {key: value for key, value in spec["autotune"].items() if value is not None}
+    return dict(service, speculative=spec)
 
 
 # launch_server flags whose value is a secret: never on a command line (docs/services.md, "The API key").
@@ -114,12 +191,14 @@ ATTENTION_BACKEND_FLAGS = {
 def service_problems(services, gpu_indices, host="host", interfaces=None, addresses=None):
     """Every rule the services break on this host, each naming the service, the field and the value.
     interfaces and addresses: the host's own, for the rules of services across hosts (None: not checked)."""
-    problems = []
+    problems = declared_problems(services, host)
+    # The rules below read what is declared right (a refused field reads as unset: said once, above).
+    services = [well_declared(service, SERVICE_FIELDS) if isinstance(service, dict) else {} for service in services]
     seen_names, ports, gpu_owner = {}, {}, {}
     spare = spare_gpus(services, gpu_indices)
     for position, service in enumerate(services):
         name = service.get("name")
-        label = "%s: sglang_services[%d] (%s)" % (host, position, name)
+        label = service_label(host, position, service)
         if not isinstance(name, str) or not NAME.match(name):
             problems.append(
                 "%s: name %r must be 1-40 lowercase letters, digits or '-', starting with a letter or digit"
@@ -172,56 +251,18 @@ def autotune_host_problems(services, gpu_indices, host="host"):
     the host's rollout window (autotune.own_gpus: true; the service stops while its grid runs). A tuned
     service that says neither is refused with both fixes: stopping production is never implied."""
     problems = []
-    gpu_owner = {gpu: service.get("name") for service in services for gpu in service.get("gpus") or []}
-    port_owner = {service.get("port"): service.get("name") for service in services}
+    owners = {
+        "gpus": {gpu: service.get("name") for service in services for gpu in service.get("gpus") or []},
+        "ports": {service.get("port"): service.get("name") for service in services},
+    }
     names = {service.get("name") for service in services}
-    spare = [gpu for gpu in gpu_indices if gpu not in gpu_owner]
     for position, service in enumerate(services):
         spec = service.get("speculative") or {}
         own = spec.get("autotune")
         if not isinstance(own, dict) or spec.get("algorithm") != "DDTREE":
             continue  # not tuned, or autotune_problems says what is wrong with it
         label = "%s: sglang_services[%d] (%s)" % (host, position, service.get("name"))
-        count = len(service.get("gpus") or [])
-        free = ", ".join(str(gpu) for gpu in spare) or "none"
-        gpus, port = own.get("gpus"), own.get("port")
-        if own.get("own_gpus") is True and gpus is None and port is None:
-            pass  # measured on its own GPUs and port, in the host's window: nothing beside it to place
-        elif gpus is None:
-            problems.append(
-                "%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
-                "before the candidate takes traffic: set autotune.gpus to %d spare GPU(s) (free on %s: %s) and "
-                "autotune.port to measure beside the service, or autotune.own_gpus: true to measure on its own "
-                "GPUs in this host's rollout window (the service stops while its grid runs), or remove autotune "
-                "and set budget and top_k" % (label, count, host, free)
-            )
-        elif isinstance(gpus, list):
-            if len(gpus) != count:
-                problems.append(
-                    "%s: speculative.autotune.gpus %s has %d GPU(s), but the service runs on %d; measure on as "
-                    "many as it runs on (free on %s: %s)" % (label, gpus, len(gpus), count, host, free)
-                )
-            for gpu in gpus:
-                if gpu not in gpu_indices:
-                    problems.append(
-                        "%s: speculative.autotune.gpus: GPU %s does not exist on %s, which has GPUs %s"
-                        % (label, gpu, host, ", ".join(str(index) for index in gpu_indices) or "none")
-                    )
-                elif gpu in gpu_owner:
-                    problems.append(
-                        "%s: speculative.autotune.gpus: GPU %s is used by service %s; the temporary instances "
-                        "need spare GPUs (free on %s: %s)" % (label, gpu, gpu_owner[gpu], host, free)
-                    )
-        if gpus is not None and port is None:
-            problems.append(
-                "%s: speculative.autotune.port is not set; give the temporary instances a port of their own, "
-                "e.g. %s" % (label, (service.get("port") or 30000) + 100)
-            )
-        elif port is not None and port in port_owner:
-            problems.append(
-                "%s: speculative.autotune.port %s is used by service %s; give the temporary instances a port "
-                "of their own" % (label, port, port_owner[port])
-            )
+        problems.extend(_autotune_place_problems(label, service, own, gpu_indices, owners, host))
         if "%s%s" % (service.get("name"), TRIAL_SUFFIX) in names:
             problems.append(
                 "%s: a service is named %s%s, the name of this service's temporary tuning instance; rename it"
@@ -234,6 +275,54 @@ def autotune_host_problems(services, gpu_indices, host="host"):
                 "autotune and pin the setting tuned before (budget and top_k from autotune.json)"
                 % (label, service.get("release"))
             )
+    return problems
+
+
+def _autotune_place_problems(label: str, service: dict, own: dict, gpu_indices, owners: dict, host: str) -> list:
+    """Where a tuned service measures: its autotune.gpus (spare, as many as its own) and autotune.port (free),
+    or own_gpus alone. owners: {"gpus": {gpu: service}, "ports": {port: service}} of the host's services."""
+    problems = []
+    spare = [gpu for gpu in gpu_indices if gpu not in owners["gpus"]]
+    count = len(service.get("gpus") or [])
+    free = ", ".join(str(gpu) for gpu in spare) or "none"
+    gpus, port = own.get("gpus"), own.get("port")
+    if own.get("own_gpus") is True and gpus is None and port is None:
+        return []  # measured on its own GPUs and port, in the host's window: nothing beside it to place
+    if gpus is None:
+        problems.append(
+            "%s: speculative.autotune.gpus is not set; each setting is measured on a temporary instance "
+            "before the candidate takes traffic: set autotune.gpus to %d spare GPU(s) (free on %s: %s) and "
+            "autotune.port to measure beside the service, or autotune.own_gpus: true to measure on its own "
+            "GPUs in this host's rollout window (the service stops while its grid runs), or remove autotune "
+            "and set budget and top_k" % (label, count, host, free)
+        )
+    elif isinstance(gpus, list):
+        if len(gpus) != count:
+            problems.append(
+                "%s: speculative.autotune.gpus %s has %d GPU(s), but the service runs on %d; measure on as "
+                "many as it runs on (free on %s: %s)" % (label, gpus, len(gpus), count, host, free)
+            )
+        for gpu in gpus:
+            if gpu not in gpu_indices:
+                problems.append(
+                    "%s: speculative.autotune.gpus: GPU %s does not exist on %s, which has GPUs %s"
+                    % (label, gpu, host, ", ".join(str(index) for index in gpu_indices) or "none")
+                )
+            elif gpu in owners["gpus"]:
+                problems.append(
+                    "%s: speculative.autotune.gpus: GPU %s is used by service %s; the temporary instances "
+                    "need spare GPUs (free on %s: %s)" % (label, gpu, owners["gpus"][gpu], host, free)
+                )
+    if gpus is not None and port is None:
+        problems.append(
+            "%s: speculative.autotune.port is not set; give the temporary instances a port of their own, "
+            "e.g. %s" % (label, (service.get("port") or 30000) + 100)
+        )
+    elif port is not None and port in owners["ports"]:
+        problems.append(
+            "%s: speculative.autotune.port %s is used by service %s; give the temporary instances a port "
+            "of their own" % (label, port, owners["ports"][port])
+        )
     return problems
 
 
@@ -357,22 +446,12 @@ def _speculative_problems(label, service):
     spec = service.get("speculative") or {}
     algorithm = spec.get("algorithm", "NONE")
     problems = []
-    if algorithm not in ALGORITHMS:
-        return ["%s: speculative.algorithm %r is not one of %s" % (label, algorithm, ", ".join(ALGORITHMS))]
     if algorithm in NEEDS_DRAFT_MODEL and not service.get("draft_model_path"):
         problems.append("%s: speculative.algorithm %s needs draft_model_path (its drafter model)" % (label, algorithm))
     if algorithm == "DDTREE":
         value = spec.get("top_k")
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             problems.append("%s: speculative.top_k is %r; DDTREE needs an integer >= 1" % (label, value))
-        if spec.get("budget") is not None:
-            try:
-                parse_budget(spec["budget"])
-            except ValueError as err:
-                problems.append(
-                    "%s: speculative.budget: %s; DDTREE takes a number of tree nodes (1-%d) or a "
-                    "schedule by batch size such as {1: 63, 16: 15, 48: 7}" % (label, err, MAX_BUDGET)
-                )
     for key in ("num_steps", "eagle_topk", "num_draft_tokens"):
         value = spec.get(key)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
@@ -441,13 +520,14 @@ def service_environment(service):
     return env
 
 
-def gate_settings(service: dict, defaults: dict) -> dict:
+def gate_settings(service: dict, defaults: dict, compared: bool = False) -> dict:
     """The health-gate settings of a service: its own `health` values over the role's defaults.
 
-    The one place that merges them, so the gate after a deploy and the gate after a rollback run with
+    The one place that decides them, so the gate after a deploy and the gate after a rollback run with
     the same settings (a slow-starting model needs its start_timeout on the way back too). Settings
     set neither way are left out: the module's defaults apply. A shadow's acceptance length is read from
-    one /generate request, the one its production service is measured with.
+    one /generate request, the one its production service is measured with when compared with it
+    (`compared`: the plan's compare_gate, which the role's shadow comparison gates with).
     """
     own = service.get("health") or {}
     settings = {}
@@ -457,7 +537,7 @@ def gate_settings(service: dict, defaults: dict) -> dict:
             value = (defaults or {}).get(key)
         if value is not None:
             settings[key] = value
-    if service.get("shadow_of"):
+    if compared or service.get("shadow_of"):
         # A shadow and its production service are compared on the same /generate request (docs/services.md).
         settings["accept_length_from"] = "generate"
     return settings

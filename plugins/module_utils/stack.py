@@ -110,20 +110,9 @@ def arch_runs_capability(arch_list, capability):
     return False
 
 
-def stack_contradictions(facts, expected, host=None):
-    """Every way the stack's facts contradict the pin set (expected) or the host; [] when none.
-
-    expected: {"python": "3.11", "gpu": bool, "torch": "2.14.1", "torch_cuda": "13.0" or None,
-               "nvcc": "13.0" (optional), "packages": {dist: version}, "imports": [module, ...]}
-    host:     {"gpu_capabilities": ["12.0", ...], "driver_cuda_version": "13.0"} (GPU pin sets only)
-    Each message names both sides.
-    """
+def _torch_contradictions(torch: dict, expected: dict) -> list:
+    """torch imports, at the pin set's version, a CUDA build of the pin set's CUDA (or CPU-only)."""
     problems = []
-    host = host or {}
-    if expected.get("python") and _major_minor(facts["python"]) != _major_minor(expected["python"]):
-        problems.append("python %s in the stack, the pin set is locked for %s" % (facts["python"], expected["python"]))
-
-    torch = facts.get("torch") or {}
     if "version" not in torch:
         problems.append("torch does not import: %s" % torch.get("error"))
     else:
@@ -138,14 +127,12 @@ def stack_contradictions(facts, expected, host=None):
             problems.append(
                 "torch %s is a CUDA %s build; the pin set needs CUDA %s" % (torch["version"], torch["cuda"], want_cuda)
             )
+    return problems
 
-    for dist, version in sorted((expected.get("packages") or {}).items()):
-        found = facts["packages"].get(dist)
-        if found is None:
-            problems.append("%s is not installed; the pin set has %s" % (dist, version))
-        elif _release(found) != _release(version):
-            problems.append("%s %s in the stack, the pin set has %s" % (dist, found, version))
 
+def _import_contradictions(facts: dict, expected: dict) -> list:
+    """Each module the pin set names imports in the stack, with a hint for the usual causes."""
+    problems = []
     for module in expected.get("imports") or []:
         result = facts["imports"].get(module)
         if result is None:
@@ -159,6 +146,33 @@ def stack_contradictions(facts, expected, host=None):
                     expected.get("torch_cuda") or "?"
                 )
             problems.append("%s cannot load: %s%s" % (module, result["error"], hint))
+    return problems
+
+
+def stack_contradictions(facts, expected, host=None):
+    """Every way the stack's facts contradict the pin set (expected) or the host; [] when none.
+
+    expected: {"python": "3.11", "gpu": bool, "torch": "2.14.1", "torch_cuda": "13.0" or None,
+               "nvcc": "13.0" (optional), "packages": {dist: version}, "imports": [module, ...]}
+    host:     {"gpu_capabilities": ["12.0", ...], "driver_cuda_version": "13.0"} (GPU pin sets only)
+    Each message names both sides.
+    """
+    problems = []
+    host = host or {}
+    if expected.get("python") and _major_minor(facts["python"]) != _major_minor(expected["python"]):
+        problems.append("python %s in the stack, the pin set is locked for %s" % (facts["python"], expected["python"]))
+
+    torch = facts.get("torch") or {}
+    problems.extend(_torch_contradictions(torch, expected))
+
+    for dist, version in sorted((expected.get("packages") or {}).items()):
+        found = facts["packages"].get(dist)
+        if found is None:
+            problems.append("%s is not installed; the pin set has %s" % (dist, version))
+        elif _release(found) != _release(version):
+            problems.append("%s %s in the stack, the pin set has %s" % (dist, found, version))
+
+    problems.extend(_import_contradictions(facts, expected))
 
     if expected.get("nvcc"):
         nvcc = facts.get("nvcc") or {}

@@ -430,6 +430,34 @@ def main():
     params = module.params
     service, path = params["service"], params["state_file"]
     name = service.get("name", "service")
+    _check_declaration(module, service, name)
+    tuning = declaration(service["speculative"])
+    # The prompt set is the collection's: its name (bumped with its text) keys the tuning too.
+    key = tuning_key(
+        service, params["release_id"], dict({"prompts": PROMPT_SET, "rounds": ROUNDS}, **params["workload"])
+    )
+    try:
+        document = read_json(path)
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg="%s: cannot read the tuning state %s (%s); move it aside to tune anew" % (name, path, exc))
+    result = _decision(module, service, name, key, tuning, document)
+    if not result["needs_tuning"]:
+        if params["measurements"]:
+            module.warn(
+                "%s: the tuning key %s did not change since %s: the measurements were not used (force: true "
+                "tunes from them)" % (name, key["digest"], document["current"].get("tuned_at"))
+            )
+        module.exit_json(**result)
+    if not params["measurements"]:
+        result["choice"] = None
+        module.exit_json(**result)
+    _tune(module, result, name, key, tuning, document)
+    module.exit_json(**result)
+
+
+def _check_declaration(module, service: dict, name: str):
+    """Fail unless the service declares a valid autotune, and the floor margin is a share."""
+    params = module.params
     if not declared(service):
         module.fail_json(
             msg="%s: speculative.autotune is not declared; only a DDTREE service with autotune is tuned" % name
@@ -440,15 +468,10 @@ def main():
     if not 0 <= params["floor_margin"] < 1:
         module.fail_json(msg="floor_margin is %s; it must be from 0 up to, not including, 1" % params["floor_margin"])
 
-    tuning = declaration(service["speculative"])
-    # The prompt set is the collection's: its name (bumped with its text) keys the tuning too.
-    key = tuning_key(
-        service, params["release_id"], dict({"prompts": PROMPT_SET, "rounds": ROUNDS}, **params["workload"])
-    )
-    try:
-        document = read_json(path)
-    except (OSError, ValueError) as exc:
-        module.fail_json(msg="%s: cannot read the tuning state %s (%s); move it aside to tune anew" % (name, path, exc))
+
+def _decision(module, service: dict, name: str, key: dict, tuning: dict, document) -> dict:
+    """Whether the service needs tuning for this key, with the choice recorded before, and the trials to run."""
+    params = module.params
     recorded = recorded_choice(document, key)
     current = (document or {}).get("current") or {}
     result = dict(
@@ -467,43 +490,42 @@ def main():
     own = service["speculative"]["autotune"]
     result["own_window"] = in_own_window(service)
     result["window_restore_after"] = None
-    start_timeout = trial_start_timeout(service, params["start_timeout"])
     if result["needs_tuning"] and (result["own_window"] or own.get("gpus") is not None and own.get("port") is not None):
-        try:
-            result["trials"] = [
-                dict(
-                    trial,
-                    start_timeout=start_timeout,
-                    release_dir=params["releases_root"]
-                    and os.path.join(
-                        params["releases_root"],
-                        trial_release_id(trial, params["release_id"], params["base_release_id"]),
-                    ),
-                )
-                for trial in trials(service)
-            ]
-        except ValueError as exc:
-            module.fail_json(msg="%s: %s" % (name, exc))
-        if result["own_window"]:
-            try:
-                result["window_restore_after"] = window_restore_after(
-                    len(result["trials"]), start_timeout, params["window_measure_allowance"]
-                )
-            except ValueError as exc:
-                module.fail_json(msg="%s: %s" % (name, exc))
+        _add_trials(module, service, name, result)
     result["plan_choice"] = plan_choice(result)
     result["msg"] = tuning_message(name, result)
-    if not result["needs_tuning"]:
-        if params["measurements"]:
-            module.warn(
-                "%s: the tuning key %s did not change since %s: the measurements were not used (force: true "
-                "tunes from them)" % (name, key["digest"], document["current"].get("tuned_at"))
-            )
-        module.exit_json(**result)
-    if not params["measurements"]:
-        result["choice"] = None
-        module.exit_json(**result)
+    return result
 
+
+def _add_trials(module, service: dict, name: str, result: dict):
+    """The trials to measure (each with its start timeout and release), and the window's restore delay."""
+    params = module.params
+    start_timeout = trial_start_timeout(service, params["start_timeout"])
+    try:
+        result["trials"] = [
+            dict(
+                trial,
+                start_timeout=start_timeout,
+                release_dir=params["releases_root"]
+                and os.path.join(
+                    params["releases_root"],
+                    trial_release_id(trial, params["release_id"], params["base_release_id"]),
+                ),
+            )
+            for trial in trials(service)
+        ]
+        if result["own_window"]:
+            result["window_restore_after"] = window_restore_after(
+                len(result["trials"]), start_timeout, params["window_measure_allowance"]
+            )
+    except ValueError as exc:
+        module.fail_json(msg="%s: %s" % (name, exc))
+
+
+def _tune(module, result: dict, name: str, key: dict, tuning: dict, document):
+    """Choose from the measurements, and record the choice in the state file and the history."""
+    params = module.params
+    path = params["state_file"]
     try:
         choice = choose(tuning, params["measurements"])
     except IncompleteMeasurements as exc:
@@ -541,18 +563,24 @@ def main():
             "after_header": "%s (after)" % path,
         }
     if not module.check_mode:
+        _write_records(module, result, name, after)
+
+
+def _write_records(module, result: dict, name: str, after: dict):
+    params = module.params
+    try:
+        write_json(params["state_file"], after, module.atomic_move)
+    except OSError as exc:
+        module.fail_json(
+            **dict(result, msg="%s: cannot write the tuning state %s: %s" % (name, params["state_file"], exc))
+        )
+    if params["history_file"]:
         try:
-            write_json(path, after, module.atomic_move)
+            append_json_line(params["history_file"], result["history"])
         except OSError as exc:
-            module.fail_json(**dict(result, msg="%s: cannot write the tuning state %s: %s" % (name, path, exc)))
-        if params["history_file"]:
-            try:
-                append_json_line(params["history_file"], result["history"])
-            except OSError as exc:
-                module.fail_json(
-                    **dict(result, msg="%s: cannot append to the history %s: %s" % (name, params["history_file"], exc))
-                )
-    module.exit_json(**result)
+            module.fail_json(
+                **dict(result, msg="%s: cannot append to the history %s: %s" % (name, params["history_file"], exc))
+            )
 
 
 if __name__ == "__main__":

@@ -221,34 +221,34 @@ def remove(files: dict) -> list:
     return problems
 
 
-def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            trial=dict(
-                type="dict",
-                required=True,
-                options=dict(
-                    label=dict(type="str"),
-                    instance=dict(type="dict", required=True),
-                    release_dir=dict(type="path", required=True),
-                    setting=dict(type="dict", required=True, options=SETTING_OPTIONS),
-                    concurrency=dict(type="list", elements="int", required=True),
-                    start_timeout=dict(type="float", default=gate_default("start_timeout")),
-                ),
-            ),
-            services_root=dict(type="path", required=True),
-            config_dir=dict(type="path", required=True),
-            state_root=dict(type="path", required=True),
-            systemd_dir=dict(type="path", default="/etc/systemd/system"),
-            owner=dict(type="str", required=True),
-            group=dict(type="str", required=True),
-            unit_file=dict(type="str", required=True),
-            environment_file=dict(type="str", required=True, no_log=True),
-            api_key=dict(type="str", no_log=True),
-            **WORKLOAD_ARGUMENT_SPEC,
+ARGUMENT_SPEC = dict(
+    trial=dict(
+        type="dict",
+        required=True,
+        options=dict(
+            label=dict(type="str"),
+            instance=dict(type="dict", required=True),
+            release_dir=dict(type="path", required=True),
+            setting=dict(type="dict", required=True, options=SETTING_OPTIONS),
+            concurrency=dict(type="list", elements="int", required=True),
+            start_timeout=dict(type="float", default=gate_default("start_timeout")),
         ),
-        supports_check_mode=True,
-    )
+    ),
+    services_root=dict(type="path", required=True),
+    config_dir=dict(type="path", required=True),
+    state_root=dict(type="path", required=True),
+    systemd_dir=dict(type="path", default="/etc/systemd/system"),
+    owner=dict(type="str", required=True),
+    group=dict(type="str", required=True),
+    unit_file=dict(type="str", required=True),
+    environment_file=dict(type="str", required=True, no_log=True),
+    api_key=dict(type="str", no_log=True),
+    **WORKLOAD_ARGUMENT_SPEC,
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     try:
         params = dict(module.params, **trial_params(module.params["trial"]))
     except ValueError as error:
@@ -264,6 +264,16 @@ def main():
     result["workload"] = workload(params["max_tokens"], params["warmup"])
     if module.check_mode:
         module.exit_json(**result)
+    problem = _run_trial(module, params, files, result)
+    if problem:
+        module.fail_json(msg=problem, **result)
+    module.exit_json(**result)
+
+
+def _run_trial(module, params: dict, files: dict, result: dict) -> str | None:
+    """Start the temporary instance, measure it into result, and stop and remove it whatever happened.
+    -> what went wrong, or None."""
+    name = params["name"]
     systemctl = module.get_bin_path("systemctl", required=True)
 
     def run(argv: list, check: bool = True) -> None:
@@ -311,9 +321,7 @@ def main():
         for line in remove(files):
             module.warn("%s: %s" % (name, line))
         run(forget, check=False)
-    if problem:
-        module.fail_json(msg=problem, **result)
-    module.exit_json(**result)
+    return problem
 
 
 if __name__ == "__main__":

@@ -126,6 +126,42 @@ def named(links):
     return {"release_id": links["current"], "previous_release_id": links["previous"]}
 
 
+def _links_after(module, before: dict) -> dict:
+    """{current, previous} after this call: the release switched to (previous: the last that passed its gate),
+    or the previous release rolled back to."""
+    params = module.params
+    if params["state"] == "current":
+        try:
+            verdicts = read_json(params["verdicts_file"])
+        except (OSError, ValueError) as error:
+            module.fail_json(
+                msg="cannot read the gate verdicts of %s (%s): %s"
+                % (params["service"], params["verdicts_file"], error),
+                before=named(before),
+            )
+        return {
+            "current": params["release_id"],
+            "previous": fallback_after_switch(before["current"], before["previous"], params["release_id"], verdicts),
+        }
+    if not before["previous"]:
+        module.fail_json(
+            msg="service %s has no previous release to go back to" % params["service"], before=named(before)
+        )
+    return {"current": before["previous"], "previous": before["current"]}
+
+
+def _switch(module, service_dir: str, before: dict, after: dict):
+    """Point the links at `after`: previous first, so that at every moment current names a good release."""
+    params = module.params
+    os.makedirs(service_dir, exist_ok=True)
+    for link in ("previous", "current"):
+        if after[link] and after[link] != before[link]:
+            replace_link(
+                os.path.join(service_dir, link),
+                release_link_target(params["services_root"], params["service"], params["releases_root"], after[link]),
+            )
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -142,25 +178,7 @@ def main():
     params = module.params
     service_dir = os.path.join(params["services_root"], params["service"])
     before = service_release_ids(params["services_root"], params["service"])
-    if params["state"] == "current":
-        try:
-            verdicts = read_json(params["verdicts_file"])
-        except (OSError, ValueError) as error:
-            module.fail_json(
-                msg="cannot read the gate verdicts of %s (%s): %s"
-                % (params["service"], params["verdicts_file"], error),
-                before=named(before),
-            )
-        after = {
-            "current": params["release_id"],
-            "previous": fallback_after_switch(before["current"], before["previous"], params["release_id"], verdicts),
-        }
-    else:
-        if not before["previous"]:
-            module.fail_json(
-                msg="service %s has no previous release to go back to" % params["service"], before=named(before)
-            )
-        after = {"current": before["previous"], "previous": before["current"]}
+    after = _links_after(module, before)
     release_dir = os.path.join(params["releases_root"], after["current"])
     if module.check_mode and params["state"] == "current" and not os.path.exists(release_dir):
         # A plan: the release is built (and verified) by the run that activates it.
@@ -189,16 +207,7 @@ def main():
             "after_header": service_dir,
         }
     if changed and not module.check_mode:
-        os.makedirs(service_dir, exist_ok=True)
-        # previous first: at every moment current names a good release.
-        for link in ("previous", "current"):
-            if after[link] and after[link] != before[link]:
-                replace_link(
-                    os.path.join(service_dir, link),
-                    release_link_target(
-                        params["services_root"], params["service"], params["releases_root"], after[link]
-                    ),
-                )
+        _switch(module, service_dir, before, after)
     module.exit_json(**result)
 
 

@@ -33,6 +33,9 @@ description:
     (M(ddtree.sglang.service_autotune)), given in O(tuned) - DDTREE with the tuned budget and top-k, or
     DFLASH - with the tuned speed floor for its gate unless it sets C(health.min_tokens_per_second); without
     a tuned choice the plan fails, so an unmeasured setting never runs.
+  - Refuses, before any rule above, a field no service has (naming the service, the field and the closest
+    one, C(did you mean budget?)), a value of the wrong type, outside its choices or out of its range (ports 1-65535,
+    a budget that is no integer or schedule) - on the controller, before the module runs (its action plugin).
   - Changes nothing; run it before anything changes on a host.
 author:
   - ddtree.sglang maintainers (@ddtree-sglang)
@@ -50,14 +53,42 @@ options:
       gpus: {description: GPU indices the service uses, type: list, elements: int, required: true}
       tp_size: {description: Tensor-parallel size, type: int, default: 1}
       host: {description: Address to listen on, type: str, default: 127.0.0.1}
-      port: {description: Port to listen on, type: int, required: true}
+      port: {description: Port to listen on (1-65535), type: int, required: true}
       speculative:
         description:
-          - Speculative decoding - C(algorithm) and its parameters (C(budget), C(top_k),
-            C(allow_hybrid_unsafe), C(num_steps), C(eagle_topk), C(num_draft_tokens)), and C(autotune)
-            (DDTREE only - C(budgets), C(top_k), C(concurrency), C(min_gain); see O(tuned) and docs/autotune.md).
+          - Speculative decoding - the algorithm and its parameters, or C(autotune) (DDTREE only; see O(tuned) and
+            docs/autotune.md).
         type: dict
         default: {algorithm: NONE}
+        suboptions:
+          algorithm:
+            description:
+              - The speculative algorithm - NONE (unset), EAGLE, EAGLE3, NEXTN, DFLASH, DSPARK, UNO, FROZEN_KV_MTP,
+                STANDALONE, NGRAM or DDTREE; another is refused naming the service.
+            type: str
+          budget:
+            description:
+              - "DDTREE - tree nodes besides the root (1-511), or a schedule by batch size such as C({1: 63, 16: 15})
+                (or the flag's text C(1:63,16:15)). A number in quotes is refused."
+            type: raw
+          top_k: {description: DDTREE - candidates per draft position (>= 1), type: int}
+          allow_hybrid_unsafe: {description: DDTREE - run a hybrid target, type: bool}
+          num_steps: {description: EAGLE-style algorithms - draft steps (>= 1), type: int}
+          eagle_topk: {description: EAGLE-style algorithms - top-k per step (>= 1), type: int}
+          num_draft_tokens: {description: EAGLE-style algorithms - draft tokens (>= 1), type: int}
+          autotune:
+            description:
+              - DDTREE only - choose the budget and top-k per host from measurements (the grid's fields are
+                optional; one of C(gpus) with C(port), or C(own_gpus), says where it measures).
+            type: dict
+            suboptions:
+              budgets: {description: "Budgets to measure (default [7, 15, 31, 63, 127])", type: list, elements: int}
+              top_k: {description: "Top-k values to measure (default [8])", type: list, elements: int}
+              concurrency: {description: "Requests at a time (default [1, 16, 64])", type: list, elements: int}
+              min_gain: {description: Share DDTREE must beat DFLASH by (default 0.03), type: float}
+              gpus: {description: Spare GPUs the temporary instances run on, type: list, elements: int}
+              port: {description: The temporary instances' port (1-65535), type: int}
+              own_gpus: {description: "Measure on the service's own GPUs, stopped in its window", type: bool}
       api_key: {description: API key (from Ansible Vault); never returned, type: str}
       shadow_of:
         description:
@@ -135,6 +166,13 @@ options:
         C(start_timeout) and C(no_progress_timeout)).
     type: dict
     default: {}
+    suboptions:
+      start_timeout: {description: Seconds the whole start may take, type: float}
+      no_progress_timeout: {description: Seconds without a journal progress marker, type: float}
+      min_tokens_per_second: {description: Floor for tokens/s, type: float}
+      min_accept_length: {description: Floor for the acceptance length, type: float}
+      max_regression: {description: Largest allowed drop from the previous release's numbers, type: float}
+      baseline_tolerance: {description: Share of a baseline's length allowed to differ at its end, type: float}
   tuned:
     description:
       - Per service name, the choice of its tuning (the C(choice) M(ddtree.sglang.service_autotune) returns),
@@ -189,7 +227,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 services:
-  description: Per service, in order.
+  description:
+    - Per service, in order. C(gate) holds the health-gate settings of every gate of it; C(compare_gate), on a service
+      a shadow runs beside, those it is measured with for the shadow's comparison (acceptance from one C(/generate)).
   returned: success
   type: list
   elements: dict
@@ -211,6 +251,7 @@ services:
       has_api_key: true
       served_model_name: coder
       gate: {start_timeout: 1800, no_progress_timeout: 120}
+      compare_gate: {start_timeout: 1800, no_progress_timeout: 120, accept_length_from: generate}
       tuned: {algorithm: DDTREE, budget: 8, top_k: 4, status: ddtree, speed_floor: 112.4}
 needs_base_release:
   description:
@@ -243,10 +284,12 @@ import socket
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import declared, tuned_service
+from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import settings_spec
 from ansible_collections.ddtree.sglang.plugins.module_utils.guard import fallback_holds, fallback_services
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_nodes import ip_addresses, spans_nodes
 from ansible_collections.ddtree.sglang.plugins.module_utils.service_releases import CANDIDATE
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
+    declared_values,
     gate_settings,
     service_problems,
     service_spec,
@@ -263,7 +306,7 @@ def main():
             # A copy: ansible-core fills suboption defaults into the `default` dicts it is given.
             services=dict(type="list", elements="dict", required=True, options=copy.deepcopy(SERVICE_OPTIONS)),
             gpu_indices=dict(type="list", elements="int", required=True),
-            gate_defaults=dict(type="dict", default={}),
+            gate_defaults=dict(type="dict", default={}, options=settings_spec()),
             tuned=dict(type="dict", default={}),
             untuned=dict(type="str", default="fail", choices=["fail", "defer"]),
             host=dict(type="str", default="host"),
@@ -273,15 +316,9 @@ def main():
         ),
         supports_check_mode=True,
     )
-    services, host = module.params["services"], module.params["host"]
-    interfaces, addresses = module.params["interfaces"], module.params["addresses"]
-    if any(spans_nodes(service) for service in services):
-        if interfaces is None:
-            interfaces = [name for _index, name in socket.if_nameindex()]
-        if addresses is None:
-            ip = module.get_bin_path("ip")
-            rc, out, _err = module.run_command([ip, "-j", "address"]) if ip else (1, "", "")
-            addresses = ip_addresses(out) if rc == 0 else None
+    services = [declared_values(service) for service in module.params["services"]]
+    host = module.params["host"]
+    interfaces, addresses = _host_network(module, services)
     problems = service_problems(services, module.params["gpu_indices"], host, interfaces, addresses)
     if problems:
         module.fail_json(
@@ -305,23 +342,45 @@ def main():
             % (len(problems), " | ".join(problems)),
             problems=problems,
         )
-    plan = []
-    for service, tuning in services:
-        plan.append(
-            dict(
-                unit_entry(service, host),
-                release=service.get("release") or CANDIDATE,
-                shadow_of=service.get("shadow_of"),
-                shadow_max_slowdown=service.get("shadow_max_slowdown"),
-                gate=gate_settings(service, module.params["gate_defaults"]),
-                tuned=tuning,
-            )
-        )
+    plan = _plan_entries(services, host, module.params["gate_defaults"])
     # The stack's base release: what a service without the overlay runs, and a tuned service's DFLASH.
     needs_base_release = bool(untuned) or any(not entry["loads_overlay"] for entry in plan)
     module.exit_json(
         changed=False, services=plan, untuned=untuned, needs_base_release=needs_base_release, guarded=guarded
     )
+
+
+def _host_network(module, services):
+    """The host's interfaces and addresses, read on the host when a service spans hosts and they were not given."""
+    interfaces, addresses = module.params["interfaces"], module.params["addresses"]
+    if any(spans_nodes(service) for service in services):
+        if interfaces is None:
+            interfaces = [name for _index, name in socket.if_nameindex()]
+        if addresses is None:
+            ip = module.get_bin_path("ip")
+            rc, out, _err = module.run_command([ip, "-j", "address"]) if ip else (1, "", "")
+            addresses = ip_addresses(out) if rc == 0 else None
+    return interfaces, addresses
+
+
+def _plan_entries(services, host, gate_defaults):
+    """Each service's plan entry: what its unit runs, its release, its gate settings, its tuned choice."""
+    plan = []
+    shadowed = {service.get("shadow_of") for service, _tuning in services}
+    for service, tuning in services:
+        entry = dict(
+            unit_entry(service, host),
+            release=service.get("release") or CANDIDATE,
+            shadow_of=service.get("shadow_of"),
+            shadow_max_slowdown=service.get("shadow_max_slowdown"),
+            gate=gate_settings(service, gate_defaults),
+            tuned=tuning,
+        )
+        if service["name"] in shadowed:
+            # How it is gated when measured for its shadow's comparison (the role's shadow.yml).
+            entry["compare_gate"] = gate_settings(service, gate_defaults, compared=True)
+        plan.append(entry)
+    return plan
 
 
 def _guarded(module, services):

@@ -229,6 +229,40 @@ def read_state(module, path: str):
         return None
 
 
+def _watch(module, service: dict, settings: dict) -> tuple:
+    """One watch of the service: /server_info, /metrics, the probe's greedy requests, the unit's algorithm.
+    -> (its live numbers or None, the probe's summary, the metrics or None, the algorithm, why it was unreachable)."""
+    name = service["name"]
+    timeout = module.params["request_timeout"]
+    io = ServiceIO(
+        module.run_command,
+        module.get_bin_path("systemctl") or "systemctl",
+        module.get_bin_path("journalctl") or "journalctl",
+        unit_name(name),
+        service.get("host") or "127.0.0.1",
+        int(service["port"]),
+        api_key=service.get("api_key"),
+    )
+    info = io.request("GET", "/server_info", timeout=timeout, auth=True)
+    unreachable = (
+        None if info["status"] == 200 and isinstance(info["data"], dict) else "GET /server_info: %s" % describe(info)
+    )
+    metrics_text = fetch_metrics(service.get("host") or "127.0.0.1", int(service["port"]), timeout)
+    metrics = parse_metrics(metrics_text) if metrics_text is not None else None
+    probe_summary = {"requests": 0}
+    if unreachable is None:
+        probe_summary = summarize_probe(probe(io, settings, timeout))
+        if probe_summary["failed"] == probe_summary["requests"]:
+            unreachable = "every probe request failed: %s" % "; ".join(probe_summary["errors"])
+    systemctl = module.get_bin_path("systemctl")
+    algorithm = None
+    if systemctl:
+        rc, exec_start, _err = module.run_command([systemctl, "show", "-p", "ExecStart", "--value", unit_name(name)])
+        algorithm = unit_algorithm(exec_start) if rc == 0 else None
+    live = None if unreachable else live_numbers(info["data"], metrics, probe_summary, algorithm)
+    return live, probe_summary, metrics, algorithm, unreachable
+
+
 def main():
     module = AnsibleModule(
         argument_spec=dict(
@@ -256,36 +290,9 @@ def main():
         )
     settings = guard_settings(service)
     state_dir = module.params["state_dir"]
-    io = ServiceIO(
-        module.run_command,
-        module.get_bin_path("systemctl") or "systemctl",
-        module.get_bin_path("journalctl") or "journalctl",
-        unit_name(name),
-        service.get("host") or "127.0.0.1",
-        int(service["port"]),
-        api_key=service.get("api_key"),
-    )
-    timeout = module.params["request_timeout"]
     current = os.path.join(module.params["services_root"], name, "current")
     release_id = os.path.basename(os.path.realpath(current)) if os.path.islink(current) else None
-
-    info = io.request("GET", "/server_info", timeout=timeout, auth=True)
-    unreachable = (
-        None if info["status"] == 200 and isinstance(info["data"], dict) else "GET /server_info: %s" % describe(info)
-    )
-    metrics_text = fetch_metrics(service.get("host") or "127.0.0.1", int(service["port"]), timeout)
-    metrics = parse_metrics(metrics_text) if metrics_text is not None else None
-    probe_summary = {"requests": 0}
-    if unreachable is None:
-        probe_summary = summarize_probe(probe(io, settings, timeout))
-        if probe_summary["failed"] == probe_summary["requests"]:
-            unreachable = "every probe request failed: %s" % "; ".join(probe_summary["errors"])
-    systemctl = module.get_bin_path("systemctl")
-    algorithm = None
-    if systemctl:
-        rc, exec_start, _err = module.run_command([systemctl, "show", "-p", "ExecStart", "--value", unit_name(name)])
-        algorithm = unit_algorithm(exec_start) if rc == 0 else None
-    live = None if unreachable else live_numbers(info["data"], metrics, probe_summary, algorithm)
+    live, probe_summary, metrics, algorithm, unreachable = _watch(module, service, settings)
     recorded = {
         "dflash": dflash_reference(
             read_state(module, os.path.join(state_dir, "autotune.json")), (live or {}).get("load", 1)

@@ -193,11 +193,31 @@ def main():
     slot = record_slot(params)
     if slot and slot["record"]:
         module.exit_json(**check_records.recorded_result(slot))
-    python = os.path.join(params["stack"], "bin", "python")
+    jobs = _jobs(params)
+    answers = _run(module, jobs)
+    pristine, with_release = _output(module, answers, jobs[0]), _output(module, answers, jobs[1])
+    result = dict(
+        changed=False,
+        matrix=matrix_lines(pristine, with_release),
+        with_release=with_release,
+        builtin_differences=builtin_differences(pristine, with_release),
+        plugin_problems=dflash_family_problems(with_release, params["plugin_algorithm"]),
+    )
+    if result["builtin_differences"] or result["plugin_problems"]:
+        module.fail_json(
+            msg="the release changes SGLang's speculative algorithms: %s"
+            % "; ".join(result["builtin_differences"] + result["plugin_problems"]),
+            **result,
+        )
+    if params["flags"]:
+        _check_flags(module, result, _output(module, answers, jobs[2]))
+    module.exit_json(recorded=False, **check_records.record_pass(slot, CHECK, result, module.check_mode))
+
+
+def _jobs(params: dict) -> list:
+    """The programs to run in the stack's Python: the predicate matrix pristine and with the release, and
+    SGLang's parser on the service's flags (when there are flags)."""
     site = os.path.join(params["release"], "site")
-    # One process, torch imported once, a forked child per program (module_utils/forked_jobs.py). The
-    # process itself runs without the release on its path; only the jobs that need it get it.
-    quiet = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
     jobs = [
         # Pristine: the predicates file run by path, so nothing of the release is importable or discoverable.
         dict(
@@ -226,11 +246,20 @@ def main():
                 env=env,
             )
         )
+    return jobs
+
+
+def _run(module, jobs: list) -> dict:
+    """Run the jobs in one process of the stack's Python, torch imported once, a forked child per program
+    (module_utils/forked_jobs.py). The process runs without the release on its path; only the jobs that need
+    it get it. -> {job name: its answer}."""
+    python = os.path.join(module.params["stack"], "bin", "python")
+    quiet = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1"}
     rc, stdout, stderr = module.run_command(
         runner_command(python, jobs, preload=PRELOAD), environ_update=dict(quiet, PYTHONPATH="")
     )
     try:
-        answers = job_results(stdout)
+        return job_results(stdout)
     except ValueError as exc:
         module.fail_json(
             msg="the stack's Python could not run the checks (exit %d): %s" % (rc, exc),
@@ -238,51 +267,40 @@ def main():
             stderr_lines=(stderr or "").splitlines()[-40:],
         )
 
-    def output(job):
-        answer = answers[job["name"]]
-        if answer["rc"] != 0:
-            module.fail_json(
-                msg="%s failed (exit %d): %s" % (job["name"], answer["rc"], last_line(answer)),
-                rc=answer["rc"],
-                stdout=answer["stdout"],
-                stderr_lines=answer["stderr"].splitlines()[-40:],
-            )
-        try:
-            return json_output(answer)
-        except ValueError:
-            module.fail_json(msg="%s printed no JSON: %r" % (job["name"], answer["stdout"][-500:]))
 
-    pristine, with_release = output(jobs[0]), output(jobs[1])
-    result = dict(
-        changed=False,
-        matrix=matrix_lines(pristine, with_release),
-        with_release=with_release,
-        builtin_differences=builtin_differences(pristine, with_release),
-        plugin_problems=dflash_family_problems(with_release, params["plugin_algorithm"]),
-    )
-    if result["builtin_differences"] or result["plugin_problems"]:
+def _output(module, answers: dict, job: dict):
+    """A job's JSON output; the module fails with its exit status and errors when it has none."""
+    answer = answers[job["name"]]
+    if answer["rc"] != 0:
         module.fail_json(
-            msg="the release changes SGLang's speculative algorithms: %s"
-            % "; ".join(result["builtin_differences"] + result["plugin_problems"]),
+            msg="%s failed (exit %d): %s" % (job["name"], answer["rc"], last_line(answer)),
+            rc=answer["rc"],
+            stdout=answer["stdout"],
+            stderr_lines=answer["stderr"].splitlines()[-40:],
+        )
+    try:
+        return json_output(answer)
+    except ValueError:
+        module.fail_json(msg="%s printed no JSON: %r" % (job["name"], answer["stdout"][-500:]))
+
+
+def _check_flags(module, result: dict, parsed: dict):
+    """The service's flags as SGLang parsed them: no overlay where it must not load, an algorithm that resolves."""
+    params = module.params
+    result["parsed"] = parsed
+    leaked = overlay_plugins(parsed.get("plugins") or [])
+    if not params["flags_overlay"] and leaked:
+        module.fail_json(
+            msg="the service must not load the overlay, but its release %s makes SGLang discover the overlay's "
+            "plugin %s" % (params["flags_release"] or params["release"], ", ".join(leaked)),
             **result,
         )
-    if params["flags"]:
-        parsed = output(jobs[2])
-        result["parsed"] = parsed
-        leaked = overlay_plugins(parsed.get("plugins") or [])
-        if not params["flags_overlay"] and leaked:
-            module.fail_json(
-                msg="the service must not load the overlay, but its release %s makes SGLang discover the overlay's "
-                "plugin %s" % (params["flags_release"] or params["release"], ", ".join(leaked)),
-                **result,
-            )
-        if parsed.get("error"):
-            module.fail_json(
-                msg="--speculative-algorithm %s does not resolve with the release: %s"
-                % (parsed["algorithm"], parsed["error"]),
-                **result,
-            )
-    module.exit_json(recorded=False, **check_records.record_pass(slot, CHECK, result, module.check_mode))
+    if parsed.get("error"):
+        module.fail_json(
+            msg="--speculative-algorithm %s does not resolve with the release: %s"
+            % (parsed["algorithm"], parsed["error"]),
+            **result,
+        )
 
 
 if __name__ == "__main__":

@@ -143,6 +143,18 @@ def _hold(paths, watch, watch_start, owner, timeout, poll):
     return 0
 
 
+def _writable_dir(lock_dir):
+    """Create the lock directory if needed; raise LockError when it cannot be written."""
+    try:
+        os.makedirs(lock_dir, exist_ok=True)
+    except OSError as error:
+        raise LockError(
+            "cannot create the lock directory %s: %s (set DDTREE_LOCK_DIR to a writable one)" % (lock_dir, error)
+        ) from None
+    if not os.access(lock_dir, os.W_OK):
+        raise LockError("the lock directory %s is not writable (set DDTREE_LOCK_DIR to a writable one)" % lock_dir)
+
+
 def acquire(lock_dir, keys, owner, watch_pid, timeout, poll=1.0, on_wait=None):
     """Lock every host key for as long as watch_pid lives; wait up to timeout seconds for other rollouts.
 
@@ -155,14 +167,7 @@ def acquire(lock_dir, keys, owner, watch_pid, timeout, poll=1.0, on_wait=None):
     paths = lock_paths(lock_dir, keys)
     if not paths:
         raise LockError("no hosts to lock")
-    try:
-        os.makedirs(lock_dir, exist_ok=True)
-    except OSError as error:
-        raise LockError(
-            "cannot create the lock directory %s: %s (set DDTREE_LOCK_DIR to a writable one)" % (lock_dir, error)
-        ) from None
-    if not os.access(lock_dir, os.W_OK):
-        raise LockError("the lock directory %s is not writable (set DDTREE_LOCK_DIR to a writable one)" % lock_dir)
+    _writable_dir(lock_dir)
     start = time.monotonic()
     holder = subprocess.Popen(
         # The holder is this file run as a script (stdlib only), so it needs no import path.

@@ -40,6 +40,61 @@ def _label(value: float) -> str:
     return ("%.*f" % (digits, value)).rstrip("0").rstrip(".") if digits else "%.0f" % value
 
 
+def _y_axis(svg, top: float, width: int, unit: str):
+    """Five grid lines with their values, and the axis's unit."""
+    base = TOP + PLOT_HEIGHT
+    for tick in range(5):
+        value = top * tick / 4
+        y = base - PLOT_HEIGHT * tick / 4
+        ET.SubElement(svg, "line", x1=str(LEFT), x2=str(width - RIGHT), y1="%.1f" % y, y2="%.1f" % y, stroke="#dddddd")
+        ET.SubElement(svg, "text", x=str(LEFT - 6), y="%.1f" % (y + 4), **{"text-anchor": "end"}).text = _label(value)
+    axis = ET.SubElement(svg, "text", x="14", y=str(TOP + PLOT_HEIGHT // 2), **{"text-anchor": "middle"})
+    axis.set("transform", "rotate(-90 14 %d)" % (TOP + PLOT_HEIGHT // 2))
+    axis.text = unit
+
+
+def _bar_group(svg, x0: float, category, index: int, series: list, top: float, unit: str):
+    """One category's bars (one per series, each labelled with its value), and the category's name below."""
+    base = TOP + PLOT_HEIGHT
+    for position, (name, row) in enumerate(series):
+        value = row[index]
+        if value is None:
+            continue
+        bar_height = PLOT_HEIGHT * value / top
+        x = x0 + position * BAR_WIDTH
+        rect = ET.SubElement(
+            svg,
+            "rect",
+            x="%.1f" % x,
+            y="%.1f" % (base - bar_height),
+            width=str(BAR_WIDTH - 3),
+            height="%.1f" % bar_height,
+            fill=PALETTE[position % len(PALETTE)],
+        )
+        ET.SubElement(rect, "title").text = "%s, %s: %s %s" % (category, name, _label(value), unit)
+        ET.SubElement(
+            svg,
+            "text",
+            x="%.1f" % (x + (BAR_WIDTH - 3) / 2),
+            y="%.1f" % (base - bar_height - 3),
+            **{"text-anchor": "middle", "font-size": "9"},
+        ).text = _label(value)
+    centre = x0 + (BAR_WIDTH * len(series)) / 2
+    label = ET.SubElement(svg, "text", x="%.1f" % centre, y=str(base + 14), **{"text-anchor": "end"})
+    label.set("transform", "rotate(-30 %.1f %d)" % (centre, base + 14))
+    label.text = str(category)
+
+
+def _legend(svg, legend: list, y: int):
+    """The series' names in one row, each with its colour."""
+    x = LEFT
+    for position, (name, item_width) in enumerate(legend):
+        colour = PALETTE[position % len(PALETTE)]
+        ET.SubElement(svg, "rect", x="%.1f" % x, y=str(y - 9), width="10", height="10", fill=colour)
+        ET.SubElement(svg, "text", x="%.1f" % (x + 14), y=str(y)).text = str(name)
+        x += item_width
+
+
 def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> str:
     """An SVG grouped bar chart: a group of bars per category, one bar per series ((name, [value per category]);
     None: no bar, its place kept), each bar labelled with its value, a legend of the series and a y axis in unit."""
@@ -74,48 +129,8 @@ def grouped_bars(title: str, categories: list, series: list, unit: str = "") -> 
     ET.SubElement(svg, "rect", x="0", y="0", width=str(width), height=str(height), fill="#ffffff")
     ET.SubElement(svg, "text", x=str(LEFT), y="20", **{"font-size": "14", "font-weight": "bold"}).text = title
     base = TOP + PLOT_HEIGHT
-    for tick in range(5):
-        value = top * tick / 4
-        y = base - PLOT_HEIGHT * tick / 4
-        ET.SubElement(svg, "line", x1=str(LEFT), x2=str(width - RIGHT), y1="%.1f" % y, y2="%.1f" % y, stroke="#dddddd")
-        ET.SubElement(svg, "text", x=str(LEFT - 6), y="%.1f" % (y + 4), **{"text-anchor": "end"}).text = _label(value)
-    axis = ET.SubElement(svg, "text", x="14", y=str(TOP + PLOT_HEIGHT // 2), **{"text-anchor": "middle"})
-    axis.set("transform", "rotate(-90 14 %d)" % (TOP + PLOT_HEIGHT // 2))
-    axis.text = unit
+    _y_axis(svg, top, width, unit)
     for index, category in enumerate(categories):
-        x0 = LEFT + GROUP_GAP / 2 + index * group_width
-        for position, (name, row) in enumerate(series):
-            value = row[index]
-            if value is None:
-                continue
-            bar_height = PLOT_HEIGHT * value / top
-            x = x0 + position * BAR_WIDTH
-            rect = ET.SubElement(
-                svg,
-                "rect",
-                x="%.1f" % x,
-                y="%.1f" % (base - bar_height),
-                width=str(BAR_WIDTH - 3),
-                height="%.1f" % bar_height,
-                fill=PALETTE[position % len(PALETTE)],
-            )
-            ET.SubElement(rect, "title").text = "%s, %s: %s %s" % (category, name, _label(value), unit)
-            ET.SubElement(
-                svg,
-                "text",
-                x="%.1f" % (x + (BAR_WIDTH - 3) / 2),
-                y="%.1f" % (base - bar_height - 3),
-                **{"text-anchor": "middle", "font-size": "9"},
-            ).text = _label(value)
-        centre = x0 + (BAR_WIDTH * len(series)) / 2
-        label = ET.SubElement(svg, "text", x="%.1f" % centre, y=str(base + 14), **{"text-anchor": "end"})
-        label.set("transform", "rotate(-30 %.1f %d)" % (centre, base + 14))
-        label.text = str(category)
-    x = LEFT
-    y = base + BOTTOM - 10
-    for position, (name, item_width) in enumerate(legend):
-        colour = PALETTE[position % len(PALETTE)]
-        ET.SubElement(svg, "rect", x="%.1f" % x, y=str(y - 9), width="10", height="10", fill=colour)
-        ET.SubElement(svg, "text", x="%.1f" % (x + 14), y=str(y)).text = str(name)
-        x += item_width
+        _bar_group(svg, LEFT + GROUP_GAP / 2 + index * group_width, category, index, series, top, unit)
+    _legend(svg, legend, base + BOTTOM - 10)
     return ET.tostring(svg, encoding="unicode") + "\n"

@@ -137,6 +137,13 @@ def test_the_role_defaults_of_the_gate_settings_are_the_gates_own():
             "service_plan's DOCUMENTATION",
             lambda: documented(service_plan)["services"]["suboptions"]["health"]["suboptions"],
         ),
+        (
+            "the role's sglang_service_gate_defaults",
+            lambda: yaml.safe_load(ROLE_SPEC.read_text())["argument_specs"]["main"]["options"][
+                "sglang_service_gate_defaults"
+            ]["options"],
+        ),
+        ("service_plan's gate_defaults", lambda: documented(service_plan)["gate_defaults"]["suboptions"]),
     ],
 )
 def test_per_service_gate_settings_are_gate_options_of_the_gates_type(where, settings):
