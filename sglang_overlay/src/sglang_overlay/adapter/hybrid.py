@@ -3,7 +3,7 @@
 Pure Python: imports neither torch nor sglang (the deploy tooling and resolution use it before any
 process starts; ``tests/test_import_graph.py``).
 
-**The rule** (issue 56; proven on the CPU reference ``reference/hybrid.py``, never run on a GPU):
+**The rule** (proven on the CPU reference ``reference/hybrid.py``; docs/adapter.md says what a GPU has not shown):
 a tree verify gives every node the recurrent state computed from its *parent's* state, never from
 whatever its predecessor in the verify window left; the commit keeps the snapshot of the last
 accepted node. SGLang 0.5.23 implements exactly that for EAGLE trees (``topk > 1``): the causal

@@ -1,4 +1,4 @@
-"""The DDTree tree grown from a DFlash2 candidate selector's lattice (issue 57).
+"""The DDTree tree grown from a DFlash2 candidate selector's lattice.
 
 A DFlash2 drafter (SGLang 0.5.23, ``models/dflash.py``: ``DFlash2DraftModel.compute_candidates`` and
 ``CandidateSelector.build_lattice``) gives per request ``K`` candidates for each of the ``E`` block

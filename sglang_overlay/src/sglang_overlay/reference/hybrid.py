@@ -1,6 +1,6 @@
 """A tiny hybrid target (causal attention + recurrent layers) and DDTree decoding over it (torch, CPU).
 
-The reference for issue 56: on a hybrid target a tree verify must give every tree node the recurrent
+The hybrid-target reference: on a hybrid target a tree verify must give every tree node the recurrent
 state computed from its **parent's** state, not from the state its predecessor in the verify window
 left. SGLang 0.5.23 does this for EAGLE trees (``topk > 1``): the causal conv and the recurrent
 kernels read ``retrieve_parent_token`` and start node ``i`` from the per-step snapshot of its parent
