@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from sglang_overlay.core.lattice import build_lattice_tree_batched
 from sglang_overlay.core.tree import DDTreeBatch, build_tree_batched
 
 BLOCK = 16  # the DFlash block: the root and up to 15 drafted positions
@@ -277,6 +278,22 @@ TREE_KINDS = {
 def every_node_case(kind: str) -> tuple[DDTreeBatch, list[list[int]]]:
     make, budget, top_k, _ = TREE_KINDS[kind]
     tree = build(make(torch.Generator().manual_seed(7)), budget, top_k)
+    lists = tree_lists(tree, 0)
+    paths = [lists.ancestors(s) for s in range(lists.num_slots)]
+    return replicate(tree, [0] * len(paths)), paths
+
+
+@functools.cache
+def lattice_every_node_case(k: int = 4, budget: int = 255) -> tuple[DDTreeBatch, list[list[int]]]:
+    """A DFlash2 lattice tree (``core.lattice``) with every node the end of one request's path: each
+    candidate's row favours one candidate of the next slot, which one depending on the parent, so the
+    tree goes to the block's end along several chains and branches below depth 8."""
+    gen = torch.Generator().manual_seed(17)
+    ids = torch.randint(0, VOCAB, (1, DEPTH, k), generator=gen)
+    scores = torch.randn(1, DEPTH, k, k, generator=gen)
+    favoured = (torch.arange(k).view(1, k) + torch.arange(DEPTH).view(DEPTH, 1)) % k  # [E, parent]
+    scores[0].scatter_add_(2, favoured.unsqueeze(-1), torch.full((DEPTH, k, 1), 5.0))
+    tree = build_lattice_tree_batched(ids, scores, budget, top_k_cap=k, root_tokens=torch.tensor([3]))
     lists = tree_lists(tree, 0)
     paths = [lists.ancestors(s) for s in range(lists.num_slots)]
     return replicate(tree, [0] * len(paths)), paths

@@ -14,7 +14,7 @@ import torch
 from sglang_overlay import knobs
 from sglang_overlay.adapter.settings import ResolvedDDTree
 from sglang_overlay.adapter.tree_stage import GraphedTreeStage, backend_mask_buffer
-from sglang_overlay.adapter.tree_step import tree_stage
+from sglang_overlay.adapter.tree_step import lattice_tree_stage, tree_stage
 from sglang_overlay.adapter.tree_verify import (
     TreeLayout,
     build_tree_verify_tensors,
@@ -58,6 +58,52 @@ def test_stage_equals_the_verify_tensors_of_the_drafter_rows():
         "retrieve_next_sibling",
     ):
         assert torch.equal(getattr(got, f), getattr(want, f)), f
+
+
+def test_a_lattice_whose_rows_ignore_the_parent_gives_the_marginal_trees_layout():
+    # DFlash2's stage with every row of a slot the same is the marginal stage over the K candidates:
+    # same tokens, positions, links and mask (the lattice reads rows 1..L and slot 0 from the root).
+    hidden, weight, roots, prefix = inputs(3, seed=4)
+    width = 5
+
+    def candidates(rows):
+        return (rows @ weight.T).topk(width, dim=-1)
+
+    def lattice(hidden_rows, root_tokens):
+        assert torch.equal(root_tokens, roots) and hidden_rows.shape[1] == SETTINGS.window - 1
+        values, ids = candidates(hidden_rows)
+        return ids, values.unsqueeze(2).expand(-1, -1, width, -1)
+
+    def marginal_head(rows, k):
+        values, ids = candidates(rows)
+        return torch.log_softmax(values, dim=-1)[:, :k], ids[:, :k]
+
+    got = verify_tensors_from_layout(lattice_tree_stage(lattice, SETTINGS)(hidden, roots, prefix), prefix)
+    want = verify_tensors_from_layout(tree_stage(marginal_head, SETTINGS)(hidden, roots, prefix), prefix)
+    assert int(got.tree.num_nodes.min()) == SETTINGS.budget
+    for f in (
+        "draft_token",
+        "positions",
+        "custom_mask",
+        "retrieve_index",
+        "retrieve_next_token",
+        "retrieve_next_sibling",
+    ):
+        assert torch.equal(getattr(got, f), getattr(want, f)), f
+
+
+def test_a_lattice_stage_caps_siblings_at_top_k_and_at_its_candidates():
+    hidden, _weight, roots, prefix = inputs(2, seed=6)
+    g = torch.Generator().manual_seed(7)
+    for width, cap in ((2, 2), (6, SETTINGS.effective_top_k)):
+        ids = torch.randint(0, VOCAB, (2, SETTINGS.window - 1, width), generator=g)
+        # Flat rows: best-first takes every sibling it may before going deeper.
+        scores = torch.zeros(2, SETTINGS.window - 1, width, width)
+        layout = lattice_tree_stage(lambda h, r, ids=ids, scores=scores: (ids, scores), SETTINGS)(hidden, roots, prefix)
+        tree = layout.tree
+        assert int(tree.ranks[tree.ranks >= 0].max()) == cap - 1
+        assert int((tree.depths == 1).sum(dim=1).max()) == cap
+        assert torch.equal(tree.tokens[:, 0], roots)
 
 
 def test_mask_index_gives_sglangs_full_mask():

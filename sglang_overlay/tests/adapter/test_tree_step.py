@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sglang_overlay.adapter.settings import ResolvedDDTree
-from sglang_overlay.adapter.tree_step import run_tree_step
+from sglang_overlay.adapter.tree_step import lattice_tree_stage, run_tree_step
 from sglang_overlay.core.tree import draft_topk
 
 VOCAB = 24
@@ -139,6 +139,61 @@ class ToyPorts:
             self.emitted[b] += step.out_tokens[b, :n].tolist()
         self.roots = step.bonus.clone()
         self.commits += 1
+
+
+class ToyLatticePorts(ToyPorts):
+    """A DFlash2-style drafter: per slot the top-``width`` candidates of a noisy greedy rollout, and
+    transition scores that read the candidate at the slot before (the target's own logits given it,
+    plus noise), so the best child of a node depends on which sibling its parent is."""
+
+    def __init__(self, *args, width: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.width = width
+
+    def lattice(self, hidden_rows, root_tokens):
+        bs, slots = int(hidden_rows.shape[0]), int(hidden_rows.shape[1])
+        assert slots == self.block - 1
+        ids = torch.zeros(bs, slots, self.width, dtype=torch.long)
+        scores = torch.zeros(bs, slots, self.width, self.width)
+        for b in range(bs):
+            ctx = self.committed[b] + [int(root_tokens[b])]
+            for e in range(slots):
+                base = self.target.logits(ctx) + self.noise * torch.randn(VOCAB, generator=self.gen)
+                ids[b, e] = base.topk(self.width).indices
+                for p in range(self.width):
+                    before = ctx if e == 0 else ctx[:-1] + [int(ids[b, e - 1, p])]
+                    row = self.target.logits(before) + self.noise * torch.randn(VOCAB, generator=self.gen)
+                    scores[b, e, p] = row[ids[b, e]]
+                ctx.append(int(ids[b, e, 0]))
+        return ids, scores
+
+
+def decode_with_lattice(sgl, target, prompts, settings, noise, width, want, block=None):
+    ports = ToyLatticePorts(target, prompts, settings.window, noise, sgl, seed=4, block=block, width=width)
+    stage = lattice_tree_stage(ports.lattice, settings)
+    steps = 0
+    while min(len(e) for e in ports.emitted) < want:
+        prefix = torch.tensor([len(c) for c in ports.committed])
+        result = run_tree_step(ports, settings, ports.roots, prefix, prefix_lens_cpu=prefix.clone(), stage=stage)
+        assert int(result.tensors.tree.num_nodes.max()) <= settings.budget
+        steps += 1
+        assert steps < 200
+    return ports, steps
+
+
+@pytest.mark.parametrize(
+    "budget, top_k, width, window, block, noise",
+    [(7, 3, 4, 8, None, 0.8), (15, 8, 4, 16, None, 1.5), (22, 4, 6, 23, 8, 0.5), (1, 1, 2, 4, None, 0.0)],
+)
+def test_trees_from_a_dflash2_lattice_reproduce_greedy_decoding(sgl, budget, top_k, width, window, block, noise):
+    target = ToyTarget(seed=budget + width)
+    prompts = [[1, 2, 3], [5], [7, 7, 7, 7, 2]]
+    settings = ResolvedDDTree(budget, top_k, False, window, draft_block=block)
+    ports, steps = decode_with_lattice(sgl, target, prompts, settings, noise, width, want=24, block=block)
+    for prompt, emitted in zip(prompts, ports.emitted):
+        assert emitted[:24] == target.greedy(prompt, 24)
+    if noise <= 0.8 and budget > 1:
+        assert steps < 24
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ from deep_trees import (
     deep_coverage,
     every_node_case,
     greedy_logits,
+    lattice_every_node_case,
     planted_case,
     planted_draft,
     reference_walk,
@@ -137,6 +138,19 @@ def test_greedy_walk_to_every_node(kind):
     target = targets_for_paths(tree, paths, torch.Generator().manual_seed(11))
     walk = greedy_walk(tree, greedy_logits(target, torch.Generator().manual_seed(12)))
     assert walk_mismatches(tree, target, walk) == []
+
+
+def test_greedy_and_sampled_walks_to_every_node_of_a_dflash2_lattice_tree():
+    tree, paths = lattice_every_node_case()
+    coverage = deep_coverage(tree_lists(tree, 0), paths)
+    assert coverage["deepest"] == DEPTH and coverage["non_first_past8"] > 0, coverage
+    target = targets_for_paths(tree, paths, torch.Generator().manual_seed(21))
+    walk = greedy_walk(tree, greedy_logits(target, torch.Generator().manual_seed(22)))
+    assert walk_mismatches(tree, target, walk) == []
+    logits = sampling_logits(target, torch.Generator().manual_seed(23))
+    draws = sample_target_tokens(logits, 0.8, torch.Generator().manual_seed(24))
+    walk = sampled_walk(tree, logits, 0.8, torch.Generator().manual_seed(24))
+    assert walk_mismatches(tree, draws, walk) == []
 
 
 @pytest.mark.parametrize("kind", TREE_KINDS)

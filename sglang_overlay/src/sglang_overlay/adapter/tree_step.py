@@ -9,7 +9,8 @@ Order of one step (``bs`` requests, drafter block ``L + 1``, verify window ``W``
 depth never does):
 
 1. ``draft_hidden``: DFlash's draft forward over ``[root, MASK x L]`` -> hidden ``[bs, L + 1, H]``.
-2. ``head_topk``: rows 1..L through the target LM head -> per-position top-k log-probs.
+2. ``head_topk``: rows 1..L through the target LM head -> per-position top-k log-probs; with a
+   DFlash2 drafter instead its candidate selector's lattice (``lattice_tree_stage``).
 3. core: best-first tree per request under the budget, padded to ``W`` slots; SGLang's FULL
    custom mask, positions ``prefix + depth`` and EAGLE verify links (``tree_verify``).
    Steps 2-3 are the *tree stage* (``stage``): fixed shapes, no host sync; the worker replays it
@@ -30,6 +31,7 @@ from typing import Any, Callable, Optional, Protocol
 
 import torch
 
+from ..core.lattice import build_lattice_tree_batched
 from ..kernels.full_mask import full_mask_available, write_full_mask
 from .settings import ResolvedDDTree
 from .tree_verify import (
@@ -37,6 +39,8 @@ from .tree_verify import (
     TreeLayout,
     TreeVerifyTensors,
     accepted_step,
+    check_window,
+    layout_of_tree,
     tree_layout,
     verify_tensors_from_layout,
     write_full_mask_torch,
@@ -108,15 +112,51 @@ def tree_stage(
             window=settings.window,
             builder=builder,
         )
-        if mask_out is None:
-            return layout
-        if mask_out.is_cuda and full_mask_available():
-            write_full_mask(mask_out, layout.ancestors, prefix_lens)
-        else:
-            write_full_mask_torch(mask_out, layout.ancestors, prefix_lens)
-        return replace(layout, mask_buffer=mask_out)
+        return _with_full_mask(layout, prefix_lens, mask_out)
 
     return stage
+
+
+def lattice_tree_stage(
+    lattice: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    settings: ResolvedDDTree,
+    mask_out: Optional[torch.Tensor] = None,
+) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], TreeLayout]:
+    """Steps 2-3 for a DFlash2 drafter: the tree grown best-first over its candidate selector's lattice.
+
+    ``lattice(hidden_rows [bs, L, H], root_tokens [bs]) -> (candidate_ids [bs, L, K], scores [bs, L, K, K])``
+    is the drafter's own selector (SGLang's ``compute_candidates`` + ``build_lattice``; slot 0's row
+    ``p = 0`` conditions on the root). The tree is ``core.lattice.build_lattice_tree_batched``'s (a node
+    scores its parent's score plus the transition's conditional log-prob), at most ``min(top_k, K)``
+    children a node; everything after the tree (layout, mask, verify, accept, commit) is the marginal
+    tree's. Same contract as ``tree_stage``: fixed shapes, no host sync when ``lattice`` has none.
+    """
+    check_window(settings.budget, settings.window)
+
+    def stage(hidden: torch.Tensor, root_tokens: torch.Tensor, prefix_lens: torch.Tensor) -> TreeLayout:
+        candidate_ids, scores = lattice(hidden[:, 1:, :], root_tokens)
+        width = int(candidate_ids.shape[-1])
+        tree = build_lattice_tree_batched(
+            candidate_ids,
+            scores,
+            settings.budget,
+            top_k_cap=min(settings.effective_top_k, width),
+            root_tokens=root_tokens,
+        )
+        return _with_full_mask(layout_of_tree(tree, prefix_lens, settings.window), prefix_lens, mask_out)
+
+    return stage
+
+
+def _with_full_mask(layout: TreeLayout, prefix_lens: torch.Tensor, mask_out: Optional[torch.Tensor]) -> TreeLayout:
+    """The layout, with its FULL mask written into ``mask_out`` where the stage has one."""
+    if mask_out is None:
+        return layout
+    if mask_out.is_cuda and full_mask_available():
+        write_full_mask(mask_out, layout.ancestors, prefix_lens)
+    else:
+        write_full_mask_torch(mask_out, layout.ancestors, prefix_lens)
+    return replace(layout, mask_buffer=mask_out)
 
 
 def run_tree_step(

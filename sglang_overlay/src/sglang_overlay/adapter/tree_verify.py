@@ -318,12 +318,23 @@ def tree_layout(
     Fixed shapes, no host synchronisation (so the tree stage can run in a CUDA graph). Arguments as
     ``build_tree_verify_tensors``.
     """
-    if budget + 1 > window:
-        raise ValueError(f"budget {budget} + root does not fit the verify window {window}")
+    check_window(budget, window)
     if builder is None:
         from ..kernels import build_tree as builder  # the kernel on CUDA, build_tree_batched elsewhere
     build = builder
     tree = build(log_probs, token_ids, budget, top_k_cap=top_k, root_tokens=root_tokens)
+    return layout_of_tree(tree, prefix_lens, window)
+
+
+def check_window(budget: int, window: int) -> None:
+    """A tree of ``budget`` nodes and its root must fit the verify window."""
+    if budget + 1 > window:
+        raise ValueError(f"budget {budget} + root does not fit the verify window {window}")
+
+
+def layout_of_tree(tree: DDTreeBatch, prefix_lens: torch.Tensor, window: int) -> TreeLayout:
+    """A built tree's verify layout, padded to ``window`` slots: positions, ancestors, the FULL mask's
+    index and the EAGLE verify links, whichever rule grew the tree (fixed shapes, no host sync)."""
     tree = pad_tree(tree, window)
     links = eagle_verify_links(tree)
     prefix = prefix_lens.to(device=tree.device, dtype=torch.int64)

@@ -15,7 +15,8 @@ What is DFlash's and what is new:
   draft KV materialization and the draft input carried between steps: DFlash's code, unchanged;
 * decode: DFlash's draft forward over ``[root, MASK x L]`` (the drafter's LM head outside
   DFlash's graph, so the worker sees the per-position distributions instead of a greedy chain)
-  -> the tree stage (LM head, fused top-k, tree kernel, links, positions, ancestor masks), replayed
+  -> the tree stage (LM head, fused top-k, tree kernel, links, positions, ancestor masks; with a
+  DFlash2 drafter its candidate selector's lattice and the tree grown over it), replayed
   from a CUDA graph per batch size (``tree_stage.py``) -> the target verifies it as an NGRAM-style
   tree (``NgramVerifyInput`` with the ancestor-only custom mask, in the target's verify graphs
   captured reading the tree mask, see hooks.py) ->
@@ -41,6 +42,7 @@ from typing import Any, Optional
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 from sglang.srt.configs.hybrid_arch import mambaish_config
+from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
 from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -57,6 +59,7 @@ from sglang.srt.speculative.dflash_utils import is_dense_head_weight
 from sglang.srt.speculative.dflash_worker_v2 import (
     DFlashWorkerV2,
     _resolve_dflash_embedding_module,
+    _selector_lattice,
 )
 from sglang.srt.speculative.eagle_utils import eagle_sample
 from sglang.srt.speculative.ngram_info import NgramVerifyInput
@@ -79,7 +82,7 @@ from .hybrid import classify_hybrid
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree, format_budget
 from .tree_stage import GraphedTreeStage, backend_mask_buffer, eager_tree_stage
-from .tree_step import run_tree_step, tree_stage
+from .tree_step import lattice_tree_stage, run_tree_step, tree_stage
 from .tree_verify import (
     AcceptedStep,
     TreeVerifyTensors,
@@ -294,11 +297,12 @@ class DDTreeWorker(DFlashWorkerV2):
             raise DDTreeConfigError(
                 f"DDTREE: the DFlash block size is {self.block_size} but the resolved drafter block is {settings.block}"
             )
-        if self.selector is not None or self.lilicorr is not None or self._is_domino:
+        if self.lilicorr is not None or self._is_domino:
             raise DDTreeConfigError(
-                "DDTREE supports plain DFlash drafters; this draft model has a candidate "
-                "selector / LiLiCorr head / Domino rollout"
+                "DDTREE supports DFlash and DFlash2 drafters; this draft model has a LiLiCorr head / Domino rollout"
             )
+        if self.selector is not None:
+            self._attach_selector_head()
         _check_hybrid(mambaish_config(self.model_runner.model_config), settings)
         install_graph_guard()
         # The grouped tree-verify attention kernel (hooks.install_tree_attention; knobs.TREE_ATTENTION off:
@@ -316,11 +320,14 @@ class DDTreeWorker(DFlashWorkerV2):
         self._plant = _plant_source(log=get_parallel().tp_rank == 0)
         if get_parallel().tp_rank == 0:
             logger.info(
-                "DDTREE worker ready: budget=%s, top_k=%d, drafter block=%d, verify window=%d.",
+                "DDTREE worker ready: budget=%s, top_k=%d, drafter block=%d, verify window=%d, tree from %s.",
                 format_budget(settings.schedule or settings.budget),
                 settings.effective_top_k,
                 settings.block,
                 settings.window,
+                "the DFlash2 selector's lattice (%d candidates a slot)" % int(self.selector.top_k)
+                if self.selector is not None
+                else "the drafter's per-position distributions",
             )
 
     # ---- verify windows ---------------------------------------------------------------------
@@ -535,7 +542,9 @@ class DDTreeWorker(DFlashWorkerV2):
             mask_buffer = backend_mask_buffer(backend)
             self._tree_mask_buffers[window] = mask_buffer
             stage = self._tree_stages[window] = GraphedTreeStage(
-                tree_stage(self._head_topk, step_settings, mask_out=mask_buffer),
+                lattice_tree_stage(self._selector_lattice, step_settings, mask_out=mask_buffer)
+                if self.selector is not None
+                else tree_stage(self._head_topk, step_settings, mask_out=mask_buffer),
                 batch_sizes=sizes,
                 enabled=enabled,
                 capture_context=self._stage_capture_context(),
@@ -711,6 +720,28 @@ class DDTreeWorker(DFlashWorkerV2):
             from ..kernels.draft_topk import draft_topk_fast
 
             return draft_topk_fast(logits, k)
+
+    # ---- 2. (DFlash2) the candidate selector's lattice -----------------------------------------
+
+    def _attach_selector_head(self) -> None:
+        """A DFlash2 drafter has no head of its own: its candidates are the target LM head's top-K over
+        the drafter's rows (``compute_candidates``), so the head is attached here, as DFlash attaches it
+        before its draft graphs."""
+        lm_head = unwrap_lora_layer(getattr(self.target_worker.model_runner.model, "lm_head", None))
+        if lm_head is None:
+            raise DDTreeConfigError("DDTREE with a DFlash2 drafter needs the target model's lm_head")
+        if not (
+            is_dense_head_weight(getattr(lm_head, "weight", None))
+            or should_apply_lm_head_quant_method(lm_head, getattr(lm_head, "quant_method", None))
+        ):
+            raise DDTreeConfigError("DDTREE with a DFlash2 drafter: the target's lm_head quantization is unsupported")
+        self.draft_model.lm_head = lm_head
+
+    def _selector_lattice(self, hidden_rows: torch.Tensor, root_tokens: torch.Tensor):
+        """``(candidate_ids [bs, L, K], scores [bs, L, K, K])`` of the drafter's rows 1..L, slot 0 given the
+        root: SGLang's own selector (``_selector_lattice``), fixed shapes and no host sync."""
+        with draft_tp_context(self.draft_parallel_layout):
+            return _selector_lattice(self.draft_model, hidden_rows, root_tokens.to(torch.int64))
 
     # ---- 4. target verify over the tree (eager, custom mask) --------------------------------
 
