@@ -12,7 +12,10 @@ that skipped the input copies (planted below) must be caught. Then wall time per
 accepted path (``kernels.accept_path``) on CUDA == the torch ``accepted_step`` on CPU. And the stage
 writing the FULL mask into a Triton-backend-like uint8 buffer (``mask_out``, ``kernels.full_mask``),
 graphed, == the allocated mask at the same batch sizes, with the time of the mask part per step
-(allocated: fill + scatter + the backend's copy; written: a view). Prints JSON.
+(allocated: fill + scatter + the backend's copy; written: a view). And the DFlash2 lattice stage
+(``lattice_tree_stage`` over a selector shaped like SGLang's: the head's top-16 per row, a rank-64
+transition), graphed == eager at the same batch sizes, with its wall time per call beside the
+marginal stage's. Prints JSON.
 """
 
 import json
@@ -26,7 +29,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(_HERE, "..", "..", "src")]
 from sglang_overlay.adapter.settings import ResolvedDDTree  # noqa: E402
 from sglang_overlay.adapter.tree_stage import GraphedTreeStage, layout_rows  # noqa: E402
-from sglang_overlay.adapter.tree_step import tree_stage  # noqa: E402
+from sglang_overlay.adapter.tree_step import lattice_tree_stage, tree_stage  # noqa: E402
 from sglang_overlay.adapter.tree_verify import (  # noqa: E402
     accepted_step,
     dense_head_topk,
@@ -126,7 +129,41 @@ def main():
 
             out["mask_ms"].append({"bs": bs, "allocated": wall(allocated, ()), "written": wall(in_place, ())})
     out["mask_written_equal"] = {"batch_sizes": [1, 3, 16, 48], "calls_each": 4}
+    out["lattice"] = lattice_check(weight, settings, graphed)
     print(json.dumps(out, indent=1))
+
+
+def lattice_check(weight, settings, marginal, width=16, rank=64):
+    """The lattice stage graphed == eager, and its time per call beside the graphed marginal stage's."""
+    g = torch.Generator(DEV).manual_seed(3)
+    pred = torch.randn(VOCAB, rank, device=DEV, generator=g) * 0.1
+    succ = torch.randn(VOCAB, rank, device=DEV, generator=g) * 0.1
+    proj = torch.randn(HIDDEN, rank, device=DEV, dtype=torch.bfloat16, generator=g) * 0.02
+
+    def lattice(hidden_rows, roots):  # SGLang's _selector_lattice, restated for a synthetic selector
+        unary, ids = (hidden_rows @ weight.T).float().topk(width, dim=-1)
+        before = torch.cat([roots.view(-1, 1, 1).expand(-1, 1, width), ids[:, :-1]], dim=1)
+        h = (hidden_rows @ proj).float()
+        return ids, unary[:, :, None] + torch.einsum("blpr,blcr->blpc", pred[before] * h[:, :, None], succ[ids])
+
+    eager = lattice_tree_stage(lattice, settings)
+    graphed = GraphedTreeStage(eager, batch_sizes=SIZES)
+    result = {"width": width, "rank": rank, "wall_per_call_ms": []}
+    with torch.inference_mode():
+        for bs in (1, 3, 16, 48):
+            for step in range(4):
+                args = stage_inputs(bs, 700 * bs + step)
+                assert same_layout(eager(*args), graphed(*args)), ("graphed lattice stage differs", bs, step)
+            result["wall_per_call_ms"].append(
+                {
+                    "bs": bs,
+                    "lattice_eager": wall(eager, args),
+                    "lattice_graphed": wall(graphed, args),
+                    "marginal_graphed": wall(marginal, args),
+                }
+            )
+    result["captured"] = graphed.captured_sizes
+    return result
 
 
 if __name__ == "__main__":
