@@ -35,6 +35,7 @@ def test_the_graph_capture_hook_is_registered_only_on_a_cuda_build(monkeypatch, 
     assert hooks.cuda_build() is expected
     hooks.register_startup_hooks()
     assert (hooks.TARGET_GRAPH_SPEC_INFO in registered) is expected
+    assert (hooks.TARGET_CONV_WINDOW_DEDUP in registered) is expected
     # The flag and worker hooks are needed in every process, on every build.
     assert {hooks.TARGET_ADD_CLI_ARGS, hooks.TARGET_FROM_CLI_ARGS} <= set(registered)
     from sglang_overlay.adapter import algorithm

@@ -31,6 +31,12 @@ GRAPH_GUARD_TARGETS = (TARGET_CAN_RUN_GRAPH, TARGET_CAN_RUN_PREFILL_GRAPH)
 # the target's graphs are captured before the DDTree worker exists.
 TARGET_GRAPH_SPEC_INFO = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.get_spec_info"
 
+# Whether a hybrid target's speculative conv-window cache may be deduplicated into an overlapping
+# sliding view (chain verifies only). Registered at start-up: the pools exist before the worker does.
+TARGET_CONV_WINDOW_DEDUP = "sglang.srt.mem_cache.memory_pool.conv_window_dedup_enabled"
+# SGLang's linear-attention backends whose verify takes the tree links (``topk > 1``).
+LINEAR_TREE_BACKEND_BASE = "MambaAttnBackendBase"
+
 # Attribute that marks the DDTree tree-verify input (see tree_verify.DDTreeVerifyInput).
 TREE_VERIFY_MARKER = "ddtree_tree_verify"
 # Set on a decode graph runner whose TARGET_VERIFY graphs read the tree mask (see after_get_spec_info).
@@ -112,8 +118,94 @@ def after_get_spec_info(result, self, *args, **kwargs):
     if result.custom_mask is None:
         result.custom_mask = self.buffers.custom_mask
     install_tree_attention(getattr(self, "attn_backend", None), getattr(model_runner, "attn_backend", None))
+    plan = hybrid_plan_of(model_runner)
+    if plan is not None and plan.tree_state:
+        settings = resolved_settings(model_runner.server_args)
+        enable_linear_tree_verify(
+            settings.effective_top_k, getattr(self, "attn_backend", None), model_runner.attn_backend
+        )
     setattr(self, TREE_MASK_CAPTURED, True)
     return result
+
+
+def around_conv_window_dedup(original, *args, **kwargs):
+    """A DDTREE server keeps the dense speculative conv-window cache: a tree's nodes read their ancestors'
+    windows, which the deduplicated sliding view (one shared buffer for a chain's consecutive steps) would
+    overwrite. Every other server: SGLang's decision."""
+    from .resolution import resolved_settings
+
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        server_args = get_server_args()
+    except Exception:  # noqa: BLE001 (no published record: not a server process, SGLang decides)
+        server_args = None
+    if resolved_settings(server_args) is not None:
+        return False
+    return original(*args, **kwargs)
+
+
+def hybrid_plan_of(model_runner):
+    """``hybrid.hybrid_plan`` for a DDTREE server's target runner (None: not hybrid, or not DDTREE): its
+    layout by SGLang's ``mambaish_config``, the resolved linear verify backend and ReplaySSM switch."""
+    from .hybrid import classify_hybrid, hybrid_plan
+    from .resolution import resolved_settings
+
+    settings = resolved_settings(getattr(model_runner, "server_args", None))
+    model_config = getattr(model_runner, "model_config", None)
+    if settings is None or model_config is None:
+        return None
+    from sglang.srt.arg_groups.model_override_base import resolved_view
+    from sglang.srt.configs.hybrid_arch import mambaish_config
+
+    config = mambaish_config(model_config)
+    if config is None:
+        return None
+    view = resolved_view(model_runner.server_args)
+    verdict = classify_hybrid(
+        type(config).__name__,
+        use_kda=getattr(config, "use_kda", None),
+        linear_attn_verify_backend=getattr(view, "linear_attn_verify_backend", None),
+        replayssm_spec=bool(getattr(view, "enable_linear_replayssm_spec", False)),
+    )
+    return hybrid_plan(verdict, settings.allow_hybrid_unsafe)
+
+
+def linear_tree_backends(*backends: Any) -> list:
+    """The linear-attention backends (SGLang's ``MambaAttnBackendBase``) in these target backends, each
+    once: a hybrid target's backend holds its linear one as ``linear_attn_backend``."""
+    found: list = []
+    for backend in backends:
+        for candidate in (backend, getattr(backend, "linear_attn_backend", None)):
+            if candidate is None or any(c is candidate for c in found):
+                continue
+            if any(cls.__name__ == LINEAR_TREE_BACKEND_BASE for cls in type(candidate).__mro__):
+                found.append(candidate)
+    return found
+
+
+def dense_conv_windows(windows) -> bool:
+    """Whether a mamba pool's speculative conv windows (``mamba_cache.intermediate_conv_window``) have one
+    window per draft token of their own (the dense layout a tree needs): the deduplicated layout's views
+    overlap, so they are not contiguous."""
+    return all(bool(w.is_contiguous()) for w in windows or ())
+
+
+def enable_linear_tree_verify(top_k: int, *backends: Any) -> int:
+    """Make these target backends' linear attention verify the tree: ``topk > 1`` is SGLang's switch for
+    building ``retrieve_parent_token`` from the verify input's tree links and copying the links into its
+    CUDA-graph buffers, so each node's conv window and recurrent state start from its parent's snapshot.
+    A chain (top-k 1) takes the same path. Must run before the target captures its verify graphs. Returns
+    how many backends changed."""
+    changed = 0
+    for backend in linear_tree_backends(*backends):
+        want = max(2, int(top_k))
+        if int(getattr(backend, "topk", 0) or 0) < want:
+            backend.topk = want
+            changed += 1
+    if changed:
+        logger.info("DDTREE hybrid target: tree verify on %d linear-attention backend(s) (topk %d)", changed, want)
+    return changed
 
 
 def around_can_run_graph(original, self, forward_batch, *args, **kwargs):
@@ -156,6 +248,7 @@ def register_startup_hooks() -> None:
     HookRegistry.register(TARGET_FROM_CLI_ARGS, around_from_cli_args, HookType.AROUND)
     if cuda_build():
         HookRegistry.register(TARGET_GRAPH_SPEC_INFO, after_get_spec_info, HookType.AFTER)
+        HookRegistry.register(TARGET_CONV_WINDOW_DEDUP, around_conv_window_dedup, HookType.AROUND)
 
 
 _graph_guard_installed = False
@@ -189,6 +282,7 @@ def hooks_applied() -> dict[str, bool]:
         TARGET_FROM_CLI_ARGS,
         TARGET_CREATE_WORKER,
         TARGET_GRAPH_SPEC_INFO,
+        TARGET_CONV_WINDOW_DEDUP,
         *GRAPH_GUARD_TARGETS,
     ]
     return {t: t in HookRegistry._patched for t in targets}

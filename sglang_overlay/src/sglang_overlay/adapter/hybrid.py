@@ -46,6 +46,10 @@ __all__ = [
     "TreeStateEstimate",
     "tree_state_bytes",
     "check_tree_state_memory",
+    "state_shapes_of",
+    "TREE_STATE_SHARE",
+    "HybridPlan",
+    "hybrid_plan",
 ]
 
 TREE = "tree"  # DDTREE verifies the tree: SGLang's kernels give each node its parent's state
@@ -288,6 +292,47 @@ def classify_hybrid(
     return _verdict(name, layout, TREE, layout.reason)
 
 
+@dataclass(frozen=True)
+class HybridPlan:
+    """What a DDTREE server does with a hybrid target (``hybrid_plan``).
+
+    ``refusal``: the message the worker refuses to start with, or None; ``tree_state``: whether the worker
+    arranges SGLang's parent-pointer verify (``TREE_VERIFY_REQUIREMENTS``); ``warning``: a message to log
+    at start, or None."""
+
+    refusal: Optional[str]
+    tree_state: bool
+    warning: Optional[str]
+
+
+UNSAFE_FLAG = "--speculative-ddtree-allow-hybrid-unsafe"
+
+
+def hybrid_plan(verdict: Optional[HybridVerdict], allow_unsafe: bool) -> Optional[HybridPlan]:
+    """The decision for a target ``classify_hybrid`` judged (None: not a hybrid, nothing to do).
+
+    * A refused layout: refused; with ``allow_unsafe`` it runs as a chain-state verify, warned lossy.
+    * A TREE layout: the worker verifies each node from its parent's state. Until that is proven on a GPU
+      (``HybridLayout.proven``) it needs ``allow_unsafe`` too, and runs warned "not proven"; once proven it
+      runs without the flag.
+    """
+    if verdict is None:
+        return None
+    if verdict.refused:
+        if not allow_unsafe:
+            return HybridPlan(f"{verdict.message} ({UNSAFE_FLAG} overrides; outputs may then be lossy)", False, None)
+        return HybridPlan(None, False, f"{verdict.message} Running it anyway ({UNSAFE_FLAG}): outputs may be lossy.")
+    if verdict.proven != NOT_PROVEN_ON_GPU:
+        return HybridPlan(None, True, None)
+    unproven = (
+        f"DDTREE verifies the hybrid target {verdict.config_class} ({verdict.layout}) as a tree, each node's "
+        f"recurrent state from its parent's (SGLang's tree path for linear attention); this is proven {verdict.proven}"
+    )
+    if not allow_unsafe:
+        return HybridPlan(f"{unproven}. {UNSAFE_FLAG} runs it.", True, None)
+    return HybridPlan(None, True, f"{unproven}. Running it ({UNSAFE_FLAG}).")
+
+
 # ---- state memory ------------------------------------------------------------------------------
 
 
@@ -399,6 +444,22 @@ def mamba2_state_shapes(
     layers = str(cfg.get("hybrid_override_pattern", "")).count("M")
     ssm = ssm_dtype_bytes if ssm_dtype_bytes is not None else _dtype_bytes(cfg.get("mamba_ssm_dtype"), 4)
     return RecurrentStateShapes(conv, temporal, layers, conv_dtype_bytes, ssm)
+
+
+def state_shapes_of(hf_config: Mapping[str, Any], tp_size: int = 1) -> Optional[RecurrentStateShapes]:
+    """The recurrent state shapes of a hybrid ``config.json`` whose layout has a tree path: GDN
+    (``linear_key_head_dim``) or Mamba2 (``mamba_num_heads``); None for any other."""
+    if "linear_key_head_dim" in _text_config(hf_config):
+        return gdn_state_shapes(hf_config, tp_size)
+    if "mamba_num_heads" in hf_config and "hybrid_override_pattern" in hf_config:
+        return mamba2_state_shapes(hf_config, tp_size)
+    return None
+
+
+#: The share of SGLang's static memory (``mem_fraction_static`` x the GPU) the tree's state snapshots may
+#: take: the static pool also holds the weights and the KV cache, so snapshots past a quarter of it leave
+#: a server too few KV tokens to batch.
+TREE_STATE_SHARE = 0.25
 
 
 @dataclass(frozen=True)

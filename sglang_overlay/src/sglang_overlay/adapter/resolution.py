@@ -133,6 +133,7 @@ def finalize_ddtree(server_args: Any) -> Optional[s.ResolvedDDTree]:
         raise s.DDTreeConfigError("--speculative-algorithm DDTREE does not support: " + "; ".join(refused))
     resolved = s.resolve_for_window(requested, cfg.speculative_num_draft_tokens)
     _check_memory(cfg, resolved, requested.budget_source)
+    _check_tree_state_memory(cfg, resolved, requested.budget_source)
     if resolved.window != resolved.block:
         # SGLang sizes everything target-side from speculative_num_draft_tokens: the KV reserved
         # per decode step, the target's verify graphs and their buffers, the logits rows. The
@@ -167,12 +168,7 @@ def _check_memory(cfg: Any, resolved: s.ResolvedDDTree, source: str) -> None:
     """
     if resolved.window <= resolved.block:
         return
-    try:
-        from sglang.srt.utils.common import get_device_memory_capacity
-
-        gpu_mib = get_device_memory_capacity(getattr(cfg, "device", None))
-    except Exception:  # noqa: BLE001 (no GPU query: SGLang's start-up reports memory itself)
-        gpu_mib = None
+    gpu_mib = _gpu_mib(cfg)
     model = _model_config(cfg)
     context_len = getattr(cfg, "context_length", None) or model.get("max_position_embeddings")
     vocab = model.get("vocab_size")
@@ -182,6 +178,48 @@ def _check_memory(cfg: Any, resolved: s.ResolvedDDTree, source: str) -> None:
     limit = int(gpu_mib * (1 << 20) * (1.0 - float(fraction)) / 2)
     max_bs = int(getattr(cfg, "max_running_requests", None) or 48)
     s.check_verify_memory(resolved, source, max_bs, int(context_len), int(vocab), limit)
+
+
+def _check_tree_state_memory(cfg: Any, resolved: s.ResolvedDDTree, source: str) -> None:
+    """On a hybrid target, the per-node recurrent state snapshots of the widest window (before any process
+    starts): refused when not even one request's fit in ``hybrid.TREE_STATE_SHARE`` of SGLang's static
+    memory; else logged, with how many requests' snapshots fit there at this window and at the drafter's
+    block (SGLang sizes the mamba pool to what fits, so a wider window serves fewer requests at once).
+
+    Needs the GPU's memory and a local ``config.json`` of a GDN or Mamba2 target; without them nothing
+    is checked here.
+    """
+    from .hybrid import TREE_STATE_SHARE, check_tree_state_memory, state_shapes_of
+
+    model = _model_config(cfg)
+    shapes = state_shapes_of(model, int(getattr(cfg, "tp_size", None) or 1)) if model else None
+    fraction = getattr(cfg, "mem_fraction_static", None)
+    gpu_mib = _gpu_mib(cfg) if shapes is not None and fraction is not None else None
+    if not gpu_mib:
+        return
+    limit = int(gpu_mib * (1 << 20) * float(fraction) * TREE_STATE_SHARE)
+    need = check_tree_state_memory(shapes, resolved, source, 1, limit)
+    per_block = need.bytes_per_request * min(resolved.block, need.window) // need.window
+    logger.info(
+        "DDTREE hybrid target: %.1f MiB of recurrent state snapshots per request at the %d-token window; "
+        "%.1f GiB (%.0f%% of the static pool) holds about %d requests' (%d at the drafter's block).",
+        need.bytes_per_request / (1 << 20),
+        need.window,
+        limit / (1 << 30),
+        100 * TREE_STATE_SHARE,
+        limit // need.bytes_per_request - 1,
+        limit // per_block - 1,
+    )
+
+
+def _gpu_mib(cfg: Any) -> Optional[float]:
+    """The GPU's memory in MiB (SGLang's own query), or None where it cannot be asked."""
+    try:
+        from sglang.srt.utils.common import get_device_memory_capacity
+
+        return get_device_memory_capacity(getattr(cfg, "device", None))
+    except Exception:  # noqa: BLE001 (no GPU query: SGLang's start-up reports memory itself)
+        return None
 
 
 # ---- resolution-hook wrappers (fn(server_args, previous)) --------------------------------------

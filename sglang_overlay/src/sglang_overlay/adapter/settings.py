@@ -428,8 +428,8 @@ def format_budget(budget: Any) -> str:
 # ---- hybrid / linear-attention targets -------------------------------------------------------
 
 # model_type values of hybrid (Mamba / linear-attention / SSM) architectures SGLang 0.5.23 serves
-# (sglang/srt/configs/hybrid_arch.py and the model registry). A recurrent state cannot branch,
-# so a tree verify over such a target is not supported unless explicitly allowed.
+# (sglang/srt/configs/hybrid_arch.py and the model registry). Their tree verify needs each node's
+# recurrent state from its parent's (adapter/hybrid.py), so such a target runs only when allowed.
 HYBRID_MODEL_TYPES = frozenset(
     {
         "bailing_hybrid",
@@ -522,7 +522,8 @@ def check_hybrid_target(
     if settings.allow_hybrid_unsafe:
         return reason
     raise DDTreeConfigError(
-        f"DDTREE refuses the hybrid target {model_path!r}: {reason}. A tree verify cannot branch "
-        f"a recurrent state; set {FLAG_ALLOW_HYBRID} (or {ENV_ALLOW_HYBRID}=1) to run it anyway "
-        "(unsupported, untested)."
+        f"DDTREE refuses the hybrid target {model_path!r}: {reason}. Its tree verify gives each node the "
+        "recurrent state of its parent where SGLang's kernels have that path (Gated DeltaNet, Mamba2), "
+        "which is not yet proven on a GPU, and is lossy on every other layout; set "
+        f"{FLAG_ALLOW_HYBRID} (or {ENV_ALLOW_HYBRID}=1) to run it anyway (adapter/hybrid.py says which)."
     )

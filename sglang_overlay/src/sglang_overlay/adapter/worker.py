@@ -41,7 +41,6 @@ from typing import Any, Optional
 
 import torch
 from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-from sglang.srt.configs.hybrid_arch import mambaish_config
 from sglang.srt.layers.logits_processor import should_apply_lm_head_quant_method
 from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 from sglang.srt.lora.layers import unwrap_lora_layer
@@ -77,8 +76,16 @@ from .. import knobs
 from ..kernels.kv_move import kv_move_available, move_path_kv
 from ..kernels.plant_path import PlantSource, plant_path
 from .diagnostics import StepTimer, SyncWatch
-from .hooks import TREE_MASK_CAPTURED, TREE_VERIFY_MARKER, install_graph_guard, install_tree_attention
-from .hybrid import classify_hybrid
+from .hooks import (
+    TREE_MASK_CAPTURED,
+    TREE_VERIFY_MARKER,
+    dense_conv_windows,
+    enable_linear_tree_verify,
+    hybrid_plan_of,
+    install_graph_guard,
+    install_tree_attention,
+)
+from .hybrid import HybridPlan
 from .resolution import resolved_settings
 from .settings import DDTreeConfigError, ResolvedDDTree, format_budget
 from .tree_stage import GraphedTreeStage, backend_mask_buffer, eager_tree_stage
@@ -134,30 +141,19 @@ def path_kv_pool(allocator) -> Optional[MHATokenToKVPool]:
     return pool if plain else None
 
 
-def _check_hybrid(hybrid, settings: ResolvedDDTree) -> None:
-    """Refuse a hybrid target by its layout (``hybrid.classify_hybrid``), or warn under the override.
+def _check_hybrid(plan: Optional[HybridPlan]) -> None:
+    """Refuse a hybrid target, or warn, as ``hybrid.hybrid_plan`` decided (None: not a hybrid target).
 
-    This worker verifies every tree with the linear-attention backend SGLang built for DFLASH's chain (top-k 1),
-    which continues each window slot from its predecessor's recurrent state: on a hybrid target a branching
-    tree is then verified against the wrong state. So every hybrid is refused, with its layout's own reason
-    where SGLang has no tree path for it, and ``--speculative-ddtree-allow-hybrid-unsafe`` runs it with a
-    warning that says so.
+    A layout whose SGLang kernels give each tree node its parent's state is verified as a tree
+    (``_enable_tree_state``); every other layout is refused, and ``--speculative-ddtree-allow-hybrid-unsafe``
+    runs it verified against its predecessor's state, warned lossy.
     """
-    if hybrid is None:
+    if plan is None:
         return
-    verdict = classify_hybrid(type(hybrid).__name__, use_kda=getattr(hybrid, "use_kda", None))
-    if verdict.refused:
-        reason = verdict.message
-    else:
-        reason = (
-            f"DDTREE refuses the hybrid target {verdict.config_class} ({verdict.layout}): SGLang's kernels give "
-            "each tree node its parent's state on this layout, but this worker still verifies with the chain's "
-            "top-k-1 linear-attention backend, which continues each slot from its predecessor's state."
-        )
-    if not settings.allow_hybrid_unsafe:
-        raise DDTreeConfigError(reason + " (--speculative-ddtree-allow-hybrid-unsafe overrides)")
-    if get_parallel().tp_rank == 0:
-        logger.warning("%s Running it anyway (--speculative-ddtree-allow-hybrid-unsafe): outputs may be lossy.", reason)
+    if plan.refusal is not None:
+        raise DDTreeConfigError(plan.refusal)
+    if plan.warning is not None and get_parallel().tp_rank == 0:
+        logger.warning("%s", plan.warning)
 
 
 def _plant_source(log: bool) -> Optional[PlantSource]:
@@ -303,7 +299,10 @@ class DDTreeWorker(DFlashWorkerV2):
             )
         if self.selector is not None:
             self._attach_selector_head()
-        _check_hybrid(mambaish_config(self.model_runner.model_config), settings)
+        self._hybrid = hybrid_plan_of(self.target_worker.model_runner)
+        _check_hybrid(self._hybrid)
+        if self._hybrid is not None and self._hybrid.tree_state:
+            self._enable_tree_state()
         install_graph_guard()
         # The grouped tree-verify attention kernel (hooks.install_tree_attention; knobs.TREE_ATTENTION off:
         # SGLang's); also applied before the target's verify graphs are captured, in after_get_spec_info.
@@ -329,6 +328,24 @@ class DDTreeWorker(DFlashWorkerV2):
                 if self.selector is not None
                 else "the drafter's per-position distributions",
             )
+
+    # ---- hybrid targets: each tree node's recurrent state from its parent's --------------------
+
+    def _enable_tree_state(self, *backends) -> None:
+        """SGLang's tree path for linear attention on the target (``hybrid.TREE_VERIFY_REQUIREMENTS``): the
+        dense conv-window cache (kept by the start-up hook ``around_conv_window_dedup``) and ``topk > 1`` on
+        the linear-attention backends (set before the verify graphs by ``after_get_spec_info``; here for the
+        eager verify and each window state's backend). The commit is ``commit_mamba_states_after_verify``'s."""
+        pool = getattr(self.target_worker.model_runner.req_to_token_pool, "mamba_pool", None)
+        windows = getattr(getattr(pool, "mamba_cache", None), "intermediate_conv_window", None)
+        if not dense_conv_windows(windows):
+            raise DDTreeConfigError(
+                "DDTREE on a hybrid target needs the dense speculative conv-window cache, but the mamba pool was "
+                "built deduplicated for a chain (the overlay's start-up hook on conv_window_dedup_enabled did "
+                "not run: is the plugin loaded in the scheduler process?)"
+            )
+        model_runner = self.target_worker.model_runner
+        enable_linear_tree_verify(self.ddtree.effective_top_k, model_runner.attn_backend, *backends)
 
     # ---- verify windows ---------------------------------------------------------------------
 
@@ -374,6 +391,8 @@ class DDTreeWorker(DFlashWorkerV2):
                 finally:
                     model_runner.init_new_workspace = saved_workspace
                 install_tree_attention(backend)
+                if self._hybrid is not None and self._hybrid.tree_state:
+                    enable_linear_tree_verify(self.ddtree.effective_top_k, backend)
                 runner = None
                 if graphs and sizes:
                     from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
