@@ -83,6 +83,16 @@ def declaration_problems(value: dict, options: dict, where: str) -> list:
     return _mapping_problems(value, options, where, "")
 
 
+def missing_problems(value: dict, options: dict, where: str) -> list:
+    """The required fields the mapping leaves unset, each named with its doc line (ansible-core's own check says
+    "missing required arguments" without saying which mapping of a list it is)."""
+    return [
+        "%s: %s is not set; it is required (%s)" % (where, name, declared["doc"])
+        for name, declared in options.items()
+        if declared.get("required") and value.get(name) is None
+    ]
+
+
 def well_declared(value: dict, options: dict) -> dict:
     """The mapping without what declaration_problems refuses (unknown fields, values of the wrong type, outside
     their choices or range; a mapping's good fields kept), so that the rules that read several fields read

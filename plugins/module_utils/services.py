@@ -4,8 +4,10 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """SGLang services declared as data: the cross-field rules, and the flags and environment they become.
 
-Types and required fields are checked by the role's argument spec; what needs several fields at
-once, or the host's GPUs, is checked here, before anything changes on a host.
+Every field is declared here once (SERVICE_FIELDS) and checked by service_plan's action plugin on the controller
+(declared_problems: unknown fields with the closest one, types, choices, ranges, required fields), then by its
+module; what needs several fields at once, or the host's GPUs, is checked here too, before anything changes on a
+host. The role's argument spec leaves the fields to the plan (docs/services.md, "Every field checked").
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
 from ansible_collections.ddtree.sglang.plugins.module_utils.schema import (
     argument_spec,
     declaration_problems,
+    missing_problems,
     option,
     well_declared,
 )
@@ -148,15 +151,18 @@ def service_label(host: str, position: int, service) -> str:
     return "%s: sglang_services[%d] (%s)" % (host, position, name)
 
 
-def declared_problems(services, host="host") -> list:
+def declared_problems(services, host="host", required: bool = False) -> list:
     """What is wrong with the services' declarations field by field, before any rule that needs several fields:
-    unknown keys (naming the closest field), types, choices and ranges (schema.declaration_problems)."""
+    unknown keys (naming the closest field), types, choices and ranges (schema.declaration_problems), and with
+    `required` the required fields left unset (the action plugin's check, before ansible-core's)."""
     problems = []
     for position, service in enumerate(services or []):
         label = service_label(host, position, service)
         if not isinstance(service, dict):
             problems.append("%s is %r; a service is a mapping of %s" % (label, service, ", ".join(SERVICE_FIELDS)))
             continue
+        if required:
+            problems.extend(missing_problems(service, SERVICE_FIELDS, label))
         problems.extend(declaration_problems(service, SERVICE_FIELDS, label))
     return problems
 
