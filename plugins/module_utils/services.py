@@ -24,6 +24,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import
     budget_problem,
     format_budget,
 )
+from ansible_collections.ddtree.sglang.plugins.module_utils import gate_options
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import GATE_SETTINGS, settings_declarations
 from ansible_collections.ddtree.sglang.plugins.module_utils.guard import guard_problems
 from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
@@ -527,7 +528,8 @@ def service_environment(service):
 
 
 def gate_settings(service: dict, defaults: dict, compared: bool = False) -> dict:
-    """The health-gate settings of a service: its own `health` values over the role's defaults.
+    """The health-gate settings of a service: its own `health` values over the role's defaults
+    (gate_options.merged_settings).
 
     The one place that decides them, so the gate after a deploy and the gate after a rollback run with
     the same settings (a slow-starting model needs its start_timeout on the way back too). Settings
@@ -535,14 +537,7 @@ def gate_settings(service: dict, defaults: dict, compared: bool = False) -> dict
     one /generate request, the one its production service is measured with when compared with it
     (`compared`: the plan's compare_gate, which the role's shadow comparison gates with).
     """
-    own = service.get("health") or {}
-    settings = {}
-    for key in GATE_SETTINGS:
-        value = own.get(key)
-        if value is None:
-            value = (defaults or {}).get(key)
-        if value is not None:
-            settings[key] = value
+    settings = gate_options.merged_settings(GATE_SETTINGS, service.get("health") or {}, defaults or {})
     if compared or service.get("shadow_of"):
         # A shadow and its production service are compared on the same /generate request (docs/services.md).
         settings["accept_length_from"] = "generate"
