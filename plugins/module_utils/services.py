@@ -71,6 +71,34 @@ NEEDS_DRAFT_MODEL = ("DDTREE", "DFLASH", "EAGLE", "EAGLE3", "STANDALONE")
 CHAIN_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 PORT = {"minimum": 1, "maximum": 65535}
+# An environment variable: its name, as the environment file and systemd's EnvironmentFile= take it, and its value,
+# a string (a number is written as it reads; true/false are refused, for a program reads "True" as neither).
+ENVIRONMENT_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def environment_value_problem(value) -> str | None:
+    """What is wrong with an environment variable's value as the inventory wrote it, or None."""
+    if isinstance(value, bool):
+        return (
+            '%r is true or false, which a program reads as the text %r; write the text it expects in quotes (e.g. "1")'
+            % (
+                value,
+                str(value),
+            )
+        )
+    if isinstance(value, str) and "\n" in value:
+        return "%r holds a line break, which ends the line of the environment file it is written to" % value
+    return None
+
+
+ENVIRONMENT = option(
+    "dict",
+    "More environment variables for the service's environment file: names of letters, digits and _, values strings",
+    default={},
+    keys=ENVIRONMENT_NAME,
+    keys_doc="a variable's name is letters, digits and _, not starting with a digit",
+    values=option("str", "an environment variable's value", check=environment_value_problem, example='"1"'),
+)
 # `speculative`'s fields, declared once (SERVICE_FIELDS holds them); _speculative_problems checks what needs
 # several fields (a drafter for the algorithms that need one, a budget DDTREE can run).
 SPECULATIVE_FIELDS = {
@@ -97,7 +125,8 @@ SPECULATIVE_FIELDS = {
 }
 # A service's fields, declared once: service_plan's argument spec is made from this, and the role's argument
 # spec (sglang_services) and service_plan's DOCUMENTATION are checked against it (tests/unit/test_schemas.py).
-# Every mapping a service sets declares its fields, but `environment`, whose keys are variable names.
+# Every mapping a service sets declares its fields, but `environment`, whose keys are variable names: it declares
+# what its names and values are instead (ENVIRONMENT).
 # `health` holds the gate settings a service may set for itself (gate_options.GATE_SETTINGS).
 SERVICE_FIELDS = {
     "name": option("str", "Service name (unit C(sglang-<name>.service))", required=True),
@@ -122,7 +151,7 @@ SERVICE_FIELDS = {
         "bool", "Export SGLang's Prometheus metrics (C(--enable-metrics)); the monitoring scrapes them", default=True
     ),
     "extra_args": option("list", "More launch_server flags", elements="str", default=[]),
-    "environment": option("dict", "More environment variables", default={}),
+    "environment": ENVIRONMENT,
     "health": option(
         "dict",
         "This service's own health-gate settings (sglang_health's options of the same name)",

@@ -159,7 +159,14 @@ options:
         type: bool
         default: true
       extra_args: {description: More launch_server flags, type: list, elements: str, default: []}
-      environment: {description: More environment variables, type: dict, default: {}}
+      environment:
+        description:
+          - More environment variables for the service's environment file (C(0600)), by name.
+          - A name is letters, digits and C(_), not starting with a digit; a value is a string (a number is written as
+            it reads). A value of true or false, unset, a mapping or a list, or one with a line break is refused,
+            naming the service and the variable.
+        type: dict
+        default: {}
       health:
         description:
           - This service's own health-gate settings, over O(gate_defaults) (each is the

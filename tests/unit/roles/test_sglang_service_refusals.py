@@ -103,8 +103,9 @@ def refusal(output):
             "did you mean start_timeout?",
         ),
         (coder(port=70000), LABEL + ": port is 70000; it must be from 1 to 65535", ""),
+        (coder(environment={"MY-VAR": "1"}), LABEL + ": environment has the key 'MY-VAR'", "not starting with a digit"),
     ],
-    ids=["nested typo", "top-level typo", "gate setting typo", "out of range"],
+    ids=["nested typo", "top-level typo", "gate setting typo", "out of range", "environment name"],
 )
 def test_a_service_declared_wrong_through_the_role_is_refused_by_the_plan_naming_it(tmp_path, service, start, end):
     code, output = play_role(tmp_path, [service])
