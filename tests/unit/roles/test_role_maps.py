@@ -51,7 +51,17 @@ def test_a_misspelt_driver_source_is_refused_before_the_roles_first_task(tmp_pat
         PYTHONWARNINGS="ignore",
     )
     run = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local", "play.yml"],
+        # No interpreter: the argument spec is checked on the controller, and no task of the role can run here.
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"),
+            "-i",
+            "localhost,",
+            "-c",
+            "local",
+            "-e",
+            "ansible_python_interpreter=/nonexistent/python3",
+            "play.yml",
+        ],
         cwd=tmp_path,
         env=env,
         capture_output=True,
