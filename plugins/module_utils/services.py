@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+from ansible_collections.ddtree.sglang.plugins.module_utils import gate_options
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
     AUTOTUNE_FIELDS,
     TRIAL_SUFFIX,
@@ -24,7 +25,6 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.ddtree_budget import
     budget_problem,
     format_budget,
 )
-from ansible_collections.ddtree.sglang.plugins.module_utils import gate_options
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import GATE_SETTINGS, settings_declarations
 from ansible_collections.ddtree.sglang.plugins.module_utils.guard import guard_problems
 from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
