@@ -5,8 +5,9 @@
 """Controller side of ddtree.sglang.service_plan (see plugins/modules/service_plan.py for its docs).
 
 The services' declarations are checked field by field here, on the values as the inventory wrote them, before
-the module runs: ansible-core's own check would refuse an unknown key too, but without the service's name or the
-field it is closest to. What passes runs the module, which checks the rest on the host.
+the module runs: ansible-core's own check (the module's, or a role argument spec's) would refuse an unknown key
+or a missing field too, but without the service's name or the field it is closest to. The sglang_service role
+leaves its services' fields to this check. What passes runs the module, which checks the rest on the host.
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ class ActionModule(ActionBase):
         result = super().run(tmp, task_vars)
         services = self._task.args.get("services")
         problems = (
-            declared_problems(services, self._task.args.get("host") or "host") if isinstance(services, list) else []
+            declared_problems(services, self._task.args.get("host") or "host", required=True)
+            if isinstance(services, list)
+            else []
         )
         if problems:
             result.update(

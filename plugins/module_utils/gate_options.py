@@ -132,6 +132,19 @@ def default(name: str):
     return GATE_OPTIONS[name].get("default")
 
 
+def merged_settings(keys, *layers: dict) -> dict:
+    """The gate settings of `keys` from layers in order of precedence: each key's value is the first layer's that
+    sets it (not None); a key no layer sets is left out. The one place gate settings are merged: a service's own
+    over the role's (services.gate_settings), and the module's options set by hand over its `gate` over its
+    defaults (with_gate)."""
+    merged = {}
+    for key in keys:
+        value = next((layer[key] for layer in layers if (layer or {}).get(key) is not None), None)
+        if value is not None:
+            merged[key] = value
+    return merged
+
+
 def with_gate(params: dict) -> dict:
     """The module's parameters with `gate`'s settings in place of the options left at their defaults.
 
@@ -145,11 +158,8 @@ def with_gate(params: dict) -> dict:
             "gate holds %s, which %s no gate setting (settings: %s)"
             % (", ".join(unknown), "is" if len(unknown) == 1 else "are", ", ".join(GATE_DICT_KEYS))
         )
-    merged = dict(params)
-    for key, value in gate.items():
-        if value is not None and params.get(key) == GATE_OPTIONS[key].get("default"):
-            merged[key] = value
-    return merged
+    set_by_hand = {key: params.get(key) for key in gate if params.get(key) != GATE_OPTIONS[key].get("default")}
+    return dict(params, **merged_settings(gate, set_by_hand, gate))
 
 
 def quick_params(params: dict) -> dict:

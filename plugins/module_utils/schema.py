@@ -16,6 +16,7 @@ its choices or out of its range, each naming where it is.
 from __future__ import annotations
 
 import difflib
+import re
 
 from ansible.module_utils.common.parameters import DEFAULT_TYPE_VALIDATORS
 
@@ -39,8 +40,10 @@ def option(
     """One option: its ansible-core spec keys, its doc line, whether a service may set it in `health` (the
     gate's options), and optionally `options` (a dict's fields, declared the same way), `allowed` (choices this
     module's check refuses others of, not ansible-core's: its refusal names the service), `minimum`, `maximum`,
-    `check` (a function of the value that returns what is wrong with it, or None) and `example` (shown when a
-    value of the wrong type is refused)."""
+    `check` (a function of the value as written that returns what is wrong with it, or None) and `example` (shown
+    when a value of the wrong type is refused). A dict whose keys are names of the user's (an environment) declares
+    `keys` (a regular expression every key matches, and `keys_doc`, what it says) and `values` (one declaration
+    every value meets) instead of `options`."""
     declared = dict(spec, type=type_, doc=doc, per_service=per_service)
     if default is not None:
         declared["default"] = default
@@ -81,6 +84,16 @@ def declaration_problems(value: dict, options: dict, where: str) -> list:
     `where` (e.g. "ct200: sglang_services[0] (coder)") and names the field by its path (speculative.budget).
     Unset fields (None) are left to the rules that need them (required, defaults)."""
     return _mapping_problems(value, options, where, "")
+
+
+def missing_problems(value: dict, options: dict, where: str) -> list:
+    """The required fields the mapping leaves unset, each named with its doc line (ansible-core's own check says
+    "missing required arguments" without saying which mapping of a list it is)."""
+    return [
+        "%s: %s is not set; it is required (%s)" % (where, name, declared["doc"])
+        for name, declared in options.items()
+        if declared.get("required") and value.get(name) is None
+    ]
 
 
 def well_declared(value: dict, options: dict) -> dict:
@@ -152,14 +165,29 @@ def _value_problems(value, declared: dict, where: str, path: str) -> list:
         return problems
     if kind == "dict" and declared.get("options"):
         return _mapping_problems(converted, declared["options"], where, path + ".")
+    if kind == "dict" and declared.get("values"):
+        return _entries_problems(converted, declared, where, path)
     choices = declared.get("choices") or declared.get("allowed")
     if choices and converted not in choices:
         return ["%s: %s %r is not one of %s" % (where, path, value, ", ".join(map(str, choices)))]
     low, high = declared.get("minimum"), declared.get("maximum")
     if (low is not None and converted < low) or (high is not None and converted > high):
         return ["%s: %s is %r; it must be from %s to %s" % (where, path, value, low, high)]
-    problem = declared["check"](converted) if declared.get("check") else None
+    problem = declared["check"](value) if declared.get("check") else None
     return ["%s: %s: %s" % (where, path, problem)] if problem else []
+
+
+def _entries_problems(value: dict, declared: dict, where: str, path: str) -> list:
+    """A mapping of names of the user's: every key matches `keys`, every value meets `values` (unset included)."""
+    problems = []
+    for key, item in value.items():
+        if declared.get("keys") and not (isinstance(key, str) and re.fullmatch(declared["keys"], key)):
+            problems.append("%s: %s has the key %r; %s" % (where, path, key, declared["keys_doc"]))
+        elif item is None:
+            problems.append("%s: %s.%s is unset; give it a value" % (where, path, key))
+        else:
+            problems.extend(_value_problems(item, declared["values"], where, "%s.%s" % (path, key)))
+    return problems
 
 
 def _converted(value, kind: str):

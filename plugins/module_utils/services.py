@@ -4,14 +4,17 @@
 # SPDX-License-Identifier: GPL-3.0-or-later
 """SGLang services declared as data: the cross-field rules, and the flags and environment they become.
 
-Types and required fields are checked by the role's argument spec; what needs several fields at
-once, or the host's GPUs, is checked here, before anything changes on a host.
+Every field is declared here once (SERVICE_FIELDS) and checked by service_plan's action plugin on the controller
+(declared_problems: unknown fields with the closest one, types, choices, ranges, required fields), then by its
+module; what needs several fields at once, or the host's GPUs, is checked here too, before anything changes on a
+host. The role's argument spec leaves the fields to the plan (docs/services.md, "Every field checked").
 """
 
 from __future__ import annotations
 
 import re
 
+from ansible_collections.ddtree.sglang.plugins.module_utils import gate_options
 from ansible_collections.ddtree.sglang.plugins.module_utils.autotune import (
     AUTOTUNE_FIELDS,
     TRIAL_SUFFIX,
@@ -30,6 +33,7 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.guard import (
 from ansible_collections.ddtree.sglang.plugins.module_utils.schema import (
     argument_spec,
     declaration_problems,
+    missing_problems,
     option,
     well_declared,
 )
@@ -67,6 +71,34 @@ NEEDS_DRAFT_MODEL = ("DDTREE", "DFLASH", "EAGLE", "EAGLE3", "STANDALONE")
 CHAIN_ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 PORT = {"minimum": 1, "maximum": 65535}
+# An environment variable: its name, as the environment file and systemd's EnvironmentFile= take it, and its value,
+# a string (a number is written as it reads; true/false are refused, for a program reads "True" as neither).
+ENVIRONMENT_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+
+
+def environment_value_problem(value) -> str | None:
+    """What is wrong with an environment variable's value as the inventory wrote it, or None."""
+    if isinstance(value, bool):
+        return (
+            '%r is true or false, which a program reads as the text %r; write the text it expects in quotes (e.g. "1")'
+            % (
+                value,
+                str(value),
+            )
+        )
+    if isinstance(value, str) and "\n" in value:
+        return "%r holds a line break, which ends the line of the environment file it is written to" % value
+    return None
+
+
+ENVIRONMENT = option(
+    "dict",
+    "More environment variables for the service's environment file: names of letters, digits and _, values strings",
+    default={},
+    keys=ENVIRONMENT_NAME,
+    keys_doc="a variable's name is letters, digits and _, not starting with a digit",
+    values=option("str", "an environment variable's value", check=environment_value_problem, example='"1"'),
+)
 # `speculative`'s fields, declared once (SERVICE_FIELDS holds them); _speculative_problems checks what needs
 # several fields (a drafter for the algorithms that need one, a budget DDTREE can run).
 SPECULATIVE_FIELDS = {
@@ -93,7 +125,8 @@ SPECULATIVE_FIELDS = {
 }
 # A service's fields, declared once: service_plan's argument spec is made from this, and the role's argument
 # spec (sglang_services) and service_plan's DOCUMENTATION are checked against it (tests/unit/test_schemas.py).
-# Every mapping a service sets declares its fields, but `environment`, whose keys are variable names.
+# Every mapping a service sets declares its fields, but `environment`, whose keys are variable names: it declares
+# what its names and values are instead (ENVIRONMENT).
 # `health` holds the gate settings a service may set for itself (gate_options.GATE_SETTINGS).
 SERVICE_FIELDS = {
     "name": option("str", "Service name (unit C(sglang-<name>.service))", required=True),
@@ -118,7 +151,7 @@ SERVICE_FIELDS = {
         "bool", "Export SGLang's Prometheus metrics (C(--enable-metrics)); the monitoring scrapes them", default=True
     ),
     "extra_args": option("list", "More launch_server flags", elements="str", default=[]),
-    "environment": option("dict", "More environment variables", default={}),
+    "environment": ENVIRONMENT,
     "health": option(
         "dict",
         "This service's own health-gate settings (sglang_health's options of the same name)",
@@ -148,15 +181,18 @@ def service_label(host: str, position: int, service) -> str:
     return "%s: sglang_services[%d] (%s)" % (host, position, name)
 
 
-def declared_problems(services, host="host") -> list:
+def declared_problems(services, host="host", required: bool = False) -> list:
     """What is wrong with the services' declarations field by field, before any rule that needs several fields:
-    unknown keys (naming the closest field), types, choices and ranges (schema.declaration_problems)."""
+    unknown keys (naming the closest field), types, choices and ranges (schema.declaration_problems), and with
+    `required` the required fields left unset (the action plugin's check, before ansible-core's)."""
     problems = []
     for position, service in enumerate(services or []):
         label = service_label(host, position, service)
         if not isinstance(service, dict):
             problems.append("%s is %r; a service is a mapping of %s" % (label, service, ", ".join(SERVICE_FIELDS)))
             continue
+        if required:
+            problems.extend(missing_problems(service, SERVICE_FIELDS, label))
         problems.extend(declaration_problems(service, SERVICE_FIELDS, label))
     return problems
 
@@ -521,7 +557,8 @@ def service_environment(service):
 
 
 def gate_settings(service: dict, defaults: dict, compared: bool = False) -> dict:
-    """The health-gate settings of a service: its own `health` values over the role's defaults.
+    """The health-gate settings of a service: its own `health` values over the role's defaults
+    (gate_options.merged_settings).
 
     The one place that decides them, so the gate after a deploy and the gate after a rollback run with
     the same settings (a slow-starting model needs its start_timeout on the way back too). Settings
@@ -529,14 +566,7 @@ def gate_settings(service: dict, defaults: dict, compared: bool = False) -> dict
     one /generate request, the one its production service is measured with when compared with it
     (`compared`: the plan's compare_gate, which the role's shadow comparison gates with).
     """
-    own = service.get("health") or {}
-    settings = {}
-    for key in GATE_SETTINGS:
-        value = own.get(key)
-        if value is None:
-            value = (defaults or {}).get(key)
-        if value is not None:
-            settings[key] = value
+    settings = gate_options.merged_settings(GATE_SETTINGS, service.get("health") or {}, defaults or {})
     if compared or service.get("shadow_of"):
         # A shadow and its production service are compared on the same /generate request (docs/services.md).
         settings["accept_length_from"] = "generate"

@@ -49,11 +49,14 @@ options:
       name: {description: Service name (unit C(sglang-<name>.service)), type: str, required: true}
       model_path: {description: Target model path on the host, type: str, required: true}
       served_model_name: {description: Name in C(/v1/models); defaults to I(name), type: str}
-      draft_model_path: {description: "Draft model path (DDTREE, DFLASH, EAGLE, EAGLE3, STANDALONE)", type: str}
-      gpus: {description: GPU indices the service uses, type: list, elements: int, required: true}
-      tp_size: {description: Tensor-parallel size, type: int, default: 1}
+      draft_model_path:
+        description:
+          - Draft model path (needed by DDTREE, DFLASH, EAGLE, EAGLE3, STANDALONE)
+        type: str
+      gpus: {description: "GPU indices the service uses (exclusive to it)", type: list, elements: int, required: true}
+      tp_size: {description: "Tensor-parallel size; divides the number of GPUs", type: int, default: 1}
       host: {description: Address to listen on, type: str, default: 127.0.0.1}
-      port: {description: Port to listen on (1-65535), type: int, required: true}
+      port: {description: "Port to listen on (1-65535, unique on the host)", type: int, required: true}
       speculative:
         description:
           - Speculative decoding - the algorithm and its parameters, or C(autotune) (DDTREE only; see O(tuned) and
@@ -72,24 +75,66 @@ options:
                 (or the flag's text C(1:63,16:15)). A number in quotes is refused."
             type: raw
           top_k: {description: DDTREE - candidates per draft position (>= 1), type: int}
-          allow_hybrid_unsafe: {description: DDTREE - run a hybrid target, type: bool}
-          num_steps: {description: EAGLE-style algorithms - draft steps (>= 1), type: int}
-          eagle_topk: {description: EAGLE-style algorithms - top-k per step (>= 1), type: int}
-          num_draft_tokens: {description: EAGLE-style algorithms - draft tokens (>= 1), type: int}
+          allow_hybrid_unsafe:
+            description:
+              - DDTREE - run a hybrid target (C(--speculative-ddtree-allow-hybrid-unsafe))
+            type: bool
+          num_steps: {description: "EAGLE-style algorithms - draft steps (C(--speculative-num-steps), >= 1)", type: int}
+          eagle_topk:
+            description:
+              - EAGLE-style algorithms - top-k per step (C(--speculative-eagle-topk), >= 1)
+            type: int
+          num_draft_tokens:
+            description: EAGLE-style algorithms - draft tokens (C(--speculative-num-draft-tokens), >= 1)
+            type: int
           autotune:
             description:
-              - DDTREE only - choose the budget and top-k per host from measurements (the grid's fields are
-                optional; one of C(gpus) with C(port), or C(own_gpus), says where it measures).
+              - DDTREE only - the budget and top-k are chosen per host and candidate release from measurements
+                (M(ddtree.sglang.service_autotune)) - the fastest grid setting that beats DFLASH by C(min_gain) at
+                every declared concurrency, else DFLASH - so C(budget) and C(top_k) must not be set beside it (pin
+                one with a one-value list), nor C(release). A service is tuned again only when its tuning key
+                changes (docs/autotune.md).
+              - C(gpus) and C(port) say where the settings are measured - each in turn as a temporary
+                instance C(<name>-autotune) on these spare GPUs (as many as the service's, used by no service of the
+                host) and this port, before the candidate takes traffic; it is removed afterwards. A host without
+                spare GPUs sets C(own_gpus=true) instead - the instance runs on the service's own GPUs and port, and
+                the service is stopped while its grid runs, in the host's rollout window (its batch; the canary's
+                first), then started again (a host-side timer starts it if the run dies midway). One of the two is
+                required.
             type: dict
             suboptions:
-              budgets: {description: "Budgets to measure (default [7, 15, 31, 63, 127])", type: list, elements: int}
-              top_k: {description: "Top-k values to measure (default [8])", type: list, elements: int}
-              concurrency: {description: "Requests at a time (default [1, 16, 64])", type: list, elements: int}
-              min_gain: {description: Share DDTREE must beat DFLASH by (default 0.03), type: float}
+              budgets:
+                description: Budgets to measure, distinct integers >= 1 (default C([7, 15, 31, 63, 127])).
+                type: list
+                elements: int
+              top_k:
+                description:
+                  - Top-k values to measure, distinct integers >= 1 (default C([8])); at most 16 settings in all.
+                type: list
+                elements: int
+              concurrency:
+                description:
+                  - Requests at a time each setting is measured with, distinct integers >= 1
+                    (default C([1, 16, 64])).
+                type: list
+                elements: int
+              min_gain:
+                description:
+                  - Share DDTREE must beat DFLASH by at every concurrency, in C([0, 1)) (default C(0.03))
+                type: float
               gpus: {description: Spare GPUs the temporary instances run on, type: list, elements: int}
               port: {description: The temporary instances' port (1-65535), type: int}
-              own_gpus: {description: "Measure on the service's own GPUs, stopped in its window", type: bool}
-      api_key: {description: API key (from Ansible Vault); never returned, type: str}
+              own_gpus:
+                description:
+                  - Measure on the service's own GPUs and port, stopped in the host's rollout window
+                type: bool
+      api_key:
+        description:
+          - API key for the OpenAI-compatible endpoints; keep it in Ansible Vault. Never returned.
+          - The sglang_service role writes it only to C(<sglang_service_config_dir>/<name>.api-key) (C(0600) root),
+            which systemd opens as the server's standard input; never in its command line, environment, journal, or
+            any output.
+        type: str
       shadow_of:
         description:
           - The production service on this host this one is the shadow of - it runs the candidate beside
@@ -109,11 +154,19 @@ options:
         type: str
         default: candidate
       metrics:
-        description: Export SGLang's Prometheus metrics (C(--enable-metrics)); the monitoring scrapes them
+        description:
+          - Export SGLang's Prometheus metrics (C(--enable-metrics)); the monitoring scrapes them (docs/monitoring.md).
         type: bool
         default: true
       extra_args: {description: More launch_server flags, type: list, elements: str, default: []}
-      environment: {description: More environment variables, type: dict, default: {}}
+      environment:
+        description:
+          - More environment variables for the service's environment file (C(0600)), by name.
+          - A name is letters, digits and C(_), not starting with a digit; a value is a string (a number is written as
+            it reads). A value of true or false, unset, a mapping or a list, or one with a line break is refused,
+            naming the service and the variable.
+        type: dict
+        default: {}
       health:
         description:
           - This service's own health-gate settings, over O(gate_defaults) (each is the
@@ -121,20 +174,34 @@ options:
         type: dict
         default: {}
         suboptions:
-          start_timeout: {description: Seconds the whole start may take, type: float}
-          no_progress_timeout: {description: Seconds without a journal progress marker, type: float}
+          start_timeout:
+            description:
+              - Seconds the whole start may take (the role's default C(sglang_service_start_timeout))
+            type: float
+          no_progress_timeout:
+            description:
+              - Seconds without a journal progress marker (the role's default
+                C(sglang_service_no_progress_timeout)).
+            type: float
           min_tokens_per_second: {description: Floor for tokens/s, type: float}
           min_accept_length: {description: Floor for the acceptance length, type: float}
-          max_regression: {description: Largest allowed drop from the previous release's numbers, type: float}
-          baseline_tolerance: {description: Share of a baseline's length allowed to differ at its end, type: float}
+          max_regression:
+            description:
+              - Largest allowed drop from the previous release's numbers (the gate's default C(0.5))
+            type: float
+          baseline_tolerance:
+            description:
+              - Share of a baseline's length allowed to differ at its end (the gate's default C(0))
+            type: float
       nodes:
         description:
           - The hosts one server spans (SGLang's C(--nnodes), C(--node-rank), C(--dist-init-addr)), declared the
-            same on each of them. Unset, the service runs on this host alone.
+            same on each of them (docs/services.md, "Services across hosts"). Unset, the service runs on this host
+            alone.
         type: dict
         suboptions:
           hosts:
-            description: The service's hosts in rank order; the first is the head (rank 0).
+            description: The service's hosts (inventory names) in rank order; the first is the head (rank 0).
             type: list
             elements: str
           dist_init_addr: {description: The head's address the other nodes reach, type: str}

@@ -1,12 +1,13 @@
 """Every option is declared once, in module_utils; each other place says the same or is made from it.
 
-- A service's fields (services.SERVICE_FIELDS): service_plan's argument spec is made from them; the
-  sglang_service role's argument spec (`sglang_services`) and service_plan's DOCUMENTATION are checked here.
+- A service's fields (services.SERVICE_FIELDS): service_plan's argument spec is made from them, and its
+  DOCUMENTATION is checked here; the sglang_service role's argument spec leaves them to service_plan
+  (`sglang_services` is a list of mappings), whose refusals name the service and the closest field.
 - The health gate's options (gate_options.GATE_OPTIONS): sglang_health's argument spec is made from them;
   its DOCUMENTATION is checked here, and the table in docs/health-gate.md is generated from them
   (`python plugins/module_utils/gate_options.py` prints it); the per-service gate settings (`health`) are the
-  options marked per_service, with the gate's types, in the role's argument spec and service_plan's; the
-  role's defaults for them are the gate's defaults.
+  options marked per_service, with the gate's types, in service_plan's argument spec and the role's
+  sglang_service_gate_defaults; the role's defaults for them are the gate's defaults.
 """
 
 import pytest
@@ -40,9 +41,9 @@ def shape(options):
     return result
 
 
-def role_service_fields():
+def role_services():
     spec = yaml.safe_load(ROLE_SPEC.read_text())
-    return spec["argument_specs"]["main"]["options"]["sglang_services"]["options"]
+    return spec["argument_specs"]["main"]["options"]["sglang_services"]
 
 
 def documented(module):
@@ -70,23 +71,26 @@ def differences(label_a, a, label_b, b, path=""):
 # ---- a service's fields ----------------------------------------------------------------------------
 
 
-def test_service_fields_are_the_same_in_the_role_and_in_service_plan():
-    role = shape(role_service_fields())
+def test_service_fields_are_the_same_in_service_plans_argument_spec_and_its_documentation():
     assert (
         differences(
-            "the role's argument spec", role, "service_plan's argument spec", shape(service_plan.SERVICE_OPTIONS)
-        )
-        == []
-    )
-    assert (
-        differences(
-            "the role's argument spec",
-            role,
+            "service_plan's argument spec",
+            shape(service_plan.SERVICE_OPTIONS),
             "service_plan's DOCUMENTATION",
             shape(documented(service_plan)["services"]["suboptions"]),
         )
         == []
     )
+
+
+def test_the_role_leaves_a_services_fields_to_the_plan():
+    """The role's argument spec would refuse a misspelt field before the plan runs, in words without the service or
+    the closest field: it declares the services a list of mappings, and service_plan checks each field (its
+    action plugin, then its argument spec: the one declaration, services.SERVICE_FIELDS)."""
+    declared = role_services()
+    assert (declared["type"], declared["elements"]) == ("list", "dict")
+    assert "options" not in declared
+    assert "ddtree.sglang.service_plan" in " ".join(declared["description"])
 
 
 # ---- the gate's options ----------------------------------------------------------------------------
@@ -131,7 +135,6 @@ def test_the_role_defaults_of_the_gate_settings_are_the_gates_own():
 @pytest.mark.parametrize(
     "where, settings",
     [
-        ("the role's argument spec", lambda: role_service_fields()["health"]["options"]),
         ("service_plan's argument spec", lambda: service_plan.SERVICE_OPTIONS["health"]["options"]),
         (
             "service_plan's DOCUMENTATION",

@@ -2,11 +2,13 @@
 
 import pytest
 
+from ansible_collections.ddtree.sglang.plugins.module_utils import gate_options, services
 from ansible_collections.ddtree.sglang.plugins.module_utils.gate_options import (
     GATE_OPTIONS,
     GATE_SETTINGS,
     argument_spec,
     default,
+    merged_settings,
     quick_params,
     with_gate,
 )
@@ -38,6 +40,32 @@ def test_gate_settings_replace_defaults_and_an_option_set_otherwise_wins():
     params = dict(defaults(), gate={"start_timeout": 1800, "min_accept_length": 2.5, "max_regression": 0.2})
     merged = with_gate(dict(params, max_regression=0.3))
     assert (merged["start_timeout"], merged["min_accept_length"], merged["max_regression"]) == (1800, 2.5, 0.3)
+
+
+def test_merged_settings_take_each_key_from_the_first_layer_that_sets_it():
+    own = {"start_timeout": 1800, "min_accept_length": None}
+    role = {"start_timeout": 900, "no_progress_timeout": 120, "min_accept_length": 2.0}
+    assert merged_settings(GATE_SETTINGS, own, role, None) == {
+        "start_timeout": 1800,
+        "no_progress_timeout": 120,
+        "min_accept_length": 2.0,
+    }
+    # Only the keys asked for; none set anywhere: nothing, so the module's own defaults apply.
+    assert merged_settings(("start_timeout",), {"max_regression": 0.2}) == {}
+
+
+def test_the_plan_and_the_module_merge_gate_settings_in_the_one_function(monkeypatch):
+    calls = []
+
+    def spy(keys, *layers):
+        calls.append(layers)
+        return merged_settings(keys, *layers)
+
+    monkeypatch.setattr(gate_options, "merged_settings", spy)
+    own = {"name": "coder", "health": {"start_timeout": 1800}}
+    assert services.gate_settings(own, {"max_regression": 0.2}) == {"start_timeout": 1800, "max_regression": 0.2}
+    assert with_gate(dict(defaults(), gate={"start_timeout": 1800}))["start_timeout"] == 1800
+    assert calls == [({"start_timeout": 1800}, {"max_regression": 0.2}), ({}, {"start_timeout": 1800})]
 
 
 def test_a_gate_key_that_is_no_setting_is_refused_by_name():

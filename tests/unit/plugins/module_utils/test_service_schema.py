@@ -89,6 +89,33 @@ def test_the_walk_reaches_every_mapping_a_service_declares():
     ] == ["environment"]
 
 
+MAPS = [(path, declared) for path, declared in FIELDS if declared.get("values")]
+
+
+def test_the_walk_reaches_every_map_of_names_a_service_declares():
+    # A mapping whose keys are the user's names declares what its keys and values are, and the walk below takes it.
+    assert [".".join(path) for path, _declared in MAPS] == ["environment"]
+
+
+@pytest.mark.parametrize("path, declared", MAPS, ids=[".".join(path) for path, _declared in MAPS])
+def test_every_map_refuses_a_name_it_cannot_take_and_a_value_of_the_wrong_type(path, declared):
+    where = "%s: %s" % (LABEL, ".".join(path))
+    for entry, said in [
+        ({"MY-VAR": "1"}, where + " has the key 'MY-VAR'; "),
+        ({"1ST": "1"}, where + " has the key '1ST'; "),
+        ({"FOO": True}, where + ".FOO: True is true or false"),
+        ({"FOO": None}, where + ".FOO is unset"),
+        ({"FOO": {"a": 1}}, where + ".FOO is {'a': 1}; it must be a string"),
+        ({"FOO": ["a"]}, where + ".FOO is ['a']; it must be a string"),
+        ({"FOO": "a\nb"}, where + ".FOO: 'a\\nb' holds a line break"),
+    ]:
+        problems = services.service_problems([service_with(path, entry)], EIGHT, "ct200")
+        assert any(problem.startswith(said) for problem in problems), (entry, problems)
+    # Names of letters, digits and _; a string, or a number written as it reads.
+    fine = {"OMP_NUM_THREADS": 8, "NCCL_DEBUG": "INFO", "_X1": "1.5"}
+    assert services.service_problems([service_with(path, fine)], EIGHT, "ct200") == []
+
+
 @pytest.mark.parametrize("path, declared", FIELDS, ids=IDS)
 def test_every_field_misspelt_is_refused_naming_the_service_and_the_field_it_is_closest_to(path, declared):
     parent = ".".join(path[:-1])
