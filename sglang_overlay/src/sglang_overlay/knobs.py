@@ -194,6 +194,14 @@ PLANT_PATH = EnvStr(
     "instrument, never for serving.",
 )
 
+HYBRID_CHAIN_STATE = EnvBool(
+    "DDTREE_HYBRID_CHAIN_STATE",
+    default=False,
+    doc="On a hybrid target, leave the linear-attention verify as DFLASH built it (a chain: each tree node "
+    "continues from its predecessor in the window, not its parent). Lossy: the planted control of the "
+    "hybrid lossless checks, never for serving.",
+)
+
 STEP_TIMING = EnvInt(
     "DDTREE_STEP_TIMING",
     default=0,

@@ -108,6 +108,14 @@ def test_the_switch_sets_topk_on_each_linear_backend_once_and_nothing_else():
     assert chain.topk == 2
 
 
+def test_the_planted_chain_state_control_leaves_the_backends_as_dflash_built_them(monkeypatch, caplog):
+    monkeypatch.setenv("DDTREE_HYBRID_CHAIN_STATE", "1")
+    linear = GDNAttnBackend()
+    with caplog.at_level("WARNING"):
+        assert hooks.enable_linear_tree_verify(8, HybridLinearAttnBackend(linear)) == 0
+    assert linear.topk == 0 and "lossy" in caplog.text
+
+
 @requires_sglang
 def test_sglangs_linear_backends_read_the_switch_as_the_stand_ins_do():
     source = sglang_source("layers/attention/hybrid_linear_attn_backend.py")

@@ -197,6 +197,12 @@ def enable_linear_tree_verify(top_k: int, *backends: Any) -> int:
     CUDA-graph buffers, so each node's conv window and recurrent state start from its parent's snapshot.
     A chain (top-k 1) takes the same path. Must run before the target captures its verify graphs. Returns
     how many backends changed."""
+    if knobs.HYBRID_CHAIN_STATE.get():
+        logger.warning(
+            "DDTREE hybrid target: %s=1 leaves the linear attention verifying a chain: lossy, a control only",
+            knobs.HYBRID_CHAIN_STATE.name,
+        )
+        return 0
     changed = 0
     for backend in linear_tree_backends(*backends):
         want = max(2, int(top_k))
