@@ -83,7 +83,12 @@ esac
 EMBED_LEVELS=${EMBED_LEVELS:-tiny-qwen3-dflash-low:4.8,tiny-qwen3-dflash-mid:8.2}
 level_names() { [ "$EMBED_LEVELS" = none ] && return 0; echo "$EMBED_LEVELS" | tr ',' '\n' | sed 's/:[^:]*$//'; }
 train_levels() {  # the drafter levels MODELS lacks, from one training run (the target too when MODELS has none)
-  local missing=0 name target=1
+  local missing=0 name target=1 carried=$REPO/.cache/gpu-sglang/$LANG_DIR.carry.tar.xz
+  # Real text: an earlier call's models (carry_models.py: the snapped target, the levels it reached and the
+  # last drafter) join MODELS; the levels still missing train on, from that drafter.
+  if [ "$CORPUS" = 1 ] && [ -f "$carried" ] && [ ! -f "$MODELS/tiny-qwen3/config.json" ]; then
+    python3 "$H/carry_models.py" unpack "$carried" "$MODELS" > "$W/logs/carry-unpack.json"
+  fi
   for name in $(level_names); do [ -f "$MODELS/$name/config.json" ] || missing=1; done
   [ "$missing" = 1 ] || return 0
   [ -f "$MODELS/tiny-qwen3/config.json" ] || target=0
@@ -92,15 +97,14 @@ train_levels() {  # the drafter levels MODELS lacks, from one training run (the 
     train_s=${train_s:-$(( target ? 300 : 420 ))}; limit_s=$(( train_s + 45 ))
     [ "$limit_s" -le "$(left)" ] || limit_s=$(left)
   fi
-  TRAIN_LIMIT_S=${train_s:-200} timeout "$limit_s" python3 "$H/train_models.py" "$MODELS" --drafter-levels "$EMBED_LEVELS" 2>&1 \
-    | tr '\r' '\n' | tee "$W/logs/train-levels.log" | grep -E "level|acceptance|budget|target: " | tail -40
+  local resume=; [ "$CORPUS" = 1 ] && [ -f "$MODELS/drafter-last/config.json" ] && resume=$MODELS/drafter-last
+  TRAIN_CARRY=$CORPUS DRAFTER_RESUME=$resume TRAIN_LIMIT_S=${train_s:-200} timeout "$limit_s" \
+    python3 "$H/train_models.py" "$MODELS" --drafter-levels "$EMBED_LEVELS" 2>&1 \
+    | tr '\r' '\n' | tee "$W/logs/train-levels.log" | grep -E "level|acceptance|budget|target: |resumed" | tail -40
   cp "$MODELS/train-levels.json" "$W/logs/" 2>/dev/null
-  if [ "$target" = 1 ]; then
-    # shellcheck disable=SC2046
-    tar czf "$OUT/drafter-levels.tgz" -C "$MODELS" $(level_names)
-  elif [ "$CORPUS" = 1 ]; then  # real text: target and levels together pass $OUT's 16 MiB a file, so apart
-    tar czf "$OUT/$LANG_DIR.tgz" -C "$(dirname "$MODELS")" "$(basename "$MODELS")/tiny-qwen3" \
-      "$(basename "$MODELS")/train-levels.json"
+  if [ "$CORPUS" = 1 ]; then  # everything a later call carries on from, packed (.cache/gpu-sglang/LANG_DIR.carry.tar.xz)
+    python3 "$H/carry_models.py" pack "$MODELS" "$OUT/$LANG_DIR.carry.tar.xz" > "$W/logs/carry-pack.json"
+  elif [ "$target" = 1 ]; then
     # shellcheck disable=SC2046
     tar czf "$OUT/drafter-levels.tgz" -C "$MODELS" $(level_names)
   else  # a new target: the whole models directory, for a later call to carry (.cache/gpu-sglang/LANG_DIR.tgz)

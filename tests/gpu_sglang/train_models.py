@@ -51,6 +51,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # the overlay's framework-free core (the tree the offline acceptance of a DDTree simulates)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "sglang_overlay", "src"))
+import carry_models  # noqa: E402
 import synth_lang as sl  # noqa: E402
 
 H, L, NH, NKV, HD, INTER = 256, 4, 4, 2, 64, 768
@@ -59,6 +60,12 @@ ROPE_THETA, EPS = 10000.0, 1e-6
 # The drafter's training stops after this many seconds (TRAIN_LIMIT_S): inside a device call's limit; a CPU
 # run that trains a drafter level to keep with the evidence needs longer.
 TIME_LIMIT_S = float(os.environ.get("TRAIN_LIMIT_S", "200"))
+# TRAIN_CARRY=1: every model saved is snapped first (carry_models.py), so that a later device call can carry it
+# packed and unpack the very weights trained on; a drafter level keeps the offline acceptance measured before
+# its snap. DRAFTER_RESUME=DIR: the drafter levels' training starts from the drafter saved in DIR (a carried
+# drafter-last) instead of from scratch, at a quarter of the learning rate.
+CARRY = os.environ.get("TRAIN_CARRY", "") == "1"
+RESUME = os.environ.get("DRAFTER_RESUME", "")
 # The target's training steps (TARGET_STEPS): `pairs` has a successor order per pair of phrases to learn;
 # real text (code, prose) defaults to CORPUS_TARGET_STEPS.
 TARGET_STEPS = int(os.environ.get("TARGET_STEPS", "1500"))
@@ -432,7 +439,8 @@ def save_drafter(drafter: Drafter, path: str, lang=None) -> None:
     lang = lang or sl.Language()
     os.makedirs(path, exist_ok=True)
     make_tokenizer(path, lang)
-    save_file(drafter.state_for_sglang(), os.path.join(path, "model.safetensors"))
+    state = drafter.state_for_sglang()
+    save_file(carry_models.snap_state(state) if CARRY else state, os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as fh:
         json.dump(tiny_drafter_config(lang.vocab_size), fh, indent=1)
 
@@ -461,12 +469,26 @@ def check_due(step: int, mode: str, quick: bool) -> bool:
     return 25 <= step < 100 or (step >= 100 and step % 25 == 0)
 
 
+def reached_levels(out: str) -> set:
+    """The levels OUT/train-levels.json (an earlier run's) says reached their thresholds, or carried."""
+    try:
+        with open(os.path.join(out, "train-levels.json")) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return set()
+    return {lv["name"] for lv in data.get("levels", []) if lv.get("reached")} | set(data.get("carried", []))
+
+
 class LevelSaver:
     """--drafter-levels: a snapshot of the drafter into OUT/NAME the first time its offline acceptance reaches
     NAME's threshold; done once every level has one."""
 
     def __init__(self, out: str, levels: list, log, lang=None):
-        self.out, self.pending, self.saved, self.log, self.lang = out, list(levels), [], log, lang
+        # a level OUT already holds, reached in an earlier call (carried), is kept, not trained again
+        reached = reached_levels(out)
+        self.carried = [n for n, _t in levels if n in reached and os.path.exists(os.path.join(out, n, "config.json"))]
+        self.pending = [(n, t) for n, t in levels if n not in self.carried]
+        self.out, self.saved, self.log, self.lang = out, [], log, lang
         self.tree_accept = None  # drafter -> {budget: offline DDTree acceptance}, set once the checks exist
 
     def record(self, drafter: Drafter, step: int, accept: float) -> None:
@@ -533,6 +555,8 @@ def main():
     if mode == "full" or (mode == "levels" and not os.path.exists(os.path.join(tdir, "config.json"))):
         make_tokenizer(tdir, lang)
         model, tloss = train_target(lang, dev, 10 if quick else target_steps(lang), log, bs=4 if quick else 128)
+        if CARRY:
+            carry_models.snap_module(model)
         model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
         if lang.kind in sl.SYNTH_KINDS:  # phrase boundaries exist in the synthetic kinds only
             log(
@@ -558,8 +582,11 @@ def main():
     log("greedy continuations: %d sequences" % sum(g[0].shape[0] for g in groups))
     embed = target.get_input_embeddings()
     head = target.lm_head.weight.detach()
-    drafter = Drafter().to(dev)
-    opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
+    drafter = (Drafter.from_pretrained(RESUME) if RESUME and mode == "levels" else Drafter()).to(dev)
+    peak_lr = 5e-4 if RESUME and mode == "levels" else 2e-3
+    if peak_lr != 2e-3:
+        log("drafter: resumed from %s" % RESUME)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=peak_lr, weight_decay=0.0, betas=(0.9, 0.95))
     steps = 20 if quick else 3000
     gen = torch.Generator(device=dev)
     gen.manual_seed(4)
@@ -587,7 +614,7 @@ def main():
     accept = None
     for step in range(steps):
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, 2e-3)
+            g["lr"] = lr_at(step, steps, peak_lr)
         gi = step % len(groups)
         s, pl = groups[gi]
         idx = torch.randint(0, s.shape[0], (min(bs, s.shape[0]),), device=dev)
@@ -624,8 +651,12 @@ def main():
             )
     if mode == "levels":
         levels.finish(drafter, step, accept)
+        if CARRY:  # where a later call's DRAFTER_RESUME picks up
+            save_drafter(drafter, os.path.join(out, "drafter-last"), lang)
         res = {
             "levels": levels.saved,
+            "carried": levels.carried,
+            "resumed_from": RESUME or None,
             "language": lang.kind,
             "check_prompts": len(check),
             "seconds": round(time.time() - t0, 1),
