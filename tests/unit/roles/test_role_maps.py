@@ -1,14 +1,14 @@
 """The mappings the roles take: those whose keys the role knows declare them (a misspelt key is refused before the
 role's first task), those whose keys are the fleet's own say so in their argument spec."""
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests" / "unit"))
+from playbook_run import run_playbook  # noqa: E402
 
 
 def spec(role):
@@ -42,34 +42,8 @@ def test_a_misspelt_driver_source_is_refused_before_the_roles_first_task(tmp_pat
             "roles": ["ddtree.sglang.cuda_stack"],
         }
     ]
-    (tmp_path / "play.yml").write_text(yaml.safe_dump(playbook))
-    env = dict(
-        os.environ,
-        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
-        ANSIBLE_HOME=str(tmp_path / "ansible-home"),
-        ANSIBLE_NOCOLOR="1",
-        PYTHONWARNINGS="ignore",
-    )
-    run = subprocess.run(
-        # No interpreter: the argument spec is checked on the controller, and no task of the role can run here.
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            "ansible_python_interpreter=/nonexistent/python3",
-            "play.yml",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    output = run.stdout + run.stderr
-    assert run.returncode == 2, output[-3000:]
+    # No interpreter: the argument spec is checked on the controller, and no task of the role can run here.
+    returncode, output = run_playbook(tmp_path, playbook, interpreter="/nonexistent/python3")
+    assert returncode == 2, output[-3000:]
     assert "cuda_stack_driver_packages.nvidai. Supported parameters include: distribution, nvidia" in output, output
     assert "ok=0" in output.split("PLAY RECAP", 1)[1]

@@ -7,16 +7,14 @@ argument spec's check and the plan.
 """
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
+from playbook_run import run_playbook  # noqa: E402
 from service_samples import coder  # noqa: E402
 
 LABEL = "ct200: sglang_services[0] (coder)"
@@ -46,34 +44,7 @@ def play_role(tmp_path, services):
             "roles": [{"role": "ddtree.sglang.sglang_service"}],
         }
     ]
-    (tmp_path / "services.yml").write_text(yaml.safe_dump(playbook, sort_keys=False))
-    env = dict(
-        os.environ,
-        ANSIBLE_COLLECTIONS_PATH=str(REPO / "collections"),
-        ANSIBLE_HOME=str(tmp_path / "ansible-home"),
-        ANSIBLE_CALLBACK_RESULT_FORMAT="json",
-        ANSIBLE_NOCOLOR="1",
-        PYTHONWARNINGS="ignore",
-    )
-    run = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            "ct200,",
-            "-c",
-            "local",
-            "-e",
-            "ansible_python_interpreter=" + sys.executable,
-            str(tmp_path / "services.yml"),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    return run.returncode, run.stdout + run.stderr
+    return run_playbook(tmp_path, playbook, hosts="ct200", extra_env={"ANSIBLE_CALLBACK_RESULT_FORMAT": "json"})
 
 
 def refusal(output):
