@@ -42,13 +42,7 @@ def head(weight):
     return lambda rows, k: draft_topk(rows @ weight.T, k, stable=True)
 
 
-def test_stage_equals_the_verify_tensors_of_the_drafter_rows():
-    hidden, weight, roots, prefix = inputs(3, seed=1)
-    got = verify_tensors_from_layout(tree_stage(head(weight), SETTINGS)(hidden, roots, prefix), prefix)
-    # Rows 1..L of each block are the drafter's positions; row 0 (the root's) is not drafted.
-    lp, ids = draft_topk(hidden[:, 1:, :] @ weight.T, SETTINGS.effective_top_k, stable=True)
-    want = build_tree_verify_tensors(lp, ids, roots, prefix, SETTINGS.budget, SETTINGS.effective_top_k, SETTINGS.window)
-    assert got.tree.equals(want.tree)
+def assert_same_verify_input(got, want):
     for f in (
         "draft_token",
         "positions",
@@ -58,6 +52,16 @@ def test_stage_equals_the_verify_tensors_of_the_drafter_rows():
         "retrieve_next_sibling",
     ):
         assert torch.equal(getattr(got, f), getattr(want, f)), f
+
+
+def test_stage_equals_the_verify_tensors_of_the_drafter_rows():
+    hidden, weight, roots, prefix = inputs(3, seed=1)
+    got = verify_tensors_from_layout(tree_stage(head(weight), SETTINGS)(hidden, roots, prefix), prefix)
+    # Rows 1..L of each block are the drafter's positions; row 0 (the root's) is not drafted.
+    lp, ids = draft_topk(hidden[:, 1:, :] @ weight.T, SETTINGS.effective_top_k, stable=True)
+    want = build_tree_verify_tensors(lp, ids, roots, prefix, SETTINGS.budget, SETTINGS.effective_top_k, SETTINGS.window)
+    assert got.tree.equals(want.tree)
+    assert_same_verify_input(got, want)
 
 
 def test_a_lattice_whose_rows_ignore_the_parent_gives_the_marginal_trees_layout():
@@ -81,15 +85,7 @@ def test_a_lattice_whose_rows_ignore_the_parent_gives_the_marginal_trees_layout(
     got = verify_tensors_from_layout(lattice_tree_stage(lattice, SETTINGS)(hidden, roots, prefix), prefix)
     want = verify_tensors_from_layout(tree_stage(marginal_head, SETTINGS)(hidden, roots, prefix), prefix)
     assert int(got.tree.num_nodes.min()) == SETTINGS.budget
-    for f in (
-        "draft_token",
-        "positions",
-        "custom_mask",
-        "retrieve_index",
-        "retrieve_next_token",
-        "retrieve_next_sibling",
-    ):
-        assert torch.equal(getattr(got, f), getattr(want, f)), f
+    assert_same_verify_input(got, want)
 
 
 def test_a_lattice_stage_caps_siblings_at_top_k_and_at_its_candidates():
