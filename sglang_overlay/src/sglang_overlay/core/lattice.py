@@ -46,7 +46,7 @@ from typing import Sequence
 import torch
 
 from .heap import HeapTree, f32
-from .tree import PAD_TOKEN, DDTreeBatch, _empty_batch, _finish, heap_trees_to_batch, rank_key_layout
+from .tree import PAD_TOKEN, DDTreeBatch, _empty_batch, _finish, frontier_pick, heap_trees_to_batch, rank_key_layout
 
 __all__ = [
     "LatticeHeapTree",
@@ -294,15 +294,7 @@ def build_lattice_tree_batched(
     f_key[:, 0, level_word[0]] = level_unit[0]
 
     for t in range(1, n):
-        # Select: highest score, then the smallest packed rank tuple.
-        best = torch.where(f_valid, f_score, neg_inf).amax(dim=1, keepdim=True)
-        pick = f_valid & (f_score == best)
-        for w in range(num_words):
-            kw = f_key[:, :, w]
-            kmin = torch.where(pick, kw, key_max).amin(dim=1, keepdim=True)
-            pick = pick & (kw == kmin)
-        active = pick.any(dim=1)
-        p = pick.to(torch.int32).argmax(dim=1)
+        active, p = frontier_pick(f_valid, f_score, f_key, neg_inf, key_max)
 
         r = f_rank[rows, p]
         s = f_score[rows, p]

@@ -190,6 +190,19 @@ def _finish(state: dict) -> DDTreeBatch:
     )
 
 
+def frontier_pick(
+    f_valid: torch.Tensor, f_score: torch.Tensor, f_key: torch.Tensor, neg_inf: torch.Tensor, key_max: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One best-first pop over a batch of frontiers: per request the valid candidate with the highest score, ties
+    to the smallest packed rank tuple (``f_key [B, n, words]``, compared word by word). Returns ``(active [B],
+    slot [B])``: whether the request had a candidate, and which. No host synchronization."""
+    pick = f_valid & (f_score == torch.where(f_valid, f_score, neg_inf).amax(dim=1, keepdim=True))
+    for w in range(int(f_key.shape[2])):
+        kw = f_key[:, :, w]
+        pick = pick & (kw == torch.where(pick, kw, key_max).amin(dim=1, keepdim=True))
+    return pick.any(dim=1), pick.to(torch.int32).argmax(dim=1)
+
+
 def build_tree_batched(
     log_probs: torch.Tensor,
     token_ids: torch.Tensor,
@@ -257,15 +270,7 @@ def build_tree_batched(
     f_key[:, 0, level_word[0]] = level_unit[0]
 
     for t in range(1, slots):
-        # Select: highest score, then smallest packed rank tuple.
-        best = torch.where(f_valid, f_score, neg_inf).amax(dim=1, keepdim=True)
-        cand = f_valid & (f_score == best)
-        for w in range(num_words):
-            kw = f_key[:, :, w]
-            kmin = torch.where(cand, kw, key_max).amin(dim=1, keepdim=True)
-            cand = cand & (kw == kmin)
-        active = cand.any(dim=1)
-        p = cand.to(torch.int32).argmax(dim=1)
+        active, p = frontier_pick(f_valid, f_score, f_key, neg_inf, key_max)
 
         r = f_rank[rows, p]
         s = f_score[rows, p]
