@@ -195,6 +195,19 @@ def test_every_hook_target_exists_in_the_sources():
         module, cls, method = target.rsplit(".", 2)
         node = class_node(module_source(module), cls)
         assert method in {n.name for n in node.body if isinstance(n, ast.FunctionDef)}, target
+    # Module-level function targets.
+    for target in (hooks.TARGET_CONV_WINDOW_DEDUP,):
+        module, function = target.rsplit(".", 1)
+        tree = ast.parse(module_source(module).read_text(encoding="utf-8"))
+        assert function in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, target
+    # The names the hooks import lazily, in the scheduler process.
+    for module, name in (
+        ("sglang.srt.runtime_context", "get_server_args"),
+        ("sglang.srt.configs.hybrid_arch", "mambaish_config"),
+        ("sglang.srt.arg_groups.model_override_base", "resolved_view"),
+    ):
+        tree = ast.parse(module_source(module).read_text(encoding="utf-8"))
+        assert name in {n.name for n in tree.body if isinstance(n, ast.FunctionDef)}, (module, name)
     # The resolution steps the adapter wraps are overridable, and are the pipeline's first step
     # and the step that runs _handle_dflash.
     hooks_src = module_source("sglang.srt.arg_groups.resolution_hooks").read_text(encoding="utf-8")
