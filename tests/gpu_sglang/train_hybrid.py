@@ -134,9 +134,7 @@ def train_target(lang, dev, steps, log, bs=128, seq=128):
 
 
 def draft_dims() -> tm.DraftDims:
-    return tm.DraftDims(
-        tm.H, tm.NH, tm.NKV, tm.HD, tm.INTER, tm.DL, tm.BLOCK, TARGET_LAYER_IDS, tm.EPS, tm.ROPE_THETA
-    )
+    return tm.DraftDims(tm.H, tm.NH, tm.NKV, tm.HD, tm.INTER, tm.DL, tm.BLOCK, TARGET_LAYER_IDS, tm.EPS, tm.ROPE_THETA)
 
 
 def drafter_config(vocab_size=sl.VOCAB) -> dict:
@@ -266,12 +264,20 @@ def main():
     with hybrid_features():
         drafter, record = train_drafter(target, lang, dev, quick, log, t0 + TIME_LIMIT_S)
     save_drafter(drafter, ddir, lang)
-    log("drafter saved at step %d, offline acceptance %s (reached %s)" % (record["steps"], record["offline_accept"], record["reached"]))
+    log(
+        "drafter saved at step %d, offline acceptance %s (reached %s)"
+        % (record["steps"], record["offline_accept"], record["reached"])
+    )
     res = {
         "target_final_loss": tloss,
         "drafter": dict(record, name=DRAFTER_DIR, target_layer_ids=list(TARGET_LAYER_IDS)),
-        "target": {"layer_types": layer_types(), "full_attention_interval": FULL_ATTENTION_INTERVAL, "linear_heads":
-                   [LINEAR_KEY_HEADS, LINEAR_VALUE_HEADS], "linear_head_dim": LINEAR_HEAD_DIM, "conv_kernel": CONV_KERNEL},
+        "target": {
+            "layer_types": layer_types(),
+            "full_attention_interval": FULL_ATTENTION_INTERVAL,
+            "linear_heads": [LINEAR_KEY_HEADS, LINEAR_VALUE_HEADS],
+            "linear_head_dim": LINEAR_HEAD_DIM,
+            "conv_kernel": CONV_KERNEL,
+        },
         "language": lang.kind,
         "seconds": round(time.time() - t0, 1),
         "device": str(dev),
