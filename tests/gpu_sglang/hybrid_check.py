@@ -2,7 +2,7 @@
 DeltaNet target of train_hybrid.py (MODELS/tiny-hybrid, its drafter MODELS/tiny-hybrid-dflash).
 
 Usage (on the device, after device-setup.sh): python hybrid_check.py OUT MODELS
-  Servers (scenario.py's, the same flags but the algorithm, budget and environment): NONE, then together
+  Servers (scenario.py's, the same flags but the algorithm, budget and environment), started together: NONE,
   DDTREE at budget 15 (top-k 8) and at budget 31 (top-k 4), both with --speculative-ddtree-allow-hybrid-unsafe,
   and the control: DDTREE budget 15 with DDTREE_HYBRID_CHAIN_STATE=1 (the linear-attention verify left a chain:
   each tree node continues from its predecessor in the window, lossy wherever the tree branches).
@@ -195,8 +195,8 @@ def main():
         dump(out, doc)
 
     try:
-        # NONE first (it compiles SGLang's JIT and Triton kernels into the shared cache), then the rest together
-        sc.in_groups([[none], group], work, sc.call_deadline(), "hybrid")
+        # all four together: their start-ups (kernel compilation, graph captures) overlap, inside one device call
+        sc.in_groups([[none] + group], work, sc.call_deadline(), "hybrid")
     finally:
         for s in [none] + group:
             results.setdefault(s.name, s.info)

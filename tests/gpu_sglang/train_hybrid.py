@@ -45,7 +45,10 @@ PARTIAL_ROTARY = 0.25  # Qwen3.5's
 TARGET_LAYER_IDS = (1, 4)
 ACCEPT_STOP = float(os.environ.get("HYBRID_ACCEPT", "6.5"))
 # Target steps: HYBRID_TARGET_STEPS, else train_models' (TARGET_STEPS, 1500 for the synthetic languages).
+# HYBRID_TRAIN_LIMIT_S: the whole run's seconds (the drafter stops there); HYBRID_TARGET_LIMIT_S: the target's
+# share (fewer steps when its pace says so). Defaults that leave a device call room for the servers.
 TIME_LIMIT_S = float(os.environ.get("HYBRID_TRAIN_LIMIT_S", "170"))
+TARGET_LIMIT_S = float(os.environ.get("HYBRID_TARGET_LIMIT_S", "80"))
 
 
 def layer_types(layers=LAYERS, interval=FULL_ATTENTION_INTERVAL) -> list:
@@ -105,8 +108,16 @@ def load_target(path, dev, dtype=torch.bfloat16):
     return Qwen3_5ForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval()
 
 
-def train_target(lang, dev, steps, log, bs=128, seq=128):
-    """train_models.train_target's recipe (seeds, pool, AdamW, schedule, clipping) on the hybrid layout."""
+def fit_steps(steps, step, elapsed, limit_s) -> int:
+    """The target's total steps after `step` steps took `elapsed` seconds: `steps`, or fewer when they would
+    not end within limit_s (the schedule then decays over the new total)."""
+    per_step = elapsed / max(1, step)
+    return steps if per_step * steps <= limit_s else max(step + 1, int(limit_s / per_step))
+
+
+def train_target(lang, dev, steps, log, bs=128, seq=128, limit_s=None):
+    """train_models.train_target's recipe (seeds, pool, AdamW, schedule, clipping) on the hybrid layout; with
+    limit_s, fewer steps when the pace of the first 20 says they would not end within it."""
     from transformers import Qwen3_5ForCausalLM
 
     torch.manual_seed(1)
@@ -114,8 +125,11 @@ def train_target(lang, dev, steps, log, bs=128, seq=128):
     pool = torch.tensor([lang.sample_ids(seq, rng) for _i in range(max(512, steps * 8))], dtype=torch.long)
     model = Qwen3_5ForCausalLM(hybrid_config(lang.vocab_size)).to(dev).float()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
-    loss = torch.zeros(())
-    for step in range(steps):
+    loss, t0, step = torch.zeros(()), time.time(), 0
+    while step < steps:
+        if step == 20 and limit_s:
+            steps = fit_steps(steps, step, time.time() - t0, limit_s)
+            log("target: %d steps (%.0f ms a step)" % (steps, 1000 * (time.time() - t0) / step))
         for g in opt.param_groups:
             g["lr"] = tm.lr_at(step, steps, 3e-3)
         x = pool[torch.randint(0, pool.shape[0], (bs,))].to(dev)
@@ -127,6 +141,7 @@ def train_target(lang, dev, steps, log, bs=128, seq=128):
         opt.step()
         if step % 200 == 0 or step == steps - 1:
             log("target step %d loss %.4f" % (step, loss.item()))
+        step += 1
     return model, float(loss.item())
 
 
@@ -254,7 +269,9 @@ def main():
     tloss = None
     if not os.path.exists(os.path.join(tdir, "config.json")):
         steps = 3 if quick else int(os.environ.get("HYBRID_TARGET_STEPS", tm.target_steps(lang)))
-        model, tloss = train_target(lang, dev, steps, log, bs=4 if quick else 128, seq=32 if quick else 128)
+        model, tloss = train_target(
+            lang, dev, steps, log, bs=4 if quick else 128, seq=32 if quick else 128, limit_s=TARGET_LIMIT_S
+        )
         save_target(model, tdir, lang)
         if lang.kind in sl.SYNTH_KINDS:
             accuracy = tm.target_boundary_accuracy(model.eval(), lang, dev, n=4 if quick else 64)
