@@ -37,6 +37,11 @@
 #   checks  spec_verify and the predicates CLI against the real SGLang with the release -> checks.json
 #   traffic real traffic (traffic.py): radix cache on, chunked prefill of 4k-16k prompts, greedy and sampled in one
 #           batch, streaming, aborts; DDTREE vs NONE and the control, TRAFFIC_LIMIT_S (420) -> results-traffic.json
+#   hybrid  DDTREE on a hybrid target (Gated DeltaNet + full attention, train_hybrid.py; trained first when
+#           MODELS_HYBRID lacks it -> models-hybrid.tgz, keep it in .cache/gpu-sglang/ for later calls): NONE,
+#           DDTREE budgets 15 and 31 (--speculative-ddtree-allow-hybrid-unsafe) and the control
+#           (DDTREE_HYBRID_CHAIN_STATE=1), greedy mixed lengths + sampled chi-square (hybrid_check.py)
+#           -> results-hybrid.json; prefill graphs off unless SCENARIO_PREFILL_GRAPHS=1 (a faster start)
 # Models: from `train` in the same call, else .cache/gpu-sglang/models, else /tmp/gs/models (an earlier
 # call on this warm machine), else docs/evidence/gpu-sglang/models.tgz.
 # Everything lands in $OUT (at most 8 files): logs.tgz, results-*.json, train.json, checks.json, models.tgz.
@@ -189,6 +194,18 @@ for step in "$@"; do
           PERF_TARGET=${PERF_TARGET:-qwen3-8b} timeout "$(left)" python3 "$H/plant_bench.py" "$W/logs" "$plant_models" 2>&1 \
             | tail -80 ;;
     checks) timeout "${CHECKS_LIMIT:-540}" python3 "$H/device_checks.py" "$W/logs" "$MODELS" 2>&1 | tail -20 ;;
+    hybrid) MODELS_HYBRID=$REPO/.cache/gpu-sglang/models-hybrid; [ -d "$MODELS_HYBRID" ] || MODELS_HYBRID=$W/models-hybrid
+          for tgz in "$REPO/docs/evidence/gpu-sglang/models-hybrid.tgz" "$REPO/.cache/gpu-sglang/models-hybrid.tgz"; do
+            [ ! -d "$MODELS_HYBRID" ] && [ -f "$tgz" ] && tar xzf "$tgz" -C "$W" && MODELS_HYBRID=$W/models-hybrid
+          done
+          if [ ! -f "$MODELS_HYBRID/tiny-hybrid-dflash/config.json" ]; then  # the drafter stops by HYBRID_TRAIN_LIMIT_S (170)
+            HF_HUB_OFFLINE=1 timeout 240 python3 "$H/train_hybrid.py" "$MODELS_HYBRID" 2>&1 | tr '\r' '\n' \
+              | tee "$W/logs/train-hybrid.log" | grep -E "target|drafter|continuations" | tail -30
+            cp "$MODELS_HYBRID/train-hybrid.json" "$W/logs/" 2>/dev/null
+            tar czf "$OUT/models-hybrid.tgz" -C "$(dirname "$MODELS_HYBRID")" "$(basename "$MODELS_HYBRID")"
+          fi
+          SCENARIO_PREFILL_GRAPHS=${SCENARIO_PREFILL_GRAPHS:-0} HF_HUB_OFFLINE=1 timeout "$(left)" \
+            python3 "$H/hybrid_check.py" "$W/logs" "$MODELS_HYBRID" 2>&1 | tail -40 ;;
     traffic) timeout "$(left)" python3 "$H/traffic.py" "$W/logs" "$MODELS" 2>&1 | tail -40 ;;  # radix, chunked, mixed, stream, abort
     *) echo "unknown step $step" ;;
   esac
