@@ -23,12 +23,25 @@ Seeded; on one GPU of the device it takes about two minutes. --quick is a CPU sm
    acceptance is lower than offline (offline 6.08 served 4.5, offline 13.5 served 12.75). Writes
    OUTDIR/train-levels.json (per level: the step and the offline acceptance that saved it).
 
+       python train_models.py OUTDIR --dflash2 NAME[:STOP_AT]
+   keeps OUTDIR/tiny-qwen3 (trains it first when OUTDIR has none) and trains a DFlash2 drafter into OUTDIR/NAME
+   (SGLang's DFlash2DraftModel: the backbone above with a grouped dynamic convolution around each attention
+   and MLP, DFLASH2_CONV_TAPS taps over groups of DFLASH2_CONV_GROUP channels, and a candidate selector of
+   rank DFLASH2_RANK over the DFLASH2_TOP_K candidates of each slot), until TRAIN_LIMIT_S or, with STOP_AT,
+   the first check (as --drafter-only's) whose offline acceptance of the selector's greedy path reaches
+   STOP_AT. The backbone trains as the DFlash drafter does; the selector on its detached rows
+   (selector_loss). Writes OUTDIR/train-NAME.json with the offline acceptance of the selector's path, of the
+   marginals' chain and of DDTrees over the marginals (offline_report).
+
 The drafter's forward below mirrors sglang/srt/models/dflash.py and the DFlash worker: context K/V come
 from fc(concat(target hidden states after layers target_layer_ids)) -> hidden_norm -> each layer's
 k/v projections (no input norm) -> k_norm -> RoPE at the context positions; the block [root, MASK x 15]
 sits at positions p..p+15, embedded with the target's embedding, and attends (non-causally) to the
 context and to the whole block; row i (1..15) predicts the token at position p+i through the drafter's
-final norm and the target's lm_head.
+final norm and the target's lm_head. A DFlash2 drafter's selector scores, for the rows 1..15 (slots 0..14),
+the K x K transitions from each candidate of the slot before (slot 0: the block's root, the anchor) to each
+of its own candidates, the top-K of the target's lm_head over the row (Drafter.lattice); DFLASH walks the
+greedy path through them (lattice_walk).
 
 Real text (SYNTH_LANG=code|prose): the target's vocab is the language's (4096, byte-level BPE), its other
 dimensions the same; it trains on random windows of the training split (TARGET_STEPS, default 3000 for
@@ -37,6 +50,7 @@ offline acceptance is measured on held-out prompts (encoded with the language's 
 does). The saved models carry the language's tokenizer.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -65,6 +79,10 @@ TARGET_STEPS = int(os.environ.get("TARGET_STEPS", "1500"))
 CORPUS_TARGET_STEPS = 3000
 # The DDTree budgets whose offline acceptance a saved drafter level reports beside DFLASH's chain.
 TREE_BUDGETS = (15, 63, 127)
+# --dflash2: the grouped convolution's taps and channels per group (8 groups of the 256-wide stream), the
+# candidate selector's rank and the candidates per slot it scores.
+DFLASH2_CONV_TAPS, DFLASH2_CONV_GROUP = 4, 32
+DFLASH2_RANK, DFLASH2_TOP_K = 32, 8
 
 
 @dataclass(frozen=True)
@@ -81,14 +99,36 @@ class DraftDims:
     target_layer_ids: tuple
     eps: float
     theta: float
+    # DFlash2 (SGLang's DFlash2DraftModel): 0 where the drafter has no grouped convolution / no selector
+    conv_taps: int = 0
+    conv_group: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+    vocab: int = 0  # the selector's codebook rows (the target's vocabulary)
+    output_multiplier: float = 1.0  # dflash_config's transform of the selector's unary logits
+    softcap: float = 0.0
 
 
 TINY_DRAFT = DraftDims(H, NH, NKV, HD, INTER, DL, BLOCK, tuple(TARGET_LAYERS), EPS, ROPE_THETA)
 
 
+def dflash2_dims(vocab: int) -> DraftDims:
+    """The tiny DFlash2 drafter: TINY_DRAFT's backbone with the grouped convolution and the selector."""
+    return dataclasses.replace(
+        TINY_DRAFT,
+        conv_taps=DFLASH2_CONV_TAPS,
+        conv_group=DFLASH2_CONV_GROUP,
+        selector_rank=DFLASH2_RANK,
+        selector_top_k=DFLASH2_TOP_K,
+        vocab=vocab,
+    )
+
+
 def draft_dims_from_config(cfg: dict) -> DraftDims:
-    """DraftDims of a DFlashDraftModel config.json (the layout SGLang loads)."""
+    """DraftDims of a DFlashDraftModel / DFlash2DraftModel config.json (the layout SGLang loads; SGLang's
+    parse_dflash_draft_config reads the same dflash_config fields)."""
     rope = cfg.get("rope_parameters") or {}
+    dflash = cfg["dflash_config"]
     return DraftDims(
         cfg["hidden_size"],
         cfg["num_attention_heads"],
@@ -100,6 +140,13 @@ def draft_dims_from_config(cfg: dict) -> DraftDims:
         tuple(cfg["dflash_config"]["target_layer_ids"]),
         cfg["rms_norm_eps"],
         rope.get("rope_theta", cfg.get("rope_theta", ROPE_THETA)),
+        dflash.get("conv_kernel_size", 0),
+        dflash.get("conv_group_size", 0),
+        dflash.get("selector_rank", 0),
+        dflash.get("selector_top_k", 0),
+        cfg["vocab_size"],
+        float(dflash.get("output_multiplier", 1.0)),
+        float(dflash.get("final_logit_softcapping") or 0.0),
     )
 
 
@@ -214,6 +261,60 @@ def rope(x, pos, theta=ROPE_THETA):
     return (x.float() * cos + rot * sin).to(x.dtype)
 
 
+class GroupedConv(torch.nn.Module):
+    """SGLang's DFlashGroupedConv: a dynamic depthwise convolution over the positions of one DFlash block,
+    wrapped around a sublayer. `prepare` projects the sublayer's (normed) input to per-group tap
+    coefficients [2, taps, groups] (side 0 for the input, side 1 for the output), added to base_kernel
+    [2, taps, hidden] channel by channel; it convolves the input with side 0 and hands side 1 to `finish`,
+    which convolves the sublayer's output. Tap t reads the row t positions earlier in the same block: rows
+    before the block's first read 0 (SGLang: the row index modulo block_size must be >= t)."""
+
+    def __init__(self, hidden: int, taps: int, group: int):
+        super().__init__()
+        if hidden % group:
+            raise ValueError("conv group %d does not divide hidden %d" % (group, hidden))
+        self.taps, self.group, self.groups = taps, group, hidden // group
+        base = torch.zeros(2, taps, hidden)
+        base[:, 0] = 1.0
+        self.base_kernel = torch.nn.Parameter(base)
+        self.kernel_projection = torch.nn.Linear(hidden, 2 * taps * self.groups, bias=False)
+
+    def convolve(self, x, delta, side: int):
+        """x [..., block, hidden] (the leading dims one block each), delta [..., block, taps, groups]."""
+        blocks = x.unflatten(-1, (self.groups, self.group))
+        coef = self.base_kernel[side].view(self.taps, self.groups, self.group) + delta.unsqueeze(-1)
+        out = coef[..., 0, :, :] * blocks
+        for tap in range(1, self.taps):
+            shifted = F.pad(blocks[..., :-tap, :, :], (0, 0, 0, 0, tap, 0))
+            out = out + coef[..., tap, :, :] * shifted
+        return out.flatten(-2)
+
+    def prepare(self, x):
+        coef = self.kernel_projection(x).unflatten(-1, (2, self.taps, self.groups))
+        return self.convolve(x, coef[..., 0, :, :], 0), coef[..., 1, :, :]
+
+    def finish(self, x, coef):
+        return self.convolve(x, coef, 1)
+
+
+class CandidateSelector(torch.nn.Module):
+    """SGLang's CandidateSelector: scores the transition from a predecessor token p to a candidate c of one
+    slot, unary[c] + <A[p] * hidden_projection(h), B[c]>, A the predecessor codebook, B the successor one
+    ([vocab, rank] each), h the slot's drafter hidden row."""
+
+    def __init__(self, hidden: int, vocab: int, rank: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.predecessor_codebook = torch.nn.Parameter(torch.zeros(vocab, rank))
+        self.successor_codebook = torch.nn.Parameter(torch.zeros(vocab, rank))
+        self.hidden_projection = torch.nn.Linear(hidden, rank, bias=False)
+
+    def edge_scores(self, unary, cand, pred, hidden):
+        """unary, cand [..., K]; pred [..., P] predecessor ids; hidden [..., H] -> scores [..., P, K]."""
+        state = self.predecessor_codebook[pred] * self.hidden_projection(hidden).unsqueeze(-2)
+        return unary.unsqueeze(-2) + torch.einsum("...pr,...kr->...pk", state, self.successor_codebook[cand])
+
+
 class Drafter(torch.nn.Module):
     def __init__(self, dims: DraftDims = TINY_DRAFT):
         super().__init__()
@@ -236,7 +337,12 @@ class Drafter(torch.nn.Module):
             m.gate_proj = torch.nn.Linear(h, d.inter, bias=False)
             m.up_proj = torch.nn.Linear(h, d.inter, bias=False)
             m.down_proj = torch.nn.Linear(d.inter, h, bias=False)
+            m.attention_conv = GroupedConv(h, d.conv_taps, d.conv_group) if d.conv_taps else None
+            m.mlp_conv = GroupedConv(h, d.conv_taps, d.conv_group) if d.conv_taps else None
             self.layers.append(m)
+        self.candidate_selector = (
+            CandidateSelector(h, d.vocab, d.selector_rank, d.selector_top_k) if d.selector_rank else None
+        )
         for p in self.parameters():
             if p.dim() == 2:
                 torch.nn.init.normal_(p, std=0.02)
@@ -266,7 +372,6 @@ class Drafter(torch.nn.Module):
         d = self.dims
         B, A, blen, hid = block_emb.shape
         T = feats.shape[1]
-        nh, nkv, hd = d.heads, d.kv_heads, d.head_dim
         feats, block_emb = feats.float(), block_emb.float()
         c = rms(self.fc(feats), self.hidden_norm, d.eps)  # [B, T, H]
         ctx_pos = torch.arange(T, device=feats.device).expand(B, T)
@@ -276,19 +381,68 @@ class Drafter(torch.nn.Module):
         self_mask = (blk[:, None] == blk[None, :]).expand(B, -1, -1)
         mask = torch.cat([ctx_mask, self_mask], -1)[:, None]  # [B, 1, Q, T+Q]
         for m in self.layers:
-            x = rms(h, m.input_layernorm, d.eps)
-            q = rope(rms(m.q_proj(x).view(B, -1, nh, hd), m.q_norm, d.eps), pos, d.theta)
-            kb = rope(rms(m.k_proj(x).view(B, -1, nkv, hd), m.k_norm, d.eps), pos, d.theta)
-            vb = m.v_proj(x).view(B, -1, nkv, hd)
-            kc = rope(rms(m.k_proj(c).view(B, T, nkv, hd), m.k_norm, d.eps), ctx_pos, d.theta)
-            vc = m.v_proj(c).view(B, T, nkv, hd)
-            k = torch.cat([kc, kb], 1).repeat_interleave(nh // nkv, 2)
-            v = torch.cat([vc, vb], 1).repeat_interleave(nh // nkv, 2)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-            h = h + m.o_proj(o.transpose(1, 2).reshape(B, -1, nh * hd))
-            x = rms(h, m.post_attention_layernorm, d.eps)
-            h = h + m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
+            h = self.layer(m, h.view(B, A, blen, hid), lambda x, m=m: self.attention(m, x, c, pos, ctx_pos, mask))
         return rms(h, self.norm, d.eps).view(B, A, blen, hid)
+
+    def layer(self, m, h, attend):
+        """One decoder layer over the blocks h [B, A, block, H] (the order of SGLang's DFlashDecoderLayer: norm,
+        the attention conv's prepare, attention, its finish, residual; the same around the MLP); attend maps
+        the normed rows [B, A * block, H] to the attention's output."""
+        B, A, blen, hid = h.shape
+        x = rms(h, m.input_layernorm, self.dims.eps)
+        kernel = None
+        if m.attention_conv is not None:
+            x, kernel = m.attention_conv.prepare(x)
+        o = attend(x.reshape(B, A * blen, hid)).view(B, A, blen, hid)
+        if kernel is not None:
+            o = m.attention_conv.finish(o, kernel)
+        h = h + o
+        x = rms(h, m.post_attention_layernorm, self.dims.eps)
+        if m.mlp_conv is not None:
+            x, kernel = m.mlp_conv.prepare(x)
+        y = m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
+        if m.mlp_conv is not None:
+            y = m.mlp_conv.finish(y, kernel)
+        return (h + y).reshape(B, A * blen, hid)
+
+    def attention(self, m, x, c, pos, ctx_pos, mask):
+        """The block rows x [B, Q, H] attend to the context's K/V (from c, no input norm) and the block's own."""
+        d = self.dims
+        B, T = c.shape[:2]
+        nh, nkv, hd = d.heads, d.kv_heads, d.head_dim
+        q = rope(rms(m.q_proj(x).view(B, -1, nh, hd), m.q_norm, d.eps), pos, d.theta)
+        kb = rope(rms(m.k_proj(x).view(B, -1, nkv, hd), m.k_norm, d.eps), pos, d.theta)
+        vb = m.v_proj(x).view(B, -1, nkv, hd)
+        kc = rope(rms(m.k_proj(c).view(B, T, nkv, hd), m.k_norm, d.eps), ctx_pos, d.theta)
+        vc = m.v_proj(c).view(B, T, nkv, hd)
+        k = torch.cat([kc, kb], 1).repeat_interleave(nh // nkv, 2)
+        v = torch.cat([vc, vb], 1).repeat_interleave(nh // nkv, 2)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
+        return m.o_proj(o.transpose(1, 2).reshape(B, -1, nh * hd))
+
+    def transform_unary(self, logits):
+        """SGLang's DFlash2DraftModel._transform_unary_logits: float, times output_multiplier, softcapped."""
+        logits = logits.float()
+        if self.dims.output_multiplier != 1.0:
+            logits = logits * self.dims.output_multiplier
+        if self.dims.softcap > 0:
+            logits = torch.tanh(logits / self.dims.softcap) * self.dims.softcap
+        return logits
+
+    def candidates(self, hidden, head):
+        """The selector's candidates of each row: the top-K of the target's lm_head (head [vocab, H]) over
+        hidden [..., H] -> ids [..., K], transformed unary logits [..., K] (SGLang's compute_candidates)."""
+        vals, ids = torch.topk(hidden.float() @ head.float().T, self.candidate_selector.top_k, dim=-1)
+        return ids, self.transform_unary(vals)
+
+    def lattice(self, rows, anchor, head):
+        """SGLang's _selector_lattice: rows [..., E, H] the block's hidden rows 1.. (after the final norm), anchor
+        [...] the block's root token -> candidates [..., E, K] and scores [..., E, K, K], scores[e, p, c] the
+        transition from slot e-1's candidate p (slot 0: the anchor, every p alike) to slot e's candidate c."""
+        cand, unary = self.candidates(rows, head)
+        first = anchor[..., None, None].expand(*cand.shape[:-2], 1, cand.shape[-1])
+        pred = torch.cat([first, cand[..., :-1, :]], -2)
+        return cand, self.candidate_selector.edge_scores(unary, cand, pred, rows.float())
 
     def state_for_sglang(self):
         w = {"fc.weight": self.fc.weight, "hidden_norm.weight": self.hidden_norm, "norm.weight": self.norm}
@@ -302,7 +456,26 @@ class Drafter(torch.nn.Module):
             w[p + "post_attention_layernorm.weight"] = m.post_attention_layernorm
             for name in ("gate_proj", "up_proj", "down_proj"):
                 w[p + "mlp.%s.weight" % name] = getattr(m, name).weight
+            for conv in ("attention_conv", "mlp_conv"):
+                if getattr(m, conv) is not None:
+                    w[p + conv + ".base_kernel"] = getattr(m, conv).base_kernel
+                    w[p + conv + ".kernel_projection.weight"] = getattr(m, conv).kernel_projection.weight
+        if self.candidate_selector is not None:
+            for name, value in self.candidate_selector.named_parameters():
+                w["candidate_selector." + name] = value
         return {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in w.items()}
+
+
+def lattice_walk(cand, scores):
+    """The selector's greedy path (SGLang's CandidateSelector.sample_path for a greedy row): slot 0's argmax,
+    then each slot's argmax in the row of the candidate chosen before -> tokens [..., E]."""
+    index = scores[..., 0, 0, :].argmax(-1)
+    path = [index]
+    for e in range(1, scores.shape[-3]):
+        row = scores[..., e, :, :].gather(-2, index[..., None, None].expand(*index.shape, 1, scores.shape[-1]))
+        index = row[..., 0, :].argmax(-1)
+        path.append(index)
+    return cand.gather(-1, torch.stack(path, -1)[..., None])[..., 0]
 
 
 def sglang_to_module_name(key: str) -> str:
@@ -352,11 +525,12 @@ def make_batch(seqs, feats, starts, embed, A, gen, mask_id=sl.MASK_ID):
     return feats, ctx_mask, embed(ids), pos, labels
 
 
-def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev, budget=None):
+def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev, budget=None, lattice=False):
     """Greedy speculative steps along the target's greedy sequences: accept length = 1 + the longest prefix
     of the continuation the draft holds. budget None: DFLASH's chain (the leading matches of the block's
     argmax); budget N: a DDTree of N nodes from the block's per-position top-k, built by the overlay's
-    core with the top-k the overlay gives that budget."""
+    core with the top-k the overlay gives that budget. lattice (a DFlash2 drafter, budget None): the chain
+    DFLASH drafts with it, the selector's greedy path through its lattice."""
     lens = []
     feats = features(target, seqs)
     with torch.no_grad():
@@ -370,17 +544,24 @@ def simulate_acceptance(drafter, target, embed, head, seqs, starts, dev, budget=
                 ctx_mask = (torch.arange(T, device=dev) < p)[None, None].expand(1, BLOCK, T)
                 with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
                     hid = drafter(feats[b : b + 1], ctx_mask, embed(ids), pos)
-                logits = hid[0, 0, 1:].float() @ head.float().T
                 truth = s[0, p + 1 : p + BLOCK]
-                n = chain_accepted(logits, truth) if budget is None else tree_accepted(logits, truth, budget)
+                if lattice and budget is None:
+                    tokens = lattice_walk(*drafter.lattice(hid[0, 0, 1:].float(), s[0, p], head))
+                    n = int((tokens == truth).int().cumprod(0).sum())
+                else:
+                    logits = hid[0, 0, 1:].float() @ head.float().T
+                    n = chain_accepted(logits, truth) if budget is None else tree_accepted(logits, truth, budget)
                 lens.append(n + 1)
                 p += n + 1
     return sum(lens) / max(1, len(lens)), lens
 
 
-def mean_acceptance(drafter, target, embed, head, check, dev, budget=None) -> float:
+def mean_acceptance(drafter, target, embed, head, check, dev, budget=None, lattice=False) -> float:
     """simulate_acceptance's mean over `check`, a list of (greedy sequence [1, T], prompt length)."""
-    runs = [simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev, budget)[0] for g, pl in check]
+    runs = [
+        simulate_acceptance(drafter, target, embed, head, g, torch.tensor([pl]), dev, budget, lattice)[0]
+        for g, pl in check
+    ]
     return sum(runs) / len(runs)
 
 
@@ -411,16 +592,22 @@ def tree_accepted(logits, truth, budget: int) -> int:
     return int(walk_tree(tree, after[tree.depths.to(torch.int64)]).accept_len[0])
 
 
-def tiny_drafter_config(vocab_size=sl.VOCAB) -> dict:
-    """The config.json of a tiny drafter (SGLang's DFlashDraftModel over the tiny target)."""
+def tiny_drafter_config(vocab_size=sl.VOCAB, dims: DraftDims = TINY_DRAFT) -> dict:
+    """The config.json of a tiny drafter (SGLang's DFlashDraftModel over the tiny target; with a selector,
+    DFlash2DraftModel, whose dflash_config names the convolution's and the selector's sizes)."""
     dcfg = target_config(vocab_size).to_dict()
+    dflash = {"target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK}
+    if dims.conv_taps:
+        dflash.update(conv_kernel_size=dims.conv_taps, conv_group_size=dims.conv_group)
+    if dims.selector_rank:
+        dflash.update(selector_rank=dims.selector_rank, selector_top_k=dims.selector_top_k)
     dcfg.update(
-        architectures=["DFlashDraftModel"],
+        architectures=["DFlash2DraftModel" if dims.selector_rank else "DFlashDraftModel"],
         num_hidden_layers=DL,
         block_size=BLOCK,
         num_target_layers=L,
         layer_types=["full_attention"] * DL,
-        dflash_config={"target_layer_ids": TARGET_LAYERS, "mask_token_id": sl.MASK_ID, "block_size": BLOCK},
+        dflash_config=dflash,
     )
     return dcfg
 
@@ -434,7 +621,52 @@ def save_drafter(drafter: Drafter, path: str, lang=None) -> None:
     make_tokenizer(path, lang)
     save_file(drafter.state_for_sglang(), os.path.join(path, "model.safetensors"))
     with open(os.path.join(path, "config.json"), "w") as fh:
-        json.dump(tiny_drafter_config(lang.vocab_size), fh, indent=1)
+        json.dump(tiny_drafter_config(lang.vocab_size, drafter.dims), fh, indent=1)
+
+
+def selector_loss(drafter: Drafter, hid, logits, labels, wpos):
+    """The candidate selector's loss, the mean over blocks and slots (weighted by wpos) of the cross-entropy
+    over slot e's K candidates, in the lattice row of the TRUE token before it (the anchor for slot 0), of
+    the true token, where that row exists (slot 0, or the true previous token among slot e-1's candidates)
+    and the true token is among slot e's candidates. With the true path's every row ranking the true token
+    first, the greedy walk follows the continuation as far as the candidates hold it; the sampled walk's
+    draft distribution q is this row's softmax (at the request's temperature), so the loss raises the
+    probability it drafts the continuation with.
+    Rows off the lattice are never scored at serve time, so they teach nothing. The hidden rows and the
+    candidates are detached: the selector trains on the backbone, which trains exactly as a DFlash drafter
+    does (the cross-entropy of the target's lm_head), so its marginals are a plain DFlash drafter's.
+    hid [B, A, block, H]; logits [B, A, block-1, vocab] of rows 1..; labels [B, A, block] the true block."""
+    sel = drafter.candidate_selector
+    vals, cand = logits.detach().topk(sel.top_k, dim=-1)
+    prev = labels[..., :-1, None]
+    scores = sel.edge_scores(drafter.transform_unary(vals), cand, prev, hid[..., 1:, :].detach().float())[..., 0, :]
+    match = cand == labels[..., 1:, None]
+    found = match.any(-1)
+    on_lattice = torch.cat([torch.ones_like(found[..., :1]), found[..., :-1]], -1)
+    weight = wpos * (found & on_lattice)
+    nll = -(scores.log_softmax(-1) * match).sum(-1)
+    return (nll * weight).sum() / weight.sum().clamp_min(1e-6)
+
+
+def parse_dflash2(spec: str) -> tuple:
+    """'NAME' or 'NAME:STOP_AT' -> (NAME, STOP_AT or None)."""
+    name, sep, stop_at = spec.partition(":")
+    return name, float(stop_at) if sep else None
+
+
+def offline_report(drafter: Drafter, target, embed, head, check, dev) -> dict:
+    """A DFlash2 drafter's offline acceptance on `check` (mean_acceptance's list): the selector's greedy path
+    (DFLASH's chain with it), the chain of the backbone's marginals, and DDTrees of TREE_BUDGETS nodes over
+    the marginals."""
+    drafter.eval()
+    out = {
+        "lattice_chain": round(mean_acceptance(drafter, target, embed, head, check, dev, lattice=True), 3),
+        "marginal_chain": round(mean_acceptance(drafter, target, embed, head, check, dev), 3),
+    }
+    for budget in TREE_BUDGETS:
+        out["marginal_tree_%d" % budget] = round(mean_acceptance(drafter, target, embed, head, check, dev, budget), 3)
+    drafter.train()
+    return out
 
 
 def parse_levels(spec: str) -> list:
@@ -523,6 +755,8 @@ def main():
     if "--drafter-only" in sys.argv:
         at = sys.argv.index("--drafter-only")
         mode, name, stop_at = "only", sys.argv[at + 1], float(sys.argv[at + 2])
+    elif "--dflash2" in sys.argv:
+        mode, (name, stop_at) = "dflash2", parse_dflash2(sys.argv[sys.argv.index("--dflash2") + 1])
     elif "--drafter-levels" in sys.argv:
         mode = "levels"
         levels = LevelSaver(out, parse_levels(sys.argv[sys.argv.index("--drafter-levels") + 1]), log, lang)
@@ -530,7 +764,7 @@ def main():
     os.makedirs(tdir, exist_ok=True)
     tloss = None
     # levels for a language with no target yet: the target first, in the same run
-    if mode == "full" or (mode == "levels" and not os.path.exists(os.path.join(tdir, "config.json"))):
+    if mode == "full" or (mode in ("levels", "dflash2") and not os.path.exists(os.path.join(tdir, "config.json"))):
         make_tokenizer(tdir, lang)
         model, tloss = train_target(lang, dev, 10 if quick else target_steps(lang), log, bs=4 if quick else 128)
         model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
@@ -558,7 +792,9 @@ def main():
     log("greedy continuations: %d sequences" % sum(g[0].shape[0] for g in groups))
     embed = target.get_input_embeddings()
     head = target.lm_head.weight.detach()
-    drafter = Drafter().to(dev)
+    drafter = Drafter(dflash2_dims(lang.vocab_size) if mode == "dflash2" else TINY_DRAFT).to(dev)
+    # --dflash2 checks its lattice's acceptance only when it has a level to stop at
+    checks = {"dflash2": "full" if stop_at is None else "only"}.get(mode, mode)
     opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
     steps = 20 if quick else 3000
     gen = torch.Generator(device=dev)
@@ -570,7 +806,7 @@ def main():
     held_out = held_out_prompts(lang)
     check = (
         []
-        if mode == "full"
+        if checks == "full"
         else [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[: 2 if quick else 16]]
     )
     if levels is not None:
@@ -598,6 +834,8 @@ def main():
             logits = hid[:, :, 1:].float() @ head.float().T
         ce = F.cross_entropy(logits.reshape(-1, lang.vocab_size), labels[:, :, 1:].reshape(-1), reduction="none")
         loss = (ce.view(-1, BLOCK - 1) * wpos).sum() / (wpos.sum() * ce.numel() / (BLOCK - 1))
+        if drafter.candidate_selector is not None:
+            loss = loss + selector_loss(drafter, hid, logits, labels, wpos)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -605,12 +843,12 @@ def main():
         if time.time() - t0 > TIME_LIMIT_S and not quick:  # keep the device call inside its limit
             log("drafter: time budget reached at step %d" % step)
             break
-        if check_due(step, mode, quick):
+        if check_due(step, checks, quick):
             drafter.eval()
-            accept = mean_acceptance(drafter, target, embed, head, check, dev)
+            accept = mean_acceptance(drafter, target, embed, head, check, dev, lattice=mode == "dflash2")
             drafter.train()
             log("drafter step %d loss %.4f offline acceptance %.3f" % (step, loss.item(), accept))
-            if mode == "only" and accept >= stop_at:
+            if checks == "only" and accept >= stop_at:
                 break
             if mode == "levels":
                 levels.record(drafter, step, accept)
@@ -637,6 +875,11 @@ def main():
             json.dump(res, fh, indent=1)
         return
     save_drafter(drafter, ddir, lang)
+    report = None
+    if mode == "dflash2":
+        check = check or [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[: 2 if quick else 16]]
+        report = offline_report(drafter, target, embed, head, check, dev)
+        log("DFlash2 offline acceptance on %d held-out prompts: %s" % (len(check), report))
 
     # offline DFlash acceptance on the held-out greedy prompts
     accs = []
@@ -665,9 +908,11 @@ def main():
             "name": name,
             "steps": step + 1,
             "stop_at_accept": stop_at,
+            "dflash2": dataclasses.asdict(drafter.dims) if mode == "dflash2" else None,
         },
+        "dflash2_offline_accept": report,
     }
-    with open(os.path.join(out, "train-%s.json" % name if mode == "only" else "train.json"), "w") as fh:
+    with open(os.path.join(out, "train-%s.json" % name if mode in ("only", "dflash2") else "train.json"), "w") as fh:
         json.dump(res, fh, indent=1)
 
 
