@@ -51,6 +51,7 @@ does). The saved models carry the language's tokenizer.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -369,20 +370,25 @@ class Drafter(torch.nn.Module):
     def forward(self, feats, ctx_mask, block_emb, block_pos):
         """feats [B, T, K*H] target features; ctx_mask [B, Q, T] bool (query row may see context j);
         block_emb [B, A, block, H]; block_pos [B, A, block]. Returns hidden [B, A, block, H]."""
-        d = self.dims
         B, A, blen, hid = block_emb.shape
+        attend = self.attender(feats, ctx_mask, block_pos)
+        h = block_emb.float().reshape(B, A * blen, hid)
+        for m in self.layers:
+            h = self.layer(m, h.view(B, A, blen, hid), functools.partial(attend, m))
+        return rms(h, self.norm, self.dims.eps).view(B, A, blen, hid)
+
+    def attender(self, feats, ctx_mask, block_pos):
+        """The blocks' attention over the context feats and themselves (forward's arguments): a function of
+        (layer, normed block rows [B, A * block, H]) -> the attention's output [B, A * block, H]."""
+        B, A, blen = block_pos.shape
         T = feats.shape[1]
-        feats, block_emb = feats.float(), block_emb.float()
-        c = rms(self.fc(feats), self.hidden_norm, d.eps)  # [B, T, H]
+        c = rms(self.fc(feats.float()), self.hidden_norm, self.dims.eps)  # [B, T, H]
         ctx_pos = torch.arange(T, device=feats.device).expand(B, T)
-        h = block_emb.reshape(B, A * blen, hid)
         pos = block_pos.reshape(B, A * blen)
         blk = torch.arange(A, device=feats.device).repeat_interleave(blen)
         self_mask = (blk[:, None] == blk[None, :]).expand(B, -1, -1)
         mask = torch.cat([ctx_mask, self_mask], -1)[:, None]  # [B, 1, Q, T+Q]
-        for m in self.layers:
-            h = self.layer(m, h.view(B, A, blen, hid), lambda x, m=m: self.attention(m, x, c, pos, ctx_pos, mask))
-        return rms(h, self.norm, d.eps).view(B, A, blen, hid)
+        return lambda m, x: self.attention(m, x, c, pos, ctx_pos, mask)
 
     def layer(self, m, h, attend):
         """One decoder layer over the blocks h [B, A, block, H] (the order of SGLang's DFlashDecoderLayer: norm,
@@ -400,10 +406,14 @@ class Drafter(torch.nn.Module):
         x = rms(h, m.post_attention_layernorm, self.dims.eps)
         if m.mlp_conv is not None:
             x, kernel = m.mlp_conv.prepare(x)
-        y = m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
+        y = self.mlp(m, x)
         if m.mlp_conv is not None:
             y = m.mlp_conv.finish(y, kernel)
         return (h + y).reshape(B, A * blen, hid)
+
+    @staticmethod
+    def mlp(m, x):
+        return m.down_proj(F.silu(m.gate_proj(x)) * m.up_proj(x))
 
     def attention(self, m, x, c, pos, ctx_pos, mask):
         """The block rows x [B, Q, H] attend to the context's K/V (from c, no input norm) and the block's own."""
