@@ -134,10 +134,11 @@ def dflash2_dir(tiny_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def loud_dir(dflash2_dir, tmp_path_factory) -> Path:
+def loud(dflash2_dir, tmp_path_factory) -> SimpleNamespace:
     """The quick drafter with its taps and selector tables made large (20 CPU steps leave them near their
-    start: identity taps, a bilinear term of ~1e-3), exported again by the harness: then a wrong table, tap
-    or transpose moves the scores by O(1)."""
+    start: identity taps, a bilinear term of ~1e-3), every weight rounded to bf16 (the export's dtype), then
+    exported by the harness: `drafter`, the module in memory, and `dir`, its export, which SGLang's modules
+    load. A wrong table, tap or transpose in the export then moves SGLang's scores by O(1) from the harness's."""
     tm = load_harness("train_models")
     drafter = tm.Drafter.from_pretrained(str(dflash2_dir / D2))
     gen = torch.Generator().manual_seed(0)
@@ -147,9 +148,10 @@ def loud_dir(dflash2_dir, tmp_path_factory) -> Path:
                 p.add_(torch.randn(p.shape, generator=gen) * 0.5)
             elif name.endswith("kernel_projection.weight"):
                 p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+            p.copy_(p.to(torch.bfloat16).float())
     out = tmp_path_factory.mktemp("loud") / D2
     tm.save_drafter(drafter, str(out))
-    return out
+    return SimpleNamespace(dir=out, drafter=drafter.eval())
 
 
 def sglang_modules(path: Path, sg) -> SimpleNamespace:
@@ -199,13 +201,22 @@ def test_dflash2_quick_run_exports_what_sglang_loads(dflash2_dir):
     assert {"lattice_chain", "marginal_chain", "marginal_tree_15"} <= set(report)
 
 
+def test_dflash2_export_reads_back(loud):
+    """Drafter.from_pretrained (embed_models reads drafters with it) gives back every weight of the export."""
+    tm = load_harness("train_models")
+    back = dict(tm.Drafter.from_pretrained(str(loud.dir)).named_parameters())
+    own = dict(loud.drafter.named_parameters())
+    assert back.keys() == own.keys()
+    for name, p in own.items():
+        assert torch.equal(back[name], p), name
+
+
 @requires_sglang_source
-def test_grouped_convolution_is_sglangs(loud_dir):
+def test_grouped_convolution_is_sglangs(loud):
     """Each exported convolution, prepare and finish, in the harness's [blocks, 16, H] and in SGLang's flat rows
     (its position in block: the row index modulo block_size), on three blocks of random rows."""
     tm = load_harness("train_models")
-    sgm = sglang_modules(loud_dir, sglang_dflash())
-    drafter = tm.Drafter.from_pretrained(str(loud_dir))
+    sgm, drafter = sglang_modules(loud.dir, sglang_dflash()), loud.drafter
     gen = torch.Generator().manual_seed(1)
     x, y = (torch.randn(3 * 16, drafter.dims.hidden, generator=gen) for _i in range(2))
     with torch.no_grad():
@@ -250,12 +261,11 @@ def sglang_draft_hidden(sg, sgm, tm, drafter, inputs):
 
 
 @requires_sglang_source
-def test_drafter_layers_are_sglangs(loud_dir, tiny_target, prompts):
+def test_drafter_layers_are_sglangs(loud, tiny_target, prompts):
     """The harness's drafter forward equals SGLang's decoder layers over the same weights (two blocks of one
     sequence, flattened as SGLang's batch is)."""
     tm, sg = load_harness("train_models"), sglang_dflash()
-    sgm = sglang_modules(loud_dir, sg)
-    drafter = tm.Drafter.from_pretrained(str(loud_dir)).eval()
+    sgm, drafter = sglang_modules(loud.dir, sg), loud.drafter
     with torch.no_grad():
         inputs = two_blocks(tm, drafter, tiny_target, prompts[:1])
         ours = drafter(*inputs)
@@ -264,13 +274,12 @@ def test_drafter_layers_are_sglangs(loud_dir, tiny_target, prompts):
 
 
 @requires_sglang_source
-def test_lattice_and_greedy_walk_are_sglangs(loud_dir, tiny_target, prompts):
+def test_lattice_and_greedy_walk_are_sglangs(loud, tiny_target, prompts):
     """The lattice of the two blocks' rows 1..15 (SGLang's _selector_lattice: compute_candidates through the
     target's lm_head, then build_lattice with the block's root as slot 0's predecessor) and its greedy path
     (CandidateSelector.sample_path, greedy rows) equal the harness's."""
     tm, sg = load_harness("train_models"), sglang_dflash()
-    sgm = sglang_modules(loud_dir, sg)
-    drafter = tm.Drafter.from_pretrained(str(loud_dir)).eval()
+    sgm, drafter = sglang_modules(loud.dir, sg), loud.drafter
     head = tiny_target.lm_head.weight.float()
     with torch.no_grad():
         rows = drafter(*two_blocks(tm, drafter, tiny_target, prompts[:1]))[0, :, 1:]  # [blocks, 15, H]
@@ -293,11 +302,11 @@ def test_lattice_and_greedy_walk_are_sglangs(loud_dir, tiny_target, prompts):
 
 
 @requires_sglang_source
-def test_unary_transform_is_sglangs(loud_dir):
+def test_unary_transform_is_sglangs(loud):
     """dflash_config's output_multiplier and final_logit_softcapping, read by the harness and by SGLang, give
     the same unary logits."""
     tm = load_harness("train_models")
-    cfg = json.loads((loud_dir / "config.json").read_text())
+    cfg = json.loads((loud.dir / "config.json").read_text())
     cfg["dflash_config"].update(output_multiplier=0.5, final_logit_softcapping=3.0)
     drafter = tm.Drafter(tm.draft_dims_from_config(cfg))
     vals = torch.linspace(-20, 20, 41)
