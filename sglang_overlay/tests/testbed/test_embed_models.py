@@ -275,7 +275,10 @@ def test_dflash2_drafter_computes_the_tiny_lattice(request, dflash2_models, tiny
         assert cfg["dflash_config"][key] == tiny_cfg["dflash_config"][key]
     tiny_drafter = train_models.Drafter.from_pretrained(str(dflash2_models / DFLASH2)).eval()
     big_drafter = train_models.Drafter.from_pretrained(str(big_dir / DFLASH2)).eval()
-    assert big_drafter.candidate_selector.predecessor_codebook.shape == (cfg["vocab_size"], cfg["dflash_config"]["selector_rank"])
+    assert big_drafter.candidate_selector.predecessor_codebook.shape == (
+        cfg["vocab_size"],
+        cfg["dflash_config"]["selector_rank"],
+    )
     with torch.no_grad():
         for anchor in (12, 23):
             assert_same_logits(

@@ -4,6 +4,7 @@ drafter of --dflash2 against SGLang's own DFlash2 code (below)."""
 
 import ast
 import json
+import random
 import shutil
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from ._sglang_source import definitions, sglang_root, source_text  # noqa: E402
-from .test_embed_models import load_harness, prompts, tiny_target  # noqa: E402, F401 - fixtures
+from .test_embed_models import load_harness, load_target  # noqa: E402
 
 VOCAB = 32
 
@@ -60,7 +61,6 @@ def test_offline_acceptance_over_longer_outputs_reports_the_chain_and_each_tree(
     assert 1.0 <= row["1"] <= 2.0
     # the trained pair's drafter accepts most of its block, and 63 nodes hold its chain and more
     assert row["chain"] > 4.0 and row["63"] >= row["chain"]
-
 
 
 # ---- the DFlash2 drafter (train_models.py --dflash2) against SGLang's own DFlash2 code ----------------------
@@ -134,6 +134,18 @@ def dflash2_dir(tiny_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def target(tiny_dir):
+    return load_target(tiny_dir / "tiny-qwen3")
+
+
+@pytest.fixture(scope="module")
+def texts() -> torch.Tensor:
+    """Three 40-token texts of the synthetic language."""
+    lang, rng = load_harness("synth_lang").Language(), random.Random(5)
+    return torch.tensor([lang.sample_ids(40, rng) for _i in range(3)])
+
+
+@pytest.fixture(scope="module")
 def loud(dflash2_dir, tmp_path_factory) -> SimpleNamespace:
     """The quick drafter with its taps and selector tables made large (20 CPU steps leave them near their
     start: identity taps, a bilinear term of ~1e-3), every weight rounded to bf16 (the export's dtype), then
@@ -163,10 +175,15 @@ def sglang_modules(path: Path, sg) -> SimpleNamespace:
     dc = sglang_parse_config(cfg)
     hidden, block = cfg["hidden_size"], dc.resolve_block_size(default=16)
     convs = [
-        {side: sg.DFlashGroupedConv(hidden, block, dc.conv_kernel_size, dc.conv_group_size) for side in ("attention_conv", "mlp_conv")}
+        {
+            side: sg.DFlashGroupedConv(hidden, block, dc.conv_kernel_size, dc.conv_group_size)
+            for side in ("attention_conv", "mlp_conv")
+        }
         for _i in range(cfg["num_hidden_layers"])
     ]
-    selector = sg.CandidateSelector(hidden_size=hidden, vocab_size=cfg["vocab_size"], state_rank=dc.selector_rank, top_k=dc.selector_top_k)
+    selector = sg.CandidateSelector(
+        hidden_size=hidden, vocab_size=cfg["vocab_size"], state_rank=dc.selector_rank, top_k=dc.selector_top_k
+    )
     params = {"candidate_selector." + n: p for n, p in selector.named_parameters()}
     for i, layer in enumerate(convs):
         for side, conv in layer.items():
@@ -194,7 +211,11 @@ def test_dflash2_quick_run_exports_what_sglang_loads(dflash2_dir):
     assert (dc.selector_rank, dc.selector_top_k) == (tm.DFLASH2_RANK, tm.DFLASH2_TOP_K)
     assert (dc.block_size, dc.target_layer_ids, dc.mask_token_id) == (16, [1, 2], 3)
     # the attributes DFlash2DraftModel and its decoder layers keep them under, in SGLang's source
-    for line in ("self.candidate_selector = CandidateSelector(", "self.attention_conv = attention_conv", "self.mlp_conv = mlp_conv"):
+    for line in (
+        "self.candidate_selector = CandidateSelector(",
+        "self.attention_conv = attention_conv",
+        "self.mlp_conv = mlp_conv",
+    ):
         assert line in text
     assert set(sgm.state) - set(tm.Drafter(tm.TINY_DRAFT).state_for_sglang()) == set(sgm.params)
     report = json.loads((dflash2_dir / ("train-%s.json" % D2)).read_text())["dflash2_offline_accept"]
@@ -215,7 +236,6 @@ def test_dflash2_export_reads_back(loud):
 def test_grouped_convolution_is_sglangs(loud):
     """Each exported convolution, prepare and finish, in the harness's [blocks, 16, H] and in SGLang's flat rows
     (its position in block: the row index modulo block_size), on three blocks of random rows."""
-    tm = load_harness("train_models")
     sgm, drafter = sglang_modules(loud.dir, sglang_dflash()), loud.drafter
     gen = torch.Generator().manual_seed(1)
     x, y = (torch.randn(3 * 16, drafter.dims.hidden, generator=gen) for _i in range(2))
@@ -227,7 +247,12 @@ def test_grouped_convolution_is_sglangs(loud):
                 b, their_kernel = theirs.prepare(x)
                 assert (a.reshape(b.shape) - x).abs().max() > 0.5  # the taps move the rows
                 torch.testing.assert_close(a.reshape(b.shape), b, rtol=1e-5, atol=1e-5)
-                torch.testing.assert_close(ours.finish(y.view(3, 16, -1), kernel).reshape(b.shape), theirs.finish(y, their_kernel), rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(
+                    ours.finish(y.view(3, 16, -1), kernel).reshape(b.shape),
+                    theirs.finish(y, their_kernel),
+                    rtol=1e-5,
+                    atol=1e-5,
+                )
 
 
 def two_blocks(tm, drafter, target, seqs):
@@ -261,39 +286,47 @@ def sglang_draft_hidden(sg, sgm, tm, drafter, inputs):
 
 
 @requires_sglang_source
-def test_drafter_layers_are_sglangs(loud, tiny_target, prompts):
+def test_drafter_layers_are_sglangs(loud, target, texts):
     """The harness's drafter forward equals SGLang's decoder layers over the same weights (two blocks of one
     sequence, flattened as SGLang's batch is)."""
     tm, sg = load_harness("train_models"), sglang_dflash()
     sgm, drafter = sglang_modules(loud.dir, sg), loud.drafter
     with torch.no_grad():
-        inputs = two_blocks(tm, drafter, tiny_target, prompts[:1])
+        inputs = two_blocks(tm, drafter, target, texts[:1])
         ours = drafter(*inputs)
         theirs = sglang_draft_hidden(sg, sgm, tm, drafter, inputs)
     torch.testing.assert_close(ours.reshape(theirs.shape), theirs, rtol=1e-4, atol=1e-4)
 
 
 @requires_sglang_source
-def test_lattice_and_greedy_walk_are_sglangs(loud, tiny_target, prompts):
+def test_lattice_and_greedy_walk_are_sglangs(loud, target, texts):
     """The lattice of the two blocks' rows 1..15 (SGLang's _selector_lattice: compute_candidates through the
     target's lm_head, then build_lattice with the block's root as slot 0's predecessor) and its greedy path
     (CandidateSelector.sample_path, greedy rows) equal the harness's."""
     tm, sg = load_harness("train_models"), sglang_dflash()
     sgm, drafter = sglang_modules(loud.dir, sg), loud.drafter
-    head = tiny_target.lm_head.weight.float()
+    head = target.lm_head.weight.float()
     with torch.no_grad():
-        rows = drafter(*two_blocks(tm, drafter, tiny_target, prompts[:1]))[0, :, 1:]  # [blocks, 15, H]
-        anchor = prompts[0, list(ANCHORS)]
+        rows = drafter(*two_blocks(tm, drafter, target, texts[:1]))[0, :, 1:]  # [blocks, 15, H]
+        anchor = texts[0, list(ANCHORS)]
         cand, scores = drafter.lattice(rows, anchor, head)
         flat = rows.reshape(-1, rows.shape[-1])
-        logits = sg._project_candidate_logits(flat, SimpleNamespace(weight=head), num_org=head.shape[0], use_quant_head=False)
+        logits = sg._project_candidate_logits(
+            flat, SimpleNamespace(weight=head), num_org=head.shape[0], use_quant_head=False
+        )
         vals, ids = sg._radix_topk(logits, sgm.dc.selector_top_k)
         unary = sg._transform_unary_logits(SimpleNamespace(draft_config=sgm.dc), vals).view(*rows.shape[:2], -1)
         ids = ids.long().view(*rows.shape[:2], -1)
-        theirs = sgm.selector.build_lattice(candidate_ids=ids, unary_logits=unary, hidden_states=rows, anchor_token_ids=anchor)
+        theirs = sgm.selector.build_lattice(
+            candidate_ids=ids, unary_logits=unary, hidden_states=rows, anchor_token_ids=anchor
+        )
         n = len(ANCHORS)
         tokens, _q = sgm.selector.sample_path(
-            candidate_ids=ids, scores=theirs, uniforms=torch.zeros(n, 15), temperatures=torch.ones(n), greedy_mask=torch.ones(n, dtype=torch.bool)
+            candidate_ids=ids,
+            scores=theirs,
+            uniforms=torch.zeros(n, 15),
+            temperatures=torch.ones(n),
+            greedy_mask=torch.ones(n, dtype=torch.bool),
         )
     assert torch.equal(cand, ids)
     assert (theirs - unary[:, :, None]).abs().max() > 0.5  # the transitions move the scores
@@ -310,7 +343,9 @@ def test_unary_transform_is_sglangs(loud):
     cfg["dflash_config"].update(output_multiplier=0.5, final_logit_softcapping=3.0)
     drafter = tm.Drafter(tm.draft_dims_from_config(cfg))
     vals = torch.linspace(-20, 20, 41)
-    theirs = sglang_dflash()._transform_unary_logits(SimpleNamespace(draft_config=sglang_parse_config(cfg)), vals.clone())
+    theirs = sglang_dflash()._transform_unary_logits(
+        SimpleNamespace(draft_config=sglang_parse_config(cfg)), vals.clone()
+    )
     torch.testing.assert_close(drafter.transform_unary(vals), theirs)
     assert theirs.abs().max() < 3.0
 
