@@ -748,182 +748,256 @@ class LevelSaver:
         return not self.pending
 
 
-def main():
-    out = sys.argv[1]
-    quick = "--quick" in sys.argv
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    t0 = time.time()
-    logs = []
+@dataclass
+class Run:
+    """One invocation: OUTDIR, the mode (full, only: --drafter-only, levels: --drafter-levels, dflash2), the
+    drafter's name and its stop level, the language, the device and the log."""
 
-    def log(msg):
-        line = "[%6.1fs] %s" % (time.time() - t0, msg)
+    out: str
+    quick: bool
+    dev: torch.device
+    lang: object
+    mode: str = "full"
+    name: str = "tiny-qwen3-dflash"
+    stop_at: float = None
+    levels: LevelSaver = None
+    t0: float = dataclasses.field(default_factory=time.time)
+    logs: list = dataclasses.field(default_factory=list)
+
+    def log(self, msg):
+        line = "[%6.1fs] %s" % (time.time() - self.t0, msg)
         print(line, flush=True)
-        logs.append(line)
+        self.logs.append(line)
 
-    lang = sl.Language()
-    mode, name, stop_at, levels = "full", "tiny-qwen3-dflash", None, None
-    if "--drafter-only" in sys.argv:
-        at = sys.argv.index("--drafter-only")
-        mode, name, stop_at = "only", sys.argv[at + 1], float(sys.argv[at + 2])
-    elif "--dflash2" in sys.argv:
-        mode, (name, stop_at) = "dflash2", parse_dflash2(sys.argv[sys.argv.index("--dflash2") + 1])
-    elif "--drafter-levels" in sys.argv:
-        mode = "levels"
-        levels = LevelSaver(out, parse_levels(sys.argv[sys.argv.index("--drafter-levels") + 1]), log, lang)
-    tdir, ddir = os.path.join(out, "tiny-qwen3"), os.path.join(out, name)
+    @property
+    def checks(self) -> str:
+        """check_due's mode: --dflash2 checks its lattice's acceptance only when it has a level to stop at."""
+        return {"dflash2": "full" if self.stop_at is None else "only"}.get(self.mode, self.mode)
+
+
+def parse_run(argv: list) -> Run:
+    run = Run(argv[1], "--quick" in argv, torch.device("cuda" if torch.cuda.is_available() else "cpu"), sl.Language())
+    if "--drafter-only" in argv:
+        at = argv.index("--drafter-only")
+        run.mode, run.name, run.stop_at = "only", argv[at + 1], float(argv[at + 2])
+    elif "--dflash2" in argv:
+        run.mode, (run.name, run.stop_at) = "dflash2", parse_dflash2(argv[argv.index("--dflash2") + 1])
+    elif "--drafter-levels" in argv:
+        run.mode = "levels"
+        run.levels = LevelSaver(run.out, parse_levels(argv[argv.index("--drafter-levels") + 1]), run.log, run.lang)
+    return run
+
+
+def prepare_target(run: Run):
+    """OUTDIR/tiny-qwen3, trained first for a full run (and for levels or a DFlash2 drafter when OUTDIR has
+    none) -> (the target in bf16 on the device, its final training loss or None)."""
+    from transformers import Qwen3ForCausalLM
+
+    lang, dev, tdir = run.lang, run.dev, os.path.join(run.out, "tiny-qwen3")
     os.makedirs(tdir, exist_ok=True)
     tloss = None
-    # levels for a language with no target yet: the target first, in the same run
-    if mode == "full" or (mode in ("levels", "dflash2") and not os.path.exists(os.path.join(tdir, "config.json"))):
+    if run.mode == "full" or (
+        run.mode in ("levels", "dflash2") and not os.path.exists(os.path.join(tdir, "config.json"))
+    ):
         make_tokenizer(tdir, lang)
-        model, tloss = train_target(lang, dev, 10 if quick else target_steps(lang), log, bs=4 if quick else 128)
+        model, tloss = train_target(
+            lang, dev, 10 if run.quick else target_steps(lang), run.log, bs=4 if run.quick else 128
+        )
         model.to(torch.bfloat16).save_pretrained(tdir, safe_serialization=True)
         if lang.kind in sl.SYNTH_KINDS:  # phrase boundaries exist in the synthetic kinds only
-            log(
+            run.log(
                 "target: most likely successor at %.3f of boundaries"
                 % target_boundary_accuracy(model.eval(), lang, dev)
             )
         else:
-            log("target: held-out loss %.4f" % held_out_loss(model.eval(), lang, dev))
-    from transformers import Qwen3ForCausalLM
-
+            run.log("target: held-out loss %.4f" % held_out_loss(model.eval(), lang, dev))
     target = Qwen3ForCausalLM.from_pretrained(tdir, dtype=torch.bfloat16).to(dev).eval()
-    log("target saved (%d params)" % sum(p.numel() for p in target.parameters()))
+    run.log("target saved (%d params)" % sum(p.numel() for p in target.parameters()))
+    return target, tloss
 
-    # drafter data: greedy continuations of training prompts (seed 3; the held-out prompts use 7 and 11)
+
+def drafter_data(run: Run, target) -> list:
+    """Greedy continuations of training prompts (seed 3; the held-out prompts use 7 and 11): one group
+    (sequences [N, pl + 80], pl, their features) per prompt length pl."""
     rng = random.Random(3)
     n_new, plens = 80, [8, 16, 24, 32, 40, 48]
-    per = 4 if quick else 1024
-    groups = []  # (sequences [N, pl + n_new], pl): one group per prompt length
+    per = 4 if run.quick else 1024
+    groups = []
     for pl in plens:
-        prompts = [lang.sample_ids(pl, rng) for _i in range(per)]
-        parts = [greedy_continue(target, prompts[i : i + 512], n_new, dev) for i in range(0, per, 512)]
+        prompts = [run.lang.sample_ids(pl, rng) for _i in range(per)]
+        parts = [greedy_continue(target, prompts[i : i + 512], n_new, run.dev) for i in range(0, per, 512)]
         groups.append((torch.cat(parts), pl))
-    log("greedy continuations: %d sequences" % sum(g[0].shape[0] for g in groups))
-    embed = target.get_input_embeddings()
-    head = target.lm_head.weight.detach()
-    drafter = Drafter(dflash2_dims(lang.vocab_size) if mode == "dflash2" else TINY_DRAFT).to(dev)
-    # --dflash2 checks its lattice's acceptance only when it has a level to stop at
-    checks = {"dflash2": "full" if stop_at is None else "only"}.get(mode, mode)
+    run.log("greedy continuations: %d sequences" % sum(g[0].shape[0] for g in groups))
+    return [(s, pl, features(target, s)) for s, pl in groups]
+
+
+def held_out_check(run: Run, target, count: int) -> list:
+    """mean_acceptance's list for the first `count` held-out prompts (2 with --quick)."""
+    prompts = held_out_prompts(run.lang)[: 2 if run.quick else count]
+    return [(greedy_continue(target, [p], 64, run.dev), len(p)) for p in prompts]
+
+
+def drafter_loss(drafter: Drafter, batch, head, wpos, dev):
+    """The DFlash loss of a batch (make_batch's), the selector's added for a DFlash2 drafter -> (loss, logits)."""
+    f, cm, emb, pos, labels = batch
+    with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+        hid = drafter(f, cm, emb.detach(), pos)
+        logits = hid[:, :, 1:].float() @ head.float().T
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, :, 1:].reshape(-1), reduction="none")
+    loss = (ce.view(-1, BLOCK - 1) * wpos).sum() / (wpos.sum() * ce.numel() / (BLOCK - 1))
+    if drafter.candidate_selector is not None:
+        loss = loss + selector_loss(drafter, hid, logits, labels, wpos)
+    return loss, logits
+
+
+def checked(run: Run, drafter: Drafter, step: int, loss, measure) -> tuple:
+    """The offline acceptance check of a step where check_due -> (its acceptance or None, whether to stop)."""
+    if not check_due(step, run.checks, run.quick):
+        return None, False
+    drafter.eval()
+    accept = measure(drafter)
+    drafter.train()
+    run.log("drafter step %d loss %.4f offline acceptance %.3f" % (step, loss.item(), accept))
+    if run.checks == "only" and accept >= run.stop_at:
+        return accept, True
+    if run.mode == "levels":
+        run.levels.record(drafter, step, accept)
+        return accept, run.levels.done
+    return accept, False
+
+
+def train_drafter(run: Run, target, groups: list, check: list) -> tuple:
+    """The drafter's training loop -> (drafter, last step, last loss, last checked acceptance)."""
+    dev, embed, head = run.dev, target.get_input_embeddings(), target.lm_head.weight.detach()
+    drafter = Drafter(dflash2_dims(run.lang.vocab_size) if run.mode == "dflash2" else TINY_DRAFT).to(dev)
     opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3, weight_decay=0.0, betas=(0.9, 0.95))
-    steps = 20 if quick else 3000
+    steps = 20 if run.quick else 3000
     gen = torch.Generator(device=dev)
     gen.manual_seed(4)
     torch.manual_seed(4)
     wpos = torch.exp(-(torch.arange(1, BLOCK, device=dev).float() - 1) / 7.0)
-    gfeats = [features(target, g[0]) for g in groups]
-    bs, A = (4 if quick else 64), 8
-    held_out = held_out_prompts(lang)
-    check = (
-        []
-        if checks == "full"
-        else [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[: 2 if quick else 16]]
-    )
-    if levels is not None:
+    bs, A = (4 if run.quick else 64), 8
+    lattice = run.mode == "dflash2"
+    measure = lambda d: mean_acceptance(d, target, embed, head, check, dev, lattice=lattice)  # noqa: E731
+    accept = None
+    for step in range(steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, 2e-3)
+        s, pl, feats = groups[step % len(groups)]
+        idx = torch.randint(0, s.shape[0], (min(bs, s.shape[0]),), device=dev)
+        starts = torch.full((idx.shape[0],), pl, device=dev)
+        batch = make_batch(s[idx], feats[idx], starts, embed, A, gen, run.lang.mask_id)
+        loss, logits = drafter_loss(drafter, batch, head, wpos, dev)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        opt.step()
+        if time.time() - run.t0 > TIME_LIMIT_S and not run.quick:  # keep the device call inside its limit
+            run.log("drafter: time budget reached at step %d" % step)
+            break
+        accept, stop = checked(run, drafter, step, loss, measure) if check else (accept, False)
+        if stop:
+            break
+        if step % 250 == 0 or step == steps - 1:
+            acc1 = (logits.argmax(-1) == batch[4][:, :, 1:]).float().mean(dim=(0, 1))
+            run.log(
+                "drafter step %d loss %.4f pos-acc %s"
+                % (step, loss.item(), " ".join("%.2f" % a for a in acc1[:8].tolist()))
+            )
+    return drafter, step, loss, accept
+
+
+def finish_levels(run: Run, drafter: Drafter, step: int, accept, check: list) -> None:
+    run.levels.finish(drafter, step, accept)
+    res = {
+        "levels": run.levels.saved,
+        "language": run.lang.kind,
+        "check_prompts": len(check),
+        "seconds": round(time.time() - run.t0, 1),
+        "device": str(run.dev),
+        "torch": torch.__version__,
+        "log": run.logs,
+    }
+    with open(os.path.join(run.out, "train-levels.json"), "w") as fh:
+        json.dump(res, fh, indent=1)
+
+
+def finish_drafter(run: Run, target, drafter: Drafter, trained: dict, check: list) -> None:
+    """Save the drafter, measure it on held-out prompts (a DFlash2 drafter: offline_report too) and write
+    OUTDIR/train.json (--drafter-only, --dflash2: train-NAME.json). trained: target_final_loss,
+    drafter_final_loss, steps."""
+    save_drafter(drafter, os.path.join(run.out, run.name), run.lang)
+    embed, head = target.get_input_embeddings(), target.lm_head.weight.detach()
+    report = None
+    if run.mode == "dflash2":
+        check = check or held_out_check(run, target, 16)
+        report = offline_report(drafter, target, embed, head, check, run.dev)
+        run.log("DFlash2 offline acceptance on %d held-out prompts: %s" % (len(check), report))
+    # offline DFlash acceptance on the held-out greedy prompts
+    accs = [
+        simulate_acceptance(drafter.eval(), target, embed, head, g, torch.tensor([pl]), run.dev)[0]
+        for g, pl in held_out_check(run, target, 64)
+    ]
+    mean_acc = sum(accs) / len(accs)
+    run.log("offline DFlash acceptance length on held-out prompts: %.3f" % mean_acc)
+    res = {
+        "target_final_loss": trained["target_final_loss"],
+        "drafter_final_loss": trained["drafter_final_loss"],
+        "offline_accept_len": mean_acc,
+        "offline_accept_len_per_prompt": accs,
+        "seconds": round(time.time() - run.t0, 1),
+        "device": str(run.dev),
+        "torch": torch.__version__,
+        "log": run.logs,
+        "language": run.lang.kind,
+        "target": {
+            "vocab": run.lang.vocab_size,
+            "hidden": H,
+            "layers": L,
+            "heads": NH,
+            "kv_heads": NKV,
+            "inter": INTER,
+        },
+        "drafter": {
+            "layers": DL,
+            "block": BLOCK,
+            "target_layer_ids": TARGET_LAYERS,
+            "mask_token_id": run.lang.mask_id,
+            "name": run.name,
+            "steps": trained["steps"],
+            "stop_at_accept": run.stop_at,
+            "dflash2": dataclasses.asdict(drafter.dims) if run.mode == "dflash2" else None,
+        },
+        "dflash2_offline_accept": report,
+    }
+    name = "train-%s.json" % run.name if run.mode in ("only", "dflash2") else "train.json"
+    with open(os.path.join(run.out, name), "w") as fh:
+        json.dump(res, fh, indent=1)
+
+
+def main():
+    run = parse_run(sys.argv)
+    target, tloss = prepare_target(run)
+    groups = drafter_data(run, target)
+    check = [] if run.checks == "full" else held_out_check(run, target, 16)
+    if run.levels is not None:
+        embed, head = target.get_input_embeddings(), target.lm_head.weight.detach()
 
         def tree_accept(d):
             d.eval()
             out = {}
             for budget in TREE_BUDGETS:
-                out[str(budget)] = round(mean_acceptance(d, target, embed, head, check, dev, budget), 3)
+                out[str(budget)] = round(mean_acceptance(d, target, embed, head, check, run.dev, budget), 3)
             d.train()
             return out
 
-        levels.tree_accept = tree_accept
-    accept = None
-    for step in range(steps):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, 2e-3)
-        gi = step % len(groups)
-        s, pl = groups[gi]
-        idx = torch.randint(0, s.shape[0], (min(bs, s.shape[0]),), device=dev)
-        starts = torch.full((idx.shape[0],), pl, device=dev)
-        f, cm, emb, pos, labels = make_batch(s[idx], gfeats[gi][idx], starts, embed, A, gen, lang.mask_id)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            hid = drafter(f, cm, emb.detach(), pos)
-            logits = hid[:, :, 1:].float() @ head.float().T
-        ce = F.cross_entropy(logits.reshape(-1, lang.vocab_size), labels[:, :, 1:].reshape(-1), reduction="none")
-        loss = (ce.view(-1, BLOCK - 1) * wpos).sum() / (wpos.sum() * ce.numel() / (BLOCK - 1))
-        if drafter.candidate_selector is not None:
-            loss = loss + selector_loss(drafter, hid, logits, labels, wpos)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
-        opt.step()
-        if time.time() - t0 > TIME_LIMIT_S and not quick:  # keep the device call inside its limit
-            log("drafter: time budget reached at step %d" % step)
-            break
-        if check_due(step, checks, quick):
-            drafter.eval()
-            accept = mean_acceptance(drafter, target, embed, head, check, dev, lattice=mode == "dflash2")
-            drafter.train()
-            log("drafter step %d loss %.4f offline acceptance %.3f" % (step, loss.item(), accept))
-            if checks == "only" and accept >= stop_at:
-                break
-            if mode == "levels":
-                levels.record(drafter, step, accept)
-                if levels.done:
-                    break
-        if step % 250 == 0 or step == steps - 1:
-            acc1 = (logits.argmax(-1) == labels[:, :, 1:]).float().mean(dim=(0, 1))
-            log(
-                "drafter step %d loss %.4f pos-acc %s"
-                % (step, loss.item(), " ".join("%.2f" % a for a in acc1[:8].tolist()))
-            )
-    if mode == "levels":
-        levels.finish(drafter, step, accept)
-        res = {
-            "levels": levels.saved,
-            "language": lang.kind,
-            "check_prompts": len(check),
-            "seconds": round(time.time() - t0, 1),
-            "device": str(dev),
-            "torch": torch.__version__,
-            "log": logs,
-        }
-        with open(os.path.join(out, "train-levels.json"), "w") as fh:
-            json.dump(res, fh, indent=1)
+        run.levels.tree_accept = tree_accept
+    drafter, step, loss, accept = train_drafter(run, target, groups, check)
+    if run.mode == "levels":
+        finish_levels(run, drafter, step, accept, check)
         return
-    save_drafter(drafter, ddir, lang)
-    report = None
-    if mode == "dflash2":
-        check = check or [(greedy_continue(target, [p], 64, dev), len(p)) for p in held_out[: 2 if quick else 16]]
-        report = offline_report(drafter, target, embed, head, check, dev)
-        log("DFlash2 offline acceptance on %d held-out prompts: %s" % (len(check), report))
-
-    # offline DFlash acceptance on the held-out greedy prompts
-    accs = []
-    for p in held_out[: 2 if quick else 64]:
-        g = greedy_continue(target, [p], 64, dev)
-        a = simulate_acceptance(drafter.eval(), target, embed, head, g, torch.tensor([len(p)]), dev)[0]
-        accs.append(a)
-    mean_acc = sum(accs) / len(accs)
-    log("offline DFlash acceptance length on held-out prompts: %.3f" % mean_acc)
-    res = {
-        "target_final_loss": tloss,
-        "drafter_final_loss": float(loss.item()),
-        "offline_accept_len": mean_acc,
-        "offline_accept_len_per_prompt": accs,
-        "seconds": round(time.time() - t0, 1),
-        "device": str(dev),
-        "torch": torch.__version__,
-        "log": logs,
-        "language": lang.kind,
-        "target": {"vocab": lang.vocab_size, "hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": INTER},
-        "drafter": {
-            "layers": DL,
-            "block": BLOCK,
-            "target_layer_ids": TARGET_LAYERS,
-            "mask_token_id": lang.mask_id,
-            "name": name,
-            "steps": step + 1,
-            "stop_at_accept": stop_at,
-            "dflash2": dataclasses.asdict(drafter.dims) if mode == "dflash2" else None,
-        },
-        "dflash2_offline_accept": report,
-    }
-    with open(os.path.join(out, "train-%s.json" % name if mode in ("only", "dflash2") else "train.json"), "w") as fh:
-        json.dump(res, fh, indent=1)
+    trained = {"target_final_loss": tloss, "drafter_final_loss": float(loss.item()), "steps": step + 1}
+    finish_drafter(run, target, drafter, trained, check)
 
 
 if __name__ == "__main__":
