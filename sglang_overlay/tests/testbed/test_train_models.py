@@ -166,9 +166,19 @@ def loud(dflash2_dir, tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(dir=out, drafter=drafter.eval())
 
 
+def sglang_load_weights(params: dict, weights: list) -> None:
+    """SGLang's DFlashDraftModel.load_weights (its name resolution, stacked q/k/v and gate/up mapping, and
+    default_weight_loader's shape check) into a model whose parameters are `params` (SGLang name -> tensor):
+    exported names it does not resolve are ignored, as SGLang ignores them."""
+    loader = definitions("srt/model_loader/weight_utils.py", ["default_weight_loader"]).default_weight_loader
+    load = definitions("srt/models/dflash.py", ["DFlashDraftModel.load_weights"], default_weight_loader=loader)
+    model = SimpleNamespace(named_parameters=lambda: iter(params.items()), projector_type=None)
+    load.load_weights(model, weights)
+
+
 def sglang_modules(path: Path, sg) -> SimpleNamespace:
-    """SGLang's convolutions and selector built from the exported config.json as DFlash2DraftModel builds them,
-    each parameter loaded from the exported tensor of its SGLang name (shapes checked)."""
+    """SGLang's convolutions and selector built from the exported config.json as DFlash2DraftModel builds them
+    (the names their parameters have there), loaded from the exported weights by SGLang's load_weights."""
     from safetensors.torch import load_file
 
     cfg = json.loads((path / "config.json").read_text())
@@ -188,11 +198,11 @@ def sglang_modules(path: Path, sg) -> SimpleNamespace:
     for i, layer in enumerate(convs):
         for side, conv in layer.items():
             params.update({"layers.%d.%s.%s" % (i, side, n): p for n, p in conv.named_parameters()})
-    state = load_file(str(path / "model.safetensors"))
     with torch.no_grad():
-        for name, param in params.items():
-            assert tuple(state[name].shape) == tuple(param.shape), name
-            param.copy_(state[name].float())
+        for p in params.values():
+            p.fill_(float("nan"))  # what load_weights leaves unloaded shows
+    state = load_file(str(path / "model.safetensors"))
+    sglang_load_weights(params, [(name, w.float()) for name, w in state.items()])
     return SimpleNamespace(cfg=cfg, dc=dc, state=state, params=params, convs=convs, selector=selector)
 
 
@@ -218,6 +228,8 @@ def test_dflash2_quick_run_exports_what_sglang_loads(dflash2_dir):
     ):
         assert line in text
     assert set(sgm.state) - set(tm.Drafter(tm.TINY_DRAFT).state_for_sglang()) == set(sgm.params)
+    for name, param in sgm.params.items():  # every one loaded by SGLang's load_weights, from its own name
+        assert torch.equal(param, sgm.state[name].float()), name
     report = json.loads((dflash2_dir / ("train-%s.json" % D2)).read_text())["dflash2_offline_accept"]
     assert {"lattice_chain", "marginal_chain", "marginal_tree_15"} <= set(report)
 
