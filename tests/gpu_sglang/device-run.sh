@@ -20,7 +20,16 @@
 #           the levels into /tmp/gs/embedded-SHAPE (embed_models.py; EMBED_LAYERS trims the target, default
 #           24 for the 30B-A3B; EMBED_ROOT=/dev/shm keeps the bed in memory, room for its 48 layers, linked
 #           from there); a warm machine that holds the same bed skips it; EMBED_VERIFY=1 then compares
-#           tiny and embedded logits in float32 on the GPU (embed-SHAPE.json in logs.tgz)
+#           tiny and embedded logits in float32 on the GPU (embed-SHAPE.json in logs.tgz); DFLASH2=1 adds the
+#           DFlash2 drafter DFLASH2_NAME to the bed (trained first, as step dflash2, when MODELS lacks it; its
+#           verify also compares the lattices)
+#   dflash2 a DFlash2 drafter for the models' target (train_models.py --dflash2: SGLang's DFlash2DraftModel,
+#           grouped convolutions and a candidate selector) -> MODELS/DFLASH2_NAME (default tiny-qwen3-dflash2),
+#           dflash2-drafter.tgz (keep it in .cache/gpu-sglang/drafters/; with the target trained in the same
+#           run, LANG_DIR.tgz), train-DFLASH2_NAME.json (offline acceptance: the selector's greedy path, the
+#           marginals' chain, DDTrees over the marginals); it trains for TRAIN_LIMIT_S (default 180) or, with
+#           DFLASH2_ACCEPT, until the offline acceptance of the selector's path reaches it. Serve it with
+#           PERF_DRAFTER / SCENARIO_DRAFTER (scenario.py's tp1 and sampled servers) = DFLASH2_NAME
 #   attn    the tree-verify attention kernel against SGLang's Triton extend kernel, causal and masked
 #           (sglang_overlay/benchmarks/tree_attention.py; ATTN_ARGS adds its options) -> results-attn.json
 #   stage   the graphed tree stage == the eager one, and its time (sglang_overlay/tests/adapter/
@@ -124,6 +133,7 @@ embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embed
   train_levels
   [ -f "$MODELS/tiny-qwen3-dflash/config.json" ] && args+=(--drafter tiny-qwen3-dflash)  # absent: levels only
   for name in $(level_names); do args+=(--drafter "$name"); done
+  if [ -n "${DFLASH2:-}" ]; then train_dflash2 missing; args+=(--drafter "$DFLASH2_NAME"); fi
   [ -n "$layers" ] && args+=(--layers "$layers")
   # One bed at a time; embed_models.py --reuse keeps a bed made the same way. A bed under EMBED_ROOT is
   # reached through the link $W/embedded-SHAPE, the path the servers read.
@@ -138,6 +148,24 @@ embed_bed() {  # SHAPE: the levels, then the tiny target and every drafter embed
   timeout "$(left)" python3 "$H/embed_models.py" "$MODELS" "$bed" --shape "$shape" --reuse "${args[@]}" \
     2>&1 | tee "$W/logs/embed-$shape.log" | tail -8
   cp "$bed/embed.json" "$W/logs/embed-$shape.json" 2>/dev/null
+}
+DFLASH2_NAME=${DFLASH2_NAME:-tiny-qwen3-dflash2}
+train_dflash2() {  # [missing]: the DFlash2 drafter for MODELS' target (with `missing`, only when MODELS lacks it)
+  [ "${1:-}" = missing ] && [ -f "$MODELS/$DFLASH2_NAME/config.json" ] && return 0
+  local target=1 limit_s
+  [ -f "$MODELS/tiny-qwen3/config.json" ] || target=0
+  limit_s=$(( target ? 240 : 330 )); [ "$limit_s" -le "$(left)" ] || limit_s=$(left)
+  # TRAIN_LIMIT_S: the training loop's share; the offline report after it (16 held-out prompts: the path, the
+  # chain, three trees; 64 for the chain) takes the rest of limit_s
+  TRAIN_LIMIT_S=${TRAIN_LIMIT_S:-180} timeout "$limit_s" python3 "$H/train_models.py" "$MODELS" \
+    --dflash2 "$DFLASH2_NAME${DFLASH2_ACCEPT:+:$DFLASH2_ACCEPT}" 2>&1 \
+    | tr '\r' '\n' | tee "$W/logs/train-dflash2.log" | grep -E "DFlash2|acceptance|budget|target: " | tail -20
+  cp "$MODELS/train-$DFLASH2_NAME.json" "$W/logs/" 2>/dev/null
+  if [ "$target" = 1 ]; then
+    tar czf "$OUT/dflash2-drafter.tgz" -C "$MODELS" "$DFLASH2_NAME"
+  else  # a new target: the whole models directory, for a later call to carry (.cache/gpu-sglang/LANG_DIR.tgz)
+    tar czf "$OUT/$LANG_DIR.tgz" -C "$(dirname "$MODELS")" "$(basename "$MODELS")"
+  fi
 }
 target_models() {  # TARGET: the models directory its servers read, made when missing (a shaped or embedded bed)
   local target=$1 dir
@@ -175,6 +203,7 @@ for step in "$@"; do
             > "$W/logs/results-stage.json" 2> "$W/logs/stage.log"; echo "stage rc $?"
            tail -25 "$W/logs/results-stage.json"; tail -5 "$W/logs/stage.log" ;;
     embed) embed_bed "${EMBED_SHAPE:-qwen3-8b}" ;;
+    dflash2) train_dflash2 ;;
     perf|profile) [ "$step" = profile ] && export PERF_TARGET=${PERF_TARGET:-qwen3-8b}
           perf_models=$(target_models "${PERF_TARGET:-tiny}") || continue
           if [ "$step" = profile ]; then

@@ -37,6 +37,17 @@ The embedding (D, d: big and tiny hidden size; m: copies; R = D / (m d)):
   copies the flag of the first feature (hidden_norm sees the same mean square). The big drafter captures
   the tiny ids plus the shape's last ones up to the shape's count (8B: [1, 2, 17, 25, 33]; the tiny layers
   sit at big layers 0..L-1 and an identity layer's output equals its input); extra layers are identities.
+* DFlash2 drafter (DFlash2DraftModel): the big convolutions keep the tiny group size, so tiny group j of copy
+  k is big group k d / g + j: its base_kernel channels and its kernel_projection rows (side, tap, group; the
+  rows read block 0, where the normed input is the tiny one) are the tiny ones in every copy, and a
+  sublayer's output convolves in every copy as the tiny one. The other groups (flag, padding) are identity
+  taps with projection rows 0: their channels are 0 in every normed input and every sublayer's output (the
+  norms' flag weight is 0, the writers write the blocks only), so any kernel leaves them 0. An identity
+  layer's convolutions: identity base, small random projection (their sublayer's output is 0). The
+  selector: the codebooks' real rows are the tiny ones and the unused ids' rows 0 (an unused id never is
+  a candidate, its logit -2000, nor an anchor); hidden_projection reads block 0 of the final hidden, not
+  its flag. The target's embedded lm_head gives the tiny candidates and unary logits, so the big drafter
+  computes the tiny lattice.
 """
 
 import argparse
@@ -292,9 +303,51 @@ def drafter_tensors(
     yield "fc.weight", fc
     yield "hidden_norm.weight", b.norm(t["hidden_norm.weight"])
     yield "norm.weight", b.norm(t["norm.weight"], UNUSED_LOGIT / (FLAG * math.sqrt(lay.ratio)))
+    dflash = cfg["dflash_config"]
     for i in range(cfg["num_hidden_layers"]):
         real = i < tiny_layers
         yield from layer(b, t if real else None, "layers.%d." % i, "layers.%d." % i, cfg)
+        for conv in ("attention_conv.", "mlp_conv.") if dflash.get("conv_kernel_size") else ():
+            p = "layers.%d.%s" % (i, conv)
+            yield from grouped_conv(b, t if real else None, p, dflash["conv_kernel_size"], dflash["conv_group_size"])
+    if dflash.get("selector_rank"):
+        yield from selector(b, t)
+
+
+def grouped_conv(b: Builder, t: dict[str, torch.Tensor] | None, prefix: str, taps: int, group: int) -> Tensors:
+    """A DFlash2 grouped convolution (module docstring): the tiny one under prefix in every copy of the stream,
+    or an identity one when t is None."""
+    lay = b.lay
+    d, D = lay.tiny.hidden, lay.big.hidden
+    if d % group or D % group:
+        raise ValueError("conv group %d does not divide hidden %d and %d" % (group, d, D))
+    tiny_groups, big_groups = d // group, D // group
+    base = b.zeros(2, taps, D)
+    base[:, 0] = 1.0
+    if t is None:
+        yield prefix + "base_kernel", base
+        yield prefix + "kernel_projection.weight", b.small(2 * taps * big_groups, D)
+        return
+    proj = b.zeros(2 * taps * big_groups, D)
+    tiny_proj = t[prefix + "kernel_projection.weight"].view(2 * taps, tiny_groups, d)
+    rows = torch.arange(2 * taps)[:, None] * big_groups + torch.arange(tiny_groups)[None, :]  # copy 0's rows
+    for k in range(lay.copies):
+        base[:, :, k * d : (k + 1) * d] = b.tiny(t[prefix + "base_kernel"])
+        b.put(proj, (rows + k * tiny_groups).reshape(-1), torch.arange(d), tiny_proj.reshape(-1, d))
+    yield prefix + "base_kernel", base
+    yield prefix + "kernel_projection.weight", proj
+
+
+def selector(b: Builder, t: dict[str, torch.Tensor]) -> Tensors:
+    """The DFlash2 candidate selector (module docstring): codebooks [vocab, rank], hidden_projection [rank, D]."""
+    p = "candidate_selector."
+    for name in ("predecessor_codebook", "successor_codebook"):
+        tiny = t[p + name]
+        out = b.zeros(b.lay.big.vocab, tiny.shape[1])
+        out[: tiny.shape[0]] = b.tiny(tiny)
+        yield p + name, out
+    proj = t[p + "hidden_projection.weight"]
+    yield p + "hidden_projection.weight", b.reader(proj.shape[0], proj)
 
 
 def drafter_layer_ids(tiny_ids: list[int], shape_ids: list[int]) -> list[int]:
@@ -329,6 +382,7 @@ def big_drafter_config(tiny_dcfg: dict, shape_dcfg: dict, target_cfg: dict) -> d
         **rope_fields(tiny_theta(tiny_dcfg)),
     )
     cfg["block_size"] = tiny_dcfg["dflash_config"]["block_size"]
+    cfg["architectures"] = tiny_dcfg["architectures"]  # DFlash2DraftModel for a drafter with a selector
     cfg["dflash_config"] = dict(tiny_dcfg["dflash_config"], target_layer_ids=drafter_layer_ids(tiny_ids, shape_ids))
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         cfg[key] = target_cfg.get(key)
@@ -518,6 +572,30 @@ def draft_logits(target, drafter, seqs: torch.Tensor, anchor: int) -> torch.Tens
     return hidden[:, 0] @ target.lm_head.weight.T
 
 
+def draft_lattice(target, drafter, seqs: torch.Tensor, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DFlash2 drafter's lattice of the block at `anchor` (draft_logits' block): candidates [B, block-1, K]
+    and scores [B, block-1, K, K] (train_models.Drafter.lattice, the mirror of SGLang's _selector_lattice)."""
+    import train_models
+
+    dims = drafter.dims
+    feats = train_models.features(target, seqs, list(dims.target_layer_ids))
+    B, T = seqs.shape
+    ids = torch.full((B, 1, dims.block), train_models.sl.MASK_ID, device=seqs.device)
+    ids[:, 0, 0] = seqs[:, anchor]
+    pos = (anchor + torch.arange(dims.block, device=seqs.device))[None, None].expand(B, 1, -1)
+    ctx_mask = (torch.arange(T, device=seqs.device) < anchor)[None, None].expand(B, dims.block, T)
+    hidden = drafter(feats, ctx_mask, target.get_input_embeddings()(ids), pos)
+    return drafter.lattice(hidden[:, 0, 1:], seqs[:, anchor], target.lm_head.weight)
+
+
+def compare_lattices(tiny: tuple, big: tuple) -> dict:
+    """Big lattices against the tiny ones: whether the candidates are the same, the largest score difference."""
+    return {
+        "candidates_equal": bool(torch.equal(tiny[0], big[0])),
+        "max_abs_score_diff": (tiny[1].float() - big[1].float()).abs().max().item(),
+    }
+
+
 @torch.no_grad()
 def verify_bed(models: str, out: str, drafters: list[str], device: str) -> dict:
     """Tiny against embedded, in float32 with Hugging Face (targets) and train_models' drafter forward, on
@@ -548,6 +626,12 @@ def verify_bed(models: str, out: str, drafters: list[str], device: str) -> dict:
             torch.cat([draft_logits(tiny, tiny_d, seqs, a) for a in (12, 23)]),
             torch.cat([draft_logits(big, big_d, seqs, a) for a in (12, 23)]),
         )
+        if tiny_d.candidate_selector is not None:
+            lattices = [(draft_lattice(tiny, tiny_d, seqs, a), draft_lattice(big, big_d, seqs, a)) for a in (12, 23)]
+            result[name]["lattice"] = compare_lattices(
+                tuple(torch.cat(part) for part in zip(*(t for t, _b in lattices))),
+                tuple(torch.cat(part) for part in zip(*(b for _t, b in lattices))),
+            )
         del big_d
     return result
 

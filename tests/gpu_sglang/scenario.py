@@ -6,6 +6,8 @@ Usage (on the device, after device-setup.sh): python scenario.py OUT MODELS PLAN
             64 held-out prompts at 1 and 16 concurrent requests; sampled (T = 1) on the branch prompts.
   PLAN tp2: DDTREE (then NONE) with --tp-size 2; greedy at 1 and 16 concurrent requests.
   PLAN sampled: NONE, then DDTREE, the control and DFLASH, each with its own --random-seed; T = 1 only.
+SCENARIO_DRAFTER names the drafter directory under MODELS for every speculative server of tp1 and sampled
+(default the shape's; e.g. train_models.py --dflash2's DFlash2 drafter).
 Writes OUT/results-PLAN.json (raw outputs) and OUT/server-NAME.log; analyze.py turns them into summary.json.
 NONE starts first (it compiles SGLang's JIT kernels into the shared cache), then DFLASH (its sampling
 kernel), then the rest together: each later server finds the kernels compiled.
@@ -452,20 +454,21 @@ def main():
     out, models, plan = sys.argv[1], sys.argv[2], sys.argv[3]
     lang = sl.Language()
     results, lock, threads = {}, threading.Lock(), []
+    drafter = {"drafter": os.environ.get("SCENARIO_DRAFTER") or None}
     if plan == "tp1":
         waves = [
             [Server("none", "NONE", RELEASE, 30000, out, models)],
-            [Server("dflash", "DFLASH", RELEASE, 30001, out, models)],
+            [Server("dflash", "DFLASH", RELEASE, 30001, out, models, **drafter)],
             [
-                Server("ddtree", "DDTREE", RELEASE, 30002, out, models),
-                Server("ddtree-control", "DDTREE", CONTROL, 30003, out, models),
+                Server("ddtree", "DDTREE", RELEASE, 30002, out, models, **drafter),
+                Server("ddtree-control", "DDTREE", CONTROL, 30003, out, models, **drafter),
             ],
         ]
     elif plan == "sampled":
         # SCENARIO_DDTREE_BUDGET: the DDTREE and control servers' budget (default 15, top-k 8; another
         # budget takes the overlay's top-k for it), e.g. the widest tree a change allows.
         budget = os.environ.get("SCENARIO_DDTREE_BUDGET")
-        ddtree = {"budget": budget, "top_k": None} if budget else {}
+        ddtree = dict(drafter, **({"budget": budget, "top_k": None} if budget else {}))
         # the T = 1 runs again, each server with its own --random-seed (in tp1 all had seed 1, so the
         # servers' sampling streams were not independent of each other)
         waves = [
@@ -473,7 +476,7 @@ def main():
             [
                 Server("ddtree", "DDTREE", RELEASE, 30021, out, models, seed=12, **ddtree),
                 Server("ddtree-control", "DDTREE", CONTROL, 30022, out, models, seed=13, **ddtree),
-                Server("dflash", "DFLASH", RELEASE, 30023, out, models, seed=14),
+                Server("dflash", "DFLASH", RELEASE, 30023, out, models, seed=14, **drafter),
             ],
         ]
     else:

@@ -10,12 +10,18 @@ embed_models.draft_logits), tiny vs embedded on each target's own features.
 Shapes: dense hidden 1024 (one copy of the stream, as in Qwen3-8B's 4096) and MoE hidden 2048 (two copies, as
 in Qwen3-Coder-30B-A3B's 2048), head_dim 128, GQA groups wider than the tiny one's, extra identity layers and
 drafter layers.
+
+DFlash2 drafter (DFlash2DraftModel: grouped convolutions and a candidate selector): on the trained drafter's
+backbone, with large random taps and selector tables; embedded, it computes the tiny one's logits and the tiny
+one's lattice (candidates, transition scores, greedy path) over each target's own lm_head.
 """
 
 import functools
 import importlib.util
+import json
 import math
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -134,6 +140,45 @@ def moe_dir(tiny_dir, tmp_path_factory) -> Path:
     return embed(tiny_dir, tmp_path_factory, moe=True)
 
 
+DFLASH2 = "tiny-qwen3-dflash2"
+
+
+@pytest.fixture(scope="module")
+def dflash2_models(tiny_dir, tmp_path_factory) -> Path:
+    """The tiny target and a DFlash2 drafter: the trained drafter's backbone, its convolutions' taps and its
+    selector's tables random and large (the embedding must carry any weights; these move the logits and the
+    scores by O(1))."""
+    out = tmp_path_factory.mktemp("dflash2-models")
+    shutil.copytree(tiny_dir / "tiny-qwen3", out / "tiny-qwen3")
+    drafter = train_models.Drafter(train_models.dflash2_dims(TINY_VOCAB))
+    plain = train_models.Drafter.from_pretrained(str(tiny_dir / "tiny-qwen3-dflash"))
+    missing, _unexpected = drafter.load_state_dict(plain.state_dict(), strict=False)
+    params, gen = dict(drafter.named_parameters()), torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name in missing:
+            scale = 0.05 if name.endswith("kernel_projection.weight") else 0.5
+            params[name].add_(torch.randn(params[name].shape, generator=gen) * scale)
+    train_models.save_drafter(drafter, str(out / DFLASH2))
+    return out
+
+
+def embed_dflash2(models: Path, tmp_path_factory, moe: bool) -> Path:
+    out = tmp_path_factory.mktemp("dflash2-moe" if moe else "dflash2-dense")
+    target, drafter = shape_configs(moe)
+    embed_models.embed(str(models), str(out), target, drafter, [DFLASH2], "cpu")
+    return out
+
+
+@pytest.fixture(scope="module")
+def dflash2_dense_dir(dflash2_models, tmp_path_factory) -> Path:
+    return embed_dflash2(dflash2_models, tmp_path_factory, moe=False)
+
+
+@pytest.fixture(scope="module")
+def dflash2_moe_dir(dflash2_models, tmp_path_factory) -> Path:
+    return embed_dflash2(dflash2_models, tmp_path_factory, moe=True)
+
+
 @functools.cache
 def load_target(path: Path):
     from transformers import AutoModelForCausalLM
@@ -214,3 +259,35 @@ def test_a_bed_is_reused_only_for_the_same_request(tiny_dir, dense_dir):
         embed_models.embed_request(str(tiny_dir), dict(target, num_hidden_layers=7), drafter, ["tiny-qwen3-dflash"], 0),
     ):
         assert embed_models.existing_bed(str(dense_dir), other) == {}
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_dflash2_drafter_computes_the_tiny_lattice(request, dflash2_models, tiny_target, prompts, moe):
+    """The embedded DFlash2 drafter (DFlash2DraftModel, the tiny convolutions and selector in the big shape):
+    the tiny logits, the tiny candidates, transition scores and greedy path, on each target's features and
+    through each target's lm_head (the dense shape holds one copy of the stream, the MoE one two)."""
+    big_dir = request.getfixturevalue("dflash2_moe_dir" if moe else "dflash2_dense_dir")
+    big = load_target(big_dir / "target")
+    cfg = json.loads((big_dir / DFLASH2 / "config.json").read_text())
+    tiny_cfg = json.loads((dflash2_models / DFLASH2 / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlash2DraftModel"]
+    for key in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        assert cfg["dflash_config"][key] == tiny_cfg["dflash_config"][key]
+    tiny_drafter = train_models.Drafter.from_pretrained(str(dflash2_models / DFLASH2)).eval()
+    big_drafter = train_models.Drafter.from_pretrained(str(big_dir / DFLASH2)).eval()
+    assert big_drafter.candidate_selector.predecessor_codebook.shape == (
+        cfg["vocab_size"],
+        cfg["dflash_config"]["selector_rank"],
+    )
+    with torch.no_grad():
+        for anchor in (12, 23):
+            assert_same_logits(
+                embed_models.draft_logits(tiny_target, tiny_drafter, prompts, anchor),
+                embed_models.draft_logits(big, big_drafter, prompts, anchor),
+            )
+            tiny = embed_models.draft_lattice(tiny_target, tiny_drafter, prompts, anchor)
+            embedded = embed_models.draft_lattice(big, big_drafter, prompts, anchor)
+            res = embed_models.compare_lattices(tiny, embedded)
+            print("anchor %d: %s" % (anchor, res))
+            assert res["candidates_equal"] and res["max_abs_score_diff"] < 1e-3, res
+            assert torch.equal(train_models.lattice_walk(*tiny), train_models.lattice_walk(*embedded))
