@@ -907,7 +907,10 @@ def train_drafter(run: Run, target, groups: list, check: list) -> tuple:
     wpos = torch.exp(-(torch.arange(1, BLOCK, device=dev).float() - 1) / 7.0)
     bs, A = (4 if run.quick else 64), 8
     lattice = run.mode == "dflash2"
-    measure = lambda d: mean_acceptance(d, target, embed, head, check, dev, lattice=lattice)  # noqa: E731
+
+    def measure(d):
+        return mean_acceptance(d, target, embed, head, check, dev, lattice=lattice)
+
     accept = None
     for step in range(steps):
         for g in opt.param_groups:
