@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import re
 
-from ansible.errors import AnsibleFilterError
-
 from ansible_collections.ddtree.sglang.plugins.module_utils.services import (
     ENVIRONMENT_NAME,
     environment_value_problem,
@@ -37,7 +35,9 @@ def _unit_value_problem(value) -> str | None:
 def unit_environment_problems(environment, variable="environment"):
     """One message per variable of ``environment`` that a unit's Environment= line cannot carry as written."""
     if not isinstance(environment, dict):
-        raise AnsibleFilterError("%s must be a mapping of variable names to values, got %r" % (variable, environment))
+        # A plain error (Ansible reports a filter's exception with the task): importing ansible.errors here would
+        # load the controller's warning handling into every test process that imports this filter.
+        raise TypeError("%s must be a mapping of variable names to values, got %r" % (variable, environment))
     problems = []
     for name, value in sorted(environment.items(), key=lambda item: str(item[0])):
         if not isinstance(name, str) or not _NAME.match(name):

@@ -2,7 +2,6 @@
 systemd line would read otherwise is named with its fix, before the role changes anything."""
 
 import pytest
-from ansible.errors import AnsibleFilterError
 
 from ansible_collections.ddtree.sglang.plugins.filter.unit_environment_problems import unit_environment_problems
 
@@ -40,7 +39,7 @@ def test_every_bad_variable_is_listed_in_name_order():
 
 
 def test_a_mapping_is_required():
-    with pytest.raises(AnsibleFilterError, match="rollout_pull_environment must be a mapping"):
+    with pytest.raises(TypeError, match="rollout_pull_environment must be a mapping"):
         unit_environment_problems(["A=1"], V)
 
 
@@ -49,7 +48,7 @@ def test_the_role_checks_them_before_its_first_change():
 
     import yaml
 
-    tasks = yaml.safe_load((Path(__file__).resolve().parents[3] / "roles/rollout_pull/tasks/main.yml").read_text())
+    tasks = yaml.safe_load((Path(__file__).resolve().parents[4] / "roles/rollout_pull/tasks/main.yml").read_text())
     names = [t["name"] for t in tasks]
     check = names.index("Check the rollouts' environment variables before changing anything")
     first_change = next(
