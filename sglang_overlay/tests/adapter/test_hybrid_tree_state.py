@@ -43,7 +43,7 @@ def test_a_refused_layout_is_refused_or_run_lossy_and_never_gets_tree_state(allo
         assert plan.refusal is None and "lossy" in plan.warning and "ShortConv" in plan.warning
     else:
         assert plan.warning is None
-        assert "ShortConv" in plan.refusal and h.UNSAFE_FLAG in plan.refusal and "lossy" in plan.refusal
+        assert "ShortConv" in plan.refusal and h.FLAG_ALLOW_HYBRID in plan.refusal and "lossy" in plan.refusal
 
 
 @pytest.mark.parametrize("config", ["Qwen3_5TextConfig", "NemotronHConfig"])
@@ -52,7 +52,7 @@ def test_a_tree_layout_not_proven_on_a_gpu_needs_the_flag_and_then_gets_tree_sta
     refused = h.hybrid_plan(verdict, allow_unsafe=False)
     assert (
         refused.tree_state
-        and h.UNSAFE_FLAG in refused.refusal
+        and h.FLAG_ALLOW_HYBRID in refused.refusal
         and "proven on the CPU reference only" in refused.refusal
     )
     allowed = h.hybrid_plan(verdict, allow_unsafe=True)
@@ -146,6 +146,8 @@ def conv_windows(dedup: bool, layers=2, slots=3, tokens=16, dim=8, kernel=4):
 def test_dense_windows_are_told_from_the_overlapping_views():
     assert hooks.dense_conv_windows(conv_windows(dedup=False))
     assert not hooks.dense_conv_windows(conv_windows(dedup=True))
+    # a pool whose windows are not where SGLang keeps them is not taken for dense
+    assert not hooks.dense_conv_windows(None) and not hooks.dense_conv_windows([])
 
 
 @requires_sglang

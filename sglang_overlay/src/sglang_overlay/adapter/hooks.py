@@ -187,8 +187,8 @@ def linear_tree_backends(*backends: Any) -> list:
 def dense_conv_windows(windows) -> bool:
     """Whether a mamba pool's speculative conv windows (``mamba_cache.intermediate_conv_window``) have one
     window per draft token of their own (the dense layout a tree needs): the deduplicated layout's views
-    overlap, so they are not contiguous."""
-    return all(bool(w.is_contiguous()) for w in windows or ())
+    overlap, so they are not contiguous. None or no windows (not where SGLang keeps them): not dense."""
+    return bool(windows) and all(bool(w.is_contiguous()) for w in windows)
 
 
 def enable_linear_tree_verify(top_k: int, *backends: Any) -> int:

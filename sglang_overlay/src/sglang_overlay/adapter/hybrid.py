@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
-from .settings import MAX_BUDGET, DDTreeConfigError, ResolvedDDTree, format_budget
+from .settings import FLAG_ALLOW_HYBRID, MAX_BUDGET, DDTreeConfigError, ResolvedDDTree, format_budget
 
 __all__ = [
     "TREE",
@@ -305,9 +305,6 @@ class HybridPlan:
     warning: Optional[str]
 
 
-UNSAFE_FLAG = "--speculative-ddtree-allow-hybrid-unsafe"
-
-
 def hybrid_plan(verdict: Optional[HybridVerdict], allow_unsafe: bool) -> Optional[HybridPlan]:
     """The decision for a target ``classify_hybrid`` judged (None: not a hybrid, nothing to do).
 
@@ -320,8 +317,12 @@ def hybrid_plan(verdict: Optional[HybridVerdict], allow_unsafe: bool) -> Optiona
         return None
     if verdict.refused:
         if not allow_unsafe:
-            return HybridPlan(f"{verdict.message} ({UNSAFE_FLAG} overrides; outputs may then be lossy)", False, None)
-        return HybridPlan(None, False, f"{verdict.message} Running it anyway ({UNSAFE_FLAG}): outputs may be lossy.")
+            return HybridPlan(
+                f"{verdict.message} ({FLAG_ALLOW_HYBRID} overrides; outputs may then be lossy)", False, None
+            )
+        return HybridPlan(
+            None, False, f"{verdict.message} Running it anyway ({FLAG_ALLOW_HYBRID}): outputs may be lossy."
+        )
     if verdict.proven != NOT_PROVEN_ON_GPU:
         return HybridPlan(None, True, None)
     unproven = (
@@ -329,8 +330,8 @@ def hybrid_plan(verdict: Optional[HybridVerdict], allow_unsafe: bool) -> Optiona
         f"recurrent state from its parent's (SGLang's tree path for linear attention); this is proven {verdict.proven}"
     )
     if not allow_unsafe:
-        return HybridPlan(f"{unproven}. {UNSAFE_FLAG} runs it.", True, None)
-    return HybridPlan(None, True, f"{unproven}. Running it ({UNSAFE_FLAG}).")
+        return HybridPlan(f"{unproven}. {FLAG_ALLOW_HYBRID} runs it.", True, None)
+    return HybridPlan(None, True, f"{unproven}. Running it ({FLAG_ALLOW_HYBRID}).")
 
 
 # ---- state memory ------------------------------------------------------------------------------

@@ -331,7 +331,7 @@ class DDTreeWorker(DFlashWorkerV2):
 
     # ---- hybrid targets: each tree node's recurrent state from its parent's --------------------
 
-    def _enable_tree_state(self, *backends) -> None:
+    def _enable_tree_state(self) -> None:
         """SGLang's tree path for linear attention on the target (``hybrid.TREE_VERIFY_REQUIREMENTS``): the
         dense conv-window cache (kept by the start-up hook ``around_conv_window_dedup``) and ``topk > 1`` on
         the linear-attention backends (set before the verify graphs by ``after_get_spec_info``; here for the
@@ -340,12 +340,12 @@ class DDTreeWorker(DFlashWorkerV2):
         windows = getattr(getattr(pool, "mamba_cache", None), "intermediate_conv_window", None)
         if not dense_conv_windows(windows):
             raise DDTreeConfigError(
-                "DDTREE on a hybrid target needs the dense speculative conv-window cache, but the mamba pool was "
-                "built deduplicated for a chain (the overlay's start-up hook on conv_window_dedup_enabled did "
-                "not run: is the plugin loaded in the scheduler process?)"
+                "DDTREE on a hybrid target needs the dense speculative conv-window cache, but the mamba pool's "
+                "mamba_cache.intermediate_conv_window is deduplicated for a chain or missing (the overlay's start-up "
+                "hook on conv_window_dedup_enabled did not run, or this SGLang keeps the windows elsewhere)"
             )
         model_runner = self.target_worker.model_runner
-        enable_linear_tree_verify(self.ddtree.effective_top_k, model_runner.attn_backend, *backends)
+        enable_linear_tree_verify(self.ddtree.effective_top_k, model_runner.attn_backend)
 
     # ---- verify windows ---------------------------------------------------------------------
 
