@@ -113,14 +113,14 @@ def after_get_spec_info(result, self, *args, **kwargs):
         return result
     from .resolution import resolved_settings
 
-    if resolved_settings(getattr(model_runner, "server_args", None)) is None:
+    settings = resolved_settings(getattr(model_runner, "server_args", None))
+    if settings is None:
         return result
     if result.custom_mask is None:
         result.custom_mask = self.buffers.custom_mask
     install_tree_attention(getattr(self, "attn_backend", None), getattr(model_runner, "attn_backend", None))
     plan = hybrid_plan_of(model_runner)
     if plan is not None and plan.tree_state:
-        settings = resolved_settings(model_runner.server_args)
         enable_linear_tree_verify(
             settings.effective_top_k, getattr(self, "attn_backend", None), model_runner.attn_backend
         )
