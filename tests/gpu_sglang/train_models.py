@@ -224,36 +224,20 @@ def lr_at(step, total, peak, warm=100):
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
-def fit_steps(steps, step, elapsed, limit_s) -> int:
-    """The target's total steps after `step` steps took `elapsed` seconds: `steps`, or fewer when they would
-    not end within limit_s (the schedule then decays over the new total)."""
-    per_step = elapsed / max(1, step)
-    return steps if per_step * steps <= limit_s else max(step + 1, int(limit_s / per_step))
-
-
-def tiny_qwen3(vocab_size):
+def train_target(lang, dev, steps, log, bs=128):
     from transformers import Qwen3ForCausalLM
 
-    return Qwen3ForCausalLM(target_config(vocab_size))
-
-
-def train_target(lang, dev, steps, log, bs=128, make_model=tiny_qwen3, limit_s=None, seq=128):
-    """The target (make_model(vocab) -> an HF causal LM) trained on seq-token windows of the language: seeded
-    pool, AdamW, warm-up then cosine, clipping. With limit_s, fewer steps when the pace of the first 20 says
-    they would not end within it."""
     torch.manual_seed(1)
     rng = random.Random(2)
+    seq = 128
     pool = torch.tensor([lang.sample_ids(seq, rng) for _i in range(max(512, steps * 8))], dtype=torch.long)
-    model = make_model(lang.vocab_size).to(dev).float()
+    model = Qwen3ForCausalLM(target_config(lang.vocab_size)).to(dev).float()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
-    loss, t0, step = torch.zeros(()), time.time(), 0
-    while step < steps:
-        if step == 20 and limit_s:
-            steps = fit_steps(steps, step, time.time() - t0, limit_s)
-            log("target: %d steps (%.0f ms a step)" % (steps, 1000 * (time.time() - t0) / step))
+    for step in range(steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, 3e-3)
-        x = pool[torch.randint(0, pool.shape[0], (bs,))].to(dev)
+        idx = torch.randint(0, pool.shape[0], (bs,))
+        x = pool[idx].to(dev)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
@@ -262,7 +246,6 @@ def train_target(lang, dev, steps, log, bs=128, make_model=tiny_qwen3, limit_s=N
         opt.step()
         if step % 200 == 0 or step == steps - 1:
             log("target step %d loss %.4f" % (step, loss.item()))
-        step += 1
     return model, float(loss.item())
 
 

@@ -123,11 +123,10 @@ def shape_configs(moe: bool) -> tuple:
     return target, drafter
 
 
-def embed(models: Path, tmp_path_factory, moe: bool, drafters=("tiny-qwen3-dflash",), prefix="") -> Path:
-    """The models' target and drafters embedded into the dense or the MoE test shape."""
-    out = tmp_path_factory.mktemp(prefix + ("moe" if moe else "dense"))
+def embed(tiny_dir: Path, tmp_path_factory, moe: bool) -> Path:
+    out = tmp_path_factory.mktemp("moe" if moe else "dense")
     target, drafter = shape_configs(moe)
-    embed_models.embed(str(models), str(out), target, drafter, list(drafters), "cpu")
+    embed_models.embed(str(tiny_dir), str(out), target, drafter, ["tiny-qwen3-dflash"], "cpu")
     return out
 
 
@@ -163,14 +162,21 @@ def dflash2_models(tiny_dir, tmp_path_factory) -> Path:
     return out
 
 
+def embed_dflash2(models: Path, tmp_path_factory, moe: bool) -> Path:
+    out = tmp_path_factory.mktemp("dflash2-moe" if moe else "dflash2-dense")
+    target, drafter = shape_configs(moe)
+    embed_models.embed(str(models), str(out), target, drafter, [DFLASH2], "cpu")
+    return out
+
+
 @pytest.fixture(scope="module")
 def dflash2_dense_dir(dflash2_models, tmp_path_factory) -> Path:
-    return embed(dflash2_models, tmp_path_factory, False, (DFLASH2,), "dflash2-")
+    return embed_dflash2(dflash2_models, tmp_path_factory, moe=False)
 
 
 @pytest.fixture(scope="module")
 def dflash2_moe_dir(dflash2_models, tmp_path_factory) -> Path:
-    return embed(dflash2_models, tmp_path_factory, True, (DFLASH2,), "dflash2-")
+    return embed_dflash2(dflash2_models, tmp_path_factory, moe=True)
 
 
 @functools.cache
