@@ -384,3 +384,27 @@ def test_selector_loss_teaches_the_walk_a_continuation_the_marginals_miss():
         cand, scores = drafter.lattice(hid[0, 0, 1:], labels[0, 0, 0], head)
     assert tm.chain_accepted(logits[0, 0], labels[0, 0, 1:]) == 0
     assert torch.equal(tm.lattice_walk(cand, scores), labels[0, 0, 1:])
+
+
+def test_checks_on_real_text_come_every_25_steps():
+    tm = load_harness("train_models")
+    real = [s for s in range(200) if tm.check_due(s, "levels", False, synthetic=False)]
+    assert real == [25, 50, 75, 100, 125, 150, 175]
+    synthetic = [s for s in range(130) if tm.check_due(s, "levels", False, synthetic=True)]
+    assert synthetic == list(range(25, 100)) + [100, 125]
+
+
+def test_early_stop_keeps_the_best_checkpoint_by_held_out_loss(monkeypatch):
+    tm = load_harness("train_models")
+    monkeypatch.setattr(tm, "TARGET_PATIENCE", 3)
+    model = torch.nn.Linear(2, 1)
+    losses = iter([3.0, 2.0, 2.5, 2.4, 2.6])
+    stopper = tm.EarlyStop(model, lambda: next(losses), lambda _msg: None)
+    stops = []
+    for step in range(5):
+        with torch.no_grad():
+            model.weight.fill_(float(step))
+        stops.append(stopper.stop(step))
+    assert stops == [False, False, False, False, True]  # the third check without a new best ends training
+    stopper.restore()
+    assert stopper.best_step == 1 and model.weight[0, 0].item() == 1.0
