@@ -588,11 +588,30 @@ def draft_lattice(target, drafter, seqs: torch.Tensor, anchor: int) -> tuple[tor
     return drafter.lattice(hidden[:, 0, 1:], seqs[:, anchor], target.lm_head.weight)
 
 
+def aligned_lattice(cand: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A lattice with each slot's candidates in token order, its scores permuted with them (slot e's candidates
+    along the last axis, slot e-1's along the one before; slot 0's rows, all the anchor's, stay). Two
+    lattices of the same drafter agree up to the order of near-tied candidates; aligned, they agree exactly."""
+    order = cand.argsort(-1)
+    cand = cand.gather(-1, order)
+    cols = order[..., None, :].expand_as(scores)
+    scores = scores.gather(-1, cols)
+    prev = torch.cat(
+        [torch.arange(order.shape[-1], device=order.device).expand_as(order[..., :1, :]), order[..., :-1, :]], -2
+    )
+    scores = scores.gather(-2, prev[..., :, None].expand_as(scores))
+    return cand, scores
+
+
 def compare_lattices(tiny: tuple, big: tuple) -> dict:
-    """Big lattices against the tiny ones: whether the candidates are the same, the largest score difference."""
+    """Big lattices against the tiny ones, aligned (aligned_lattice): whether each slot holds the same
+    candidates, the largest score difference, and whether the candidates also came in the same order."""
+    (tc, ts), (bc, bs) = aligned_lattice(*tiny), aligned_lattice(*big)
+    same = bool(torch.equal(tc, bc))
     return {
-        "candidates_equal": bool(torch.equal(tiny[0], big[0])),
-        "max_abs_score_diff": (tiny[1].float() - big[1].float()).abs().max().item(),
+        "candidates_equal": same,
+        "same_order": bool(torch.equal(tiny[0], big[0])),
+        "max_abs_score_diff": (ts.float() - bs.float()).abs().max().item() if same else float("inf"),
     }
 
 
