@@ -556,9 +556,9 @@ def compare_logits(tiny: torch.Tensor, big: torch.Tensor) -> dict:
     }
 
 
-def draft_logits(target, drafter, seqs: torch.Tensor, anchor: int) -> torch.Tensor:
-    """The DFlash block [root, MASK...] at `anchor` with the target's features before it as context:
-    [B, block, vocab] logits through the target's lm_head (train_models' mirror of SGLang's forward)."""
+def draft_block(target, drafter, seqs: torch.Tensor, anchor: int) -> torch.Tensor:
+    """The drafter's hidden rows [B, block, H] of the DFlash block [root, MASK...] at `anchor`, with the target's
+    features before it as context (train_models' mirror of SGLang's forward)."""
     import train_models
 
     dims = drafter.dims
@@ -568,24 +568,19 @@ def draft_logits(target, drafter, seqs: torch.Tensor, anchor: int) -> torch.Tens
     ids[:, 0, 0] = seqs[:, anchor]
     pos = (anchor + torch.arange(dims.block, device=seqs.device))[None, None].expand(B, 1, -1)
     ctx_mask = (torch.arange(T, device=seqs.device) < anchor)[None, None].expand(B, dims.block, T)
-    hidden = drafter(feats, ctx_mask, target.get_input_embeddings()(ids), pos)
-    return hidden[:, 0] @ target.lm_head.weight.T
+    return drafter(feats, ctx_mask, target.get_input_embeddings()(ids), pos)[:, 0]
+
+
+def draft_logits(target, drafter, seqs: torch.Tensor, anchor: int) -> torch.Tensor:
+    """[B, block, vocab] logits of draft_block's rows through the target's lm_head."""
+    return draft_block(target, drafter, seqs, anchor) @ target.lm_head.weight.T
 
 
 def draft_lattice(target, drafter, seqs: torch.Tensor, anchor: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A DFlash2 drafter's lattice of the block at `anchor` (draft_logits' block): candidates [B, block-1, K]
+    """A DFlash2 drafter's lattice of the block at `anchor` (draft_block's rows 1..): candidates [B, block-1, K]
     and scores [B, block-1, K, K] (train_models.Drafter.lattice, the mirror of SGLang's _selector_lattice)."""
-    import train_models
-
-    dims = drafter.dims
-    feats = train_models.features(target, seqs, list(dims.target_layer_ids))
-    B, T = seqs.shape
-    ids = torch.full((B, 1, dims.block), train_models.sl.MASK_ID, device=seqs.device)
-    ids[:, 0, 0] = seqs[:, anchor]
-    pos = (anchor + torch.arange(dims.block, device=seqs.device))[None, None].expand(B, 1, -1)
-    ctx_mask = (torch.arange(T, device=seqs.device) < anchor)[None, None].expand(B, dims.block, T)
-    hidden = drafter(feats, ctx_mask, target.get_input_embeddings()(ids), pos)
-    return drafter.lattice(hidden[:, 0, 1:], seqs[:, anchor], target.lm_head.weight)
+    hidden = draft_block(target, drafter, seqs, anchor)
+    return drafter.lattice(hidden[:, 1:], seqs[:, anchor], target.lm_head.weight)
 
 
 def aligned_lattice(cand: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

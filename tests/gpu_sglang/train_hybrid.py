@@ -108,41 +108,14 @@ def load_target(path, dev, dtype=torch.bfloat16):
     return Qwen3_5ForCausalLM.from_pretrained(path, dtype=dtype).to(dev).eval()
 
 
-def fit_steps(steps, step, elapsed, limit_s) -> int:
-    """The target's total steps after `step` steps took `elapsed` seconds: `steps`, or fewer when they would
-    not end within limit_s (the schedule then decays over the new total)."""
-    per_step = elapsed / max(1, step)
-    return steps if per_step * steps <= limit_s else max(step + 1, int(limit_s / per_step))
-
-
 def train_target(lang, dev, steps, log, bs=128, seq=128, limit_s=None):
-    """train_models.train_target's recipe (seeds, pool, AdamW, schedule, clipping) on the hybrid layout; with
-    limit_s, fewer steps when the pace of the first 20 says they would not end within it."""
+    """train_models.train_target's recipe on the hybrid layout."""
     from transformers import Qwen3_5ForCausalLM
 
-    torch.manual_seed(1)
-    rng = random.Random(2)
-    pool = torch.tensor([lang.sample_ids(seq, rng) for _i in range(max(512, steps * 8))], dtype=torch.long)
-    model = Qwen3_5ForCausalLM(hybrid_config(lang.vocab_size)).to(dev).float()
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
-    loss, t0, step = torch.zeros(()), time.time(), 0
-    while step < steps:
-        if step == 20 and limit_s:
-            steps = fit_steps(steps, step, time.time() - t0, limit_s)
-            log("target: %d steps (%.0f ms a step)" % (steps, 1000 * (time.time() - t0) / step))
-        for g in opt.param_groups:
-            g["lr"] = tm.lr_at(step, steps, 3e-3)
-        x = pool[torch.randint(0, pool.shape[0], (bs,))].to(dev)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
-            loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        if step % 200 == 0 or step == steps - 1:
-            log("target step %d loss %.4f" % (step, loss.item()))
-        step += 1
-    return model, float(loss.item())
+    def make_model():
+        return Qwen3_5ForCausalLM(hybrid_config(lang.vocab_size))
+
+    return tm.train_target(lang, dev, steps, log, bs=bs, seq=seq, make_model=make_model, limit_s=limit_s)
 
 
 # ---- the drafter -----------------------------------------------------------------------------------

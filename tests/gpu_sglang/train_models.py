@@ -81,6 +81,9 @@ TIME_LIMIT_S = float(os.environ.get("TRAIN_LIMIT_S", "200"))
 # drafter-last) instead of from scratch, at a quarter of the learning rate.
 CARRY = os.environ.get("TRAIN_CARRY", "") == "1"
 RESUME = os.environ.get("DRAFTER_RESUME", "")
+# The drafter's sequences per training step (DRAFTER_BATCH, 8 blocks each): a time-limited run on a GPU, where
+# a step of the tiny drafter is mostly fixed cost, sees more data a second at a larger batch.
+DRAFTER_BATCH = int(os.environ.get("DRAFTER_BATCH", "64"))
 # The target's training steps (TARGET_STEPS): `pairs` has a successor order per pair of phrases to learn;
 # real text (code, prose) defaults to CORPUS_TARGET_STEPS.
 TARGET_STEPS = int(os.environ.get("TARGET_STEPS", "1500"))
@@ -228,26 +231,36 @@ def lr_at(step, total, peak, warm=100):
     return peak * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
-def train_target(lang, dev, steps, log, bs=128):
-    """The tiny target, trained for `steps` (AdamW, cosine schedule). On real text (a corpus of well under a
-    million tokens, which a 5M-parameter model memorises in a few dozen epochs) it also stops early: the
-    held-out loss is measured every TARGET_CHECK_EVERY steps and training ends after TARGET_PATIENCE checks
-    without a new best, the best checkpoint restored. A memorising target answers held-out prompts with
-    noise no drafter can learn, and every prompt a server is measured with is held out."""
+def fit_steps(steps, step, elapsed, limit_s) -> int:
+    """The target's total steps after `step` steps took `elapsed` seconds: `steps`, or fewer when they would
+    not end within limit_s (the schedule then decays over the new total)."""
+    per_step = elapsed / max(1, step)
+    return steps if per_step * steps <= limit_s else max(step + 1, int(limit_s / per_step))
+
+
+def train_target(lang, dev, steps, log, bs=128, seq=128, make_model=None, limit_s=None):
+    """The tiny target (make_model(): another architecture, the hybrid's), trained for `steps` (AdamW, cosine
+    schedule; with limit_s, fewer when the pace of the first 20 says they would not end within it). On real
+    text (a corpus of well under a million tokens, which a 5M-parameter model memorises in a few dozen epochs)
+    it also stops early: the held-out loss is measured every TARGET_CHECK_EVERY steps and training ends after
+    TARGET_PATIENCE checks without a new best, the best checkpoint restored. A memorising target answers
+    held-out prompts with noise no drafter can learn, and every prompt a server is measured with is held out."""
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(1)
     rng = random.Random(2)
-    seq = 128
     pool = torch.tensor([lang.sample_ids(seq, rng) for _i in range(max(512, steps * 8))], dtype=torch.long)
-    model = Qwen3ForCausalLM(target_config(lang.vocab_size)).to(dev).float()
+    model = (make_model or (lambda: Qwen3ForCausalLM(target_config(lang.vocab_size))))().to(dev).float()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0, betas=(0.9, 0.95))
     stopper = None if lang.kind in sl.SYNTH_KINDS else EarlyStop(model, lambda: held_out_loss(model, lang, dev), log)
-    for step in range(steps):
+    loss, t0, step = torch.zeros(()), time.time(), 0
+    while step < steps:
+        if step == 20 and limit_s:
+            steps = fit_steps(steps, step, time.time() - t0, limit_s)
+            log("target: %d steps (%.0f ms a step)" % (steps, 1000 * (time.time() - t0) / step))
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, 3e-3)
-        idx = torch.randint(0, pool.shape[0], (bs,))
-        x = pool[idx].to(dev)
+        x = pool[torch.randint(0, pool.shape[0], (bs,))].to(dev)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
@@ -258,6 +271,7 @@ def train_target(lang, dev, steps, log, bs=128):
             log("target step %d loss %.4f" % (step, loss.item()))
         if stopper is not None and step and step % TARGET_CHECK_EVERY == 0 and stopper.stop(step):
             break
+        step += 1
     if stopper is not None:
         stopper.restore()
     return model.train(), float(loss.item())
@@ -945,7 +959,7 @@ def train_drafter(run: Run, target, groups: list, check: list) -> tuple:
     gen.manual_seed(4)
     torch.manual_seed(4)
     wpos = torch.exp(-(torch.arange(1, BLOCK, device=dev).float() - 1) / 7.0)
-    bs, A = (4 if run.quick else 64), 8
+    bs, A = (4 if run.quick else DRAFTER_BATCH), 8
     lattice = run.mode == "dflash2"
 
     def measure(d):

@@ -293,6 +293,6 @@ def test_hybrid_check_servers_and_requests():
 
 
 def test_the_target_trains_fewer_steps_when_its_pace_would_pass_the_limit():
-    assert train_hybrid.fit_steps(1500, 20, 1.0, 80) == 1500  # 50 ms a step: 75 s
-    assert train_hybrid.fit_steps(1500, 20, 2.0, 80) == 800  # 100 ms a step
-    assert train_hybrid.fit_steps(1500, 20, 200.0, 80) == 21  # never fewer than the steps taken
+    assert train_hybrid.tm.fit_steps(1500, 20, 1.0, 80) == 1500  # 50 ms a step: 75 s
+    assert train_hybrid.tm.fit_steps(1500, 20, 2.0, 80) == 800  # 100 ms a step
+    assert train_hybrid.tm.fit_steps(1500, 20, 200.0, 80) == 21  # never fewer than the steps taken
