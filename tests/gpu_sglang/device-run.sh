@@ -98,6 +98,7 @@ EMBED_LEVELS=${EMBED_LEVELS:-tiny-qwen3-dflash-low:4.8,tiny-qwen3-dflash-mid:8.2
 level_names() { [ "$EMBED_LEVELS" = none ] && return 0; echo "$EMBED_LEVELS" | tr ',' '\n' | sed 's/:[^:]*$//'; }
 train_levels() {  # the drafter levels MODELS lacks, from one training run (the target too when MODELS has none)
   local missing=0 name target=1 carried=$REPO/.cache/gpu-sglang/$LANG_DIR.carry.tar.xz
+  [ -f "$carried" ] || carried=$REPO/docs/evidence/gpu-sglang/$LANG_DIR.carry.tar.xz  # one kept with the evidence
   # Real text: an earlier call's models (carry_models.py: the snapped target, the levels it reached and the
   # last drafter) join MODELS; the levels still missing train on, from that drafter.
   if [ "$CORPUS" = 1 ] && [ -f "$carried" ] && [ ! -f "$MODELS/tiny-qwen3/config.json" ]; then
