@@ -86,13 +86,14 @@ fi
 # The embedded test bed's drafters besides the trained tiny-qwen3-dflash (in-server acceptance ~12): levels
 # saved by one training run when its offline acceptance first reaches each threshold (in server: ~3-4, ~6-7);
 # `none`: no levels, the bed holds the trained drafter alone (nothing to train).
-# Real text (code, prose): three levels, offline 3.2 / 6.0 / 9.0 for in-server ~2-3, ~4-5, ~6-7 (synthetic:
-# offline ran above in-server, 6.08 served 4.5; on code below, 3.06 served 3.5-3.7: README.md, run 26); the
-# levels train for longer (TRAIN_LIMIT_S, default 420 s with the target, 300 s without; the target stops early
-# on held-out loss) at 256 sequences a step (DRAFTER_BATCH).
+# Real text (code, prose): three levels, offline 3.2 / 6.0 / 9.0 for in-server ~2-3, ~4-5, ~6-7 (how offline and
+# in-server acceptance relate differs by language: README.md, "Real-text languages"); the levels train for longer
+# (TRAIN_LIMIT_S, default 420 s with the target, 300 s without; the target stops early on held-out loss), at 256
+# sequences a step (DRAFTER_BATCH) on 6 x 4096 greedy continuations (DRAFTER_DATA: a drafter that sees the same
+# few continuations for many epochs can stop gaining held-out acceptance).
 CORPUS=0
 case ${SYNTH_LANG:-phrases} in
-  code|prose) CORPUS=1; export DRAFTER_BATCH=${DRAFTER_BATCH:-256}
+  code|prose) CORPUS=1; export DRAFTER_BATCH=${DRAFTER_BATCH:-256} DRAFTER_DATA=${DRAFTER_DATA:-4096}
     EMBED_LEVELS=${EMBED_LEVELS:-tiny-$SYNTH_LANG-dflash-low:3.2,tiny-$SYNTH_LANG-dflash-mid:6.0,tiny-$SYNTH_LANG-dflash-high:9.0} ;;
 esac
 EMBED_LEVELS=${EMBED_LEVELS:-tiny-qwen3-dflash-low:4.8,tiny-qwen3-dflash-mid:8.2}

@@ -84,6 +84,10 @@ RESUME = os.environ.get("DRAFTER_RESUME", "")
 # The drafter's sequences per training step (DRAFTER_BATCH, 8 blocks each): a time-limited run on a GPU, where
 # a step of the tiny drafter is mostly fixed cost, sees more data a second at a larger batch.
 DRAFTER_BATCH = int(os.environ.get("DRAFTER_BATCH", "64"))
+# The drafter's training data: the target's greedy continuations of DRAFTER_DATA training prompts per prompt
+# length (six lengths). A drafter that trains for many epochs over too few of them learns those continuations
+# and no more: its training loss falls while its held-out acceptance stays flat.
+DRAFTER_DATA = int(os.environ.get("DRAFTER_DATA", "1024"))
 # The target's training steps (TARGET_STEPS): `pairs` has a successor order per pair of phrases to learn;
 # real text (code, prose) defaults to CORPUS_TARGET_STEPS.
 TARGET_STEPS = int(os.environ.get("TARGET_STEPS", "1500"))
@@ -899,7 +903,7 @@ def drafter_data(run: Run, target) -> list:
     (sequences [N, pl + 80], pl, their features) per prompt length pl."""
     rng = random.Random(3)
     n_new, plens = 80, [8, 16, 24, 32, 40, 48]
-    per = 4 if run.quick else 1024
+    per = 4 if run.quick else DRAFTER_DATA
     groups = []
     for pl in plens:
         prompts = [run.lang.sample_ids(pl, rng) for _i in range(per)]
