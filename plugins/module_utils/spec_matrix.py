@@ -43,6 +43,35 @@ if args.speculative_algorithm:
 print(json.dumps(result))
 """
 
+# Run in the stack with the release on the path: the overlay's hybrid layouts (adapter.hybrid.layout_table,
+# pure Python), or why the release cannot say (one that predates the table).
+HYBRID_LAYOUTS_PROBE = r"""
+import json
+try:
+    from sglang_overlay.adapter.hybrid import layout_table
+except ImportError as exc:
+    print(json.dumps({"layouts": None, "why": "%s: %s" % (type(exc).__name__, exc)}))
+else:
+    print(json.dumps({"layouts": layout_table()}))
+"""
+
+
+def hybrid_layout_lines(answer):
+    """The release's hybrid layouts as lines for people: each layout, whether DDTREE verifies a tree on it
+    (and what of that is proven) or refuses it (and why)."""
+    layouts = (answer or {}).get("layouts")
+    if layouts is None:
+        return ["the release does not list its hybrid layouts (%s)" % (answer or {}).get("why", "no answer")]
+    lines = []
+    for layout in layouts:
+        head = "%s (%s)" % (layout.get("name"), layout.get("backend"))
+        if layout.get("status") == "tree":
+            lines.append("%s: tree verify; proven %s" % (head, layout.get("proven")))
+        else:
+            lines.append("%s: refused: %s" % (head, layout.get("reason")))
+    return lines
+
+
 # The overlay's package: a plugin whose entry point lives in it is the overlay's.
 OVERLAY_PACKAGE = "sglang_overlay"
 

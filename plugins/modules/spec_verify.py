@@ -26,9 +26,11 @@ description:
     service runs - a pinned one, or the base release of a service that does not load the overlay); with
     O(flags_overlay=false) it also fails when an SGLang plugin of the overlay is discoverable there.
   - Writes nothing (C(PYTHONDONTWRITEBYTECODE=1)).
-  - Runs the three checks in one process of the stack's Python that imports torch once and forks a
-    child per check, each with its own environment and path as separate processes would have; about
-    half the CPU time of three processes.
+  - Lists the hybrid (recurrent + attention) target layouts the release knows, each with whether
+    C(DDTREE) verifies a tree on it and what of that is proven, or why it refuses it (RV(hybrid_layouts)).
+  - Runs the checks in one process of the stack's Python that imports torch once and forks a child per
+    check, each with its own environment and path as separate processes would have; about half the CPU
+    time of separate processes.
   - With O(state_root), records a pass on the host (C(<state_root>/_checks/spec_verify/<key>.json),
     written whole) and, on a later run with the same key, returns the recorded result without starting
     the stack's Python (RV(recorded) true). The key is a digest of every option, the module's code and
@@ -108,6 +110,13 @@ plugin_problems:
   returned: when both matrices were computed
   type: list
   elements: str
+hybrid_layouts:
+  description:
+    - The hybrid target layouts the release knows, one line each - C(tree verify) and what is proven of
+      it, or C(refused) and why; one line saying so for a release that does not list them.
+  returned: when both matrices were computed
+  type: list
+  elements: str
 parsed:
   description:
     - What SGLang's parser made of the flags (model path, port, algorithm and what it resolves to), and
@@ -141,10 +150,12 @@ from ansible_collections.ddtree.sglang.plugins.module_utils.forked_jobs import (
 )
 from ansible_collections.ddtree.sglang.plugins.module_utils.spec_matrix import (
     FLAGS_PROBE,
+    HYBRID_LAYOUTS_PROBE,
     PREDICATES_WITH_PLUGINS,
     PRELOAD,
     builtin_differences,
     dflash_family_problems,
+    hybrid_layout_lines,
     matrix_lines,
     overlay_plugins,
 )
@@ -202,6 +213,7 @@ def main():
         with_release=with_release,
         builtin_differences=builtin_differences(pristine, with_release),
         plugin_problems=dflash_family_problems(with_release, params["plugin_algorithm"]),
+        hybrid_layouts=hybrid_layout_lines(_output(module, answers, jobs[2])),
     )
     if result["builtin_differences"] or result["plugin_problems"]:
         module.fail_json(
@@ -210,13 +222,13 @@ def main():
             **result,
         )
     if params["flags"]:
-        _check_flags(module, result, _output(module, answers, jobs[2]))
+        _check_flags(module, result, _output(module, answers, jobs[3]))
     module.exit_json(recorded=False, **check_records.record_pass(slot, CHECK, result, module.check_mode))
 
 
 def _jobs(params: dict) -> list:
-    """The programs to run in the stack's Python: the predicate matrix pristine and with the release, and
-    SGLang's parser on the service's flags (when there are flags)."""
+    """The programs to run in the stack's Python: the predicate matrix pristine and with the release, the
+    release's hybrid layouts, and SGLang's parser on the service's flags (when there are flags)."""
     site = os.path.join(params["release"], "site")
     jobs = [
         # Pristine: the predicates file run by path, so nothing of the release is importable or discoverable.
@@ -229,6 +241,13 @@ def _jobs(params: dict) -> list:
             name="the predicate matrix with the release",
             code=PREDICATES_WITH_PLUGINS,
             argv=["--json"],
+            path=[site],
+            env={"PYTHONPATH": site},
+        ),
+        dict(
+            name="the release's hybrid layouts",
+            code=HYBRID_LAYOUTS_PROBE,
+            argv=[],
             path=[site],
             env={"PYTHONPATH": site},
         ),

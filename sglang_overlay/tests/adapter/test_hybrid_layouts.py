@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -149,6 +150,21 @@ def test_nothing_is_marked_proven_on_a_gpu():
     for layout in h.LAYOUTS:
         assert "never run on a GPU" in layout.proven or layout.status == h.REFUSED
         assert layout.status in (h.TREE, h.REFUSED) and layout.reason and layout.source
+
+
+def test_the_layout_table_says_per_layout_what_runs_and_what_is_proven():
+    """layout_table (what spec_verify reports): every layout once, JSON-plain, its config classes those the
+    classification maps to it; a tree layout says what is proven, a refused one why."""
+    table = h.layout_table()
+    assert [row["name"] for row in table] == [layout.name for layout in h.LAYOUTS]
+    assert json.loads(json.dumps(table)) == table
+    for row in table:
+        assert row["config_classes"] == sorted(n for n, of in h.CONFIG_LAYOUTS.items() if of.name == row["name"])
+        assert row["status"] in (h.TREE, h.REFUSED) and row["reason"] and row["proven"]
+    by_name = {row["name"]: row for row in table}
+    assert by_name["GDN"]["status"] == h.TREE and "Qwen3_5Config" in by_name["GDN"]["config_classes"]
+    assert by_name["GDN"]["proven"] == h.NOT_PROVEN_ON_GPU
+    assert by_name["Lightning"]["status"] == h.REFUSED and by_name["Lightning"]["proven"] == h.NOTHING_TO_PROVE
 
 
 def test_the_module_imports_neither_torch_nor_sglang():

@@ -38,6 +38,7 @@ __all__ = [
     "HybridVerdict",
     "LAYOUTS",
     "CONFIG_LAYOUTS",
+    "layout_table",
     "TREE_VERIFY_REQUIREMENTS",
     "classify_hybrid",
     "RecurrentStateShapes",
@@ -189,6 +190,24 @@ CONFIG_LAYOUTS: dict[str, HybridLayout] = {
     name: layout for layout in LAYOUTS if layout is not _LIGHTNING for name in layout.config_classes
 }
 CONFIG_LAYOUTS["MiniCPMHybridConfig"] = _LIGHTNING
+
+
+def layout_table() -> list[dict[str, Any]]:
+    """Every hybrid layout as the deploy tooling reports it (spec_verify): its name, SGLang's backend, the
+    config classes it covers, whether DDTREE verifies a tree on it or refuses it and why, and what is
+    proven. Plain values only (JSON)."""
+    return [
+        {
+            "name": layout.name,
+            "backend": layout.backend,
+            "config_classes": sorted(name for name, of in CONFIG_LAYOUTS.items() if of is layout),
+            "status": layout.status,
+            "reason": layout.reason,
+            "proven": layout.proven,
+        }
+        for layout in LAYOUTS
+    ]
+
 
 #: What the worker must arrange for a TREE layout (SGLang 0.5.23 builds the parent-pointer path
 #: only for EAGLE trees; DFLASH, which DDTREE resolves as, has topk 1).

@@ -58,12 +58,31 @@ FAKE_SGLANG = {
     """),
 }
 
+# The release's hybrid layouts (the overlay's adapter.hybrid.layout_table, its answer's shape).
+HYBRID = textwrap.dedent("""
+    def layout_table():
+        return [
+            {"name": "GDN", "backend": "GDNAttnBackend", "config_classes": ["Qwen3_5Config"], "status": "tree",
+             "reason": "parents' snapshots", "proven": "on the CPU reference only"},
+            {"name": "Lightning", "backend": "LightningAttentionBackend", "config_classes": ["MiniCPMHybridConfig"],
+             "status": "refused", "reason": "no parent-pointer path", "proven": "nothing: refused"},
+        ]
+""")
+
 
 def stand_ins(tmp_path):
     os.makedirs(tmp_path / "stack" / "bin")
     os.symlink(sys.executable, tmp_path / "stack" / "bin" / "python")
     site = tmp_path / "release" / "site"
-    files = dict(FAKE_SGLANG, **{"sglang_overlay/__init__.py": "", "sglang_overlay/predicates.py": PREDICATES})
+    files = dict(
+        FAKE_SGLANG,
+        **{
+            "sglang_overlay/__init__.py": "",
+            "sglang_overlay/predicates.py": PREDICATES,
+            "sglang_overlay/adapter/__init__.py": "",
+            "sglang_overlay/adapter/hybrid.py": HYBRID,
+        },
+    )
     for name, text in files.items():
         (site / name).parent.mkdir(parents=True, exist_ok=True)
         (site / name).write_text(text)
@@ -87,6 +106,26 @@ def test_a_good_release_passes_and_its_flags_resolve(tmp_path, capsys):
         "is_dflash_family": True,
         "plugins": [],
     }
+
+
+def test_the_release_says_which_hybrid_layouts_get_a_tree_and_what_is_proven(tmp_path, capsys):
+    code, result = run_module(spec_verify, stand_ins(tmp_path), capsys)
+    assert code == 0, result.get("msg")
+    assert result["hybrid_layouts"] == [
+        "GDN (GDNAttnBackend): tree verify; proven on the CPU reference only",
+        "Lightning (LightningAttentionBackend): refused: no parent-pointer path",
+    ]
+
+
+def test_a_release_without_the_layout_table_says_so_and_still_passes(tmp_path, capsys):
+    paths = stand_ins(tmp_path)
+    (tmp_path / "release" / "site" / "sglang_overlay" / "adapter" / "hybrid.py").unlink()
+    code, result = run_module(spec_verify, paths, capsys)
+    assert code == 0, result.get("msg")
+    assert result["hybrid_layouts"] == [
+        "the release does not list its hybrid layouts "
+        "(ModuleNotFoundError: No module named 'sglang_overlay.adapter.hybrid')"
+    ]
 
 
 def test_the_service_environment_reaches_only_the_parse(tmp_path, capsys):
